@@ -1,0 +1,17 @@
+"""dflash-lab: find, prove and fix the DFlash + CUDA-graph crash of vLLM 0.22.1.
+
+The library holds every piece of logic the notebooks use, so tests reach it:
+
+- :mod:`dflash_lab.vllm_sources`  exact source text of the pinned vLLM 0.22.1 distribution
+- :mod:`dflash_lab.capture`       CUDA-graph capture sizes and DFlash drafter buffer analysis
+- :mod:`dflash_lab.kernels`       vLLM's Triton kernels, extracted from the pinned sources
+- :mod:`dflash_lab.instrument`    a generic bounds instrumenter for Triton kernels
+- :mod:`dflash_lab.records`       launch records (``.npz``) of ``copy_and_expand_dflash_inputs_kernel``
+- :mod:`dflash_lab.replay`        replay of launch records, stock or patched kernel
+- :mod:`dflash_lab.runner`        the GPU experiment runner (crash matrix and benchmarks)
+- :mod:`dflash_lab.patch`         the fix, as a vLLM general plugin
+"""
+
+__version__ = "0.1.0"
+
+VLLM_VERSION = "0.22.1"

@@ -1,0 +1,139 @@
+"""Command line: ``python -m dflash_lab <command> ...``.
+
+Commands:
+  replay RECORD.npz [--kernel stock|patched] [--out OUT.npz] [--json] [--device cpu|cuda]
+      exit 0: no violation; 3: at least one violation; 2: bad input
+  run MATRIX.yaml --out data/runs/NAME.jsonl [--deadline-s S]      (GPU host)
+  capture [--max-num-seqs N] [--k K] [--max-num-batched-tokens T] [--cudagraph-mode M]
+  record-capture-sizes --out data/capture/NAME.json                 (GPU host, vLLM's own config code)
+  make-records DIR                                                  (standard synthetic launches)
+  models TARGET DIR                                                 (write config + tokenizer)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import LabError
+
+
+def _replay(a) -> int:
+    from .records import OUTPUTS, load_record, save_npz_atomic
+    from .replay import KERNELS, replay
+
+    if a.kernel not in KERNELS:
+        raise LabError(f"unknown kernel {a.kernel!r}: choose one of {', '.join(KERNELS)}")
+    rec = load_record(a.record)
+    res = replay(rec, kernel=a.kernel, device=a.device)
+    if a.out:
+        save_npz_atomic(a.out, {p: res.outputs[p] for p in OUTPUTS if p in res.outputs})
+    if a.json:
+        print(json.dumps(res.as_json()))
+    else:
+        print(f"{a.kernel} kernel on {a.record} ({a.device}): "
+              + ("no out-of-bounds access" if res.ok else f"{len(res.violations)} violation(s)"))
+        for v in res.violations:
+            print(f"  {v.op} of {v.param} at line {v.line}: offset {v.offset_min}"
+                  + (f"..{v.offset_max}" if v.offset_max != v.offset_min else "")
+                  + f" outside [0, {v.extent}) in program {tuple(v.program_id)} ({v.lanes} lane(s))")
+        for p, n in res.guard_writes.items():
+            print(f"  {n} write(s) landed in the guard cells around {p}")
+    return 0 if res.ok else 3
+
+
+def _run(a) -> int:
+    from .runner import Runner, load_matrix
+
+    m = load_matrix(a.matrix)
+    return Runner(m, a.out, deadline_s=a.deadline_s, log=lambda s: print(s, flush=True), logdir=a.logs).run()
+
+
+def _capture(a) -> int:
+    from .capture import Knobs, summary
+
+    kn = Knobs(max_num_seqs=a.max_num_seqs, num_speculative_tokens=a.k,
+               max_num_batched_tokens=a.max_num_batched_tokens, cudagraph_mode=a.cudagraph_mode)
+    print(json.dumps(summary(kn), indent=1))
+    return 0
+
+
+def _record_capture(a) -> int:
+    from .vllm_probe import record_capture_sizes
+
+    record_capture_sizes(a.out)
+    return 0
+
+
+def _make_records(a) -> int:
+    import os
+
+    from .records import save_record
+    from .scenarios import make_record, standard_scenarios
+
+    for sc in standard_scenarios():
+        rec = make_record(sc.step)
+        rec.meta.update(scenario=sc.name, why=sc.why)
+        path = os.path.join(a.dir, f"{sc.name}.npz")
+        save_record(path, rec)
+        print(path)
+    return 0
+
+
+def _models(a) -> int:
+    from .models import build
+
+    print(json.dumps(build(a.target, a.dir)))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dflash_lab", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("replay", help="replay a launch record through the instrumented kernel")
+    p.add_argument("record")
+    p.add_argument("--kernel", default="stock")
+    p.add_argument("--out")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.set_defaults(fn=_replay)
+    p = sub.add_parser("run", help="run an experiment matrix on the GPU host")
+    p.add_argument("matrix")
+    p.add_argument("--out", required=True)
+    p.add_argument("--deadline-s", type=float, default=None)
+    p.add_argument("--logs", default=None, help="folder for engine logs and hook output (default OUT.logs)")
+    p.set_defaults(fn=_run)
+    p = sub.add_parser("capture", help="capture sizes and DFlash drafter padding for one config")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--k", type=int, default=15)
+    p.add_argument("--max-num-batched-tokens", type=int, default=32768)
+    p.add_argument("--cudagraph-mode", default="FULL_AND_PIECEWISE")
+    p.set_defaults(fn=_capture)
+    p = sub.add_parser("record-capture-sizes", help="(GPU host) record vLLM's own capture sizes")
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=_record_capture)
+    p = sub.add_parser("make-records", help="write the standard synthetic launch records")
+    p.add_argument("dir")
+    p.set_defaults(fn=_make_records)
+    p = sub.add_parser("models", help="write a target/draft config folder")
+    p.add_argument("target")
+    p.add_argument("dir")
+    p.set_defaults(fn=_models)
+
+    try:
+        a = ap.parse_args(argv)
+    except SystemExit as e:  # argparse already printed one usage line
+        return 2 if e.code else 0
+    try:
+        return a.fn(a)
+    except LabError as e:
+        print(f"dflash-lab: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

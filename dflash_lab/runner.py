@@ -1,0 +1,450 @@
+"""The experiment runner: ``python -m dflash_lab run MATRIX.yaml --out data/runs/NAME.jsonl``.
+
+A matrix lists engine configurations; each has runs (concurrency x rounds). Every engine
+configuration runs in its own child process (:mod:`dflash_lab.worker`); its runs execute in
+sequence inside it. For every run this process - and only this process - appends exactly
+one JSON line to ``--out`` when the run ends, however it ends:
+
+- ``ok``: all requests completed;
+- ``crash``: the engine died or requests failed (with the CUDA error text and the last log
+  lines); the runner then starts a fresh engine for the runs that remain;
+- ``timeout``: the run exceeded ``run_timeout_s``; the engine is killed and restarted;
+- ``startup_error``: the engine never became ready; every remaining run of that engine
+  configuration gets this line.
+
+A line is written with one ``write`` of a complete line followed by ``fsync``, so a dying
+engine (or runner) can never leave a half line or take earlier lines with it. Runs the
+runner did not reach before ``--deadline-s`` get no line; the summary at the end lists them.
+
+Matrix (YAML)::
+
+    name: repro-tp1
+    models_dir: /tmp/dflash-models
+    defaults: {target: qwen36-35b-a3b, spec_method: dflash, num_speculative_tokens: 15, ...}
+    engines:
+      - id: dflash-graphs
+        acceptance: 1.86            # synthetic acceptance length, a list of rates, or natural
+        runs: [{concurrency: 16, rounds: 5}, {concurrency: 32, rounds: 5}]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import provenance
+from .errors import LabError
+from .models import REPORT_PROMPT, describe
+
+ENGINE_DEFAULTS = {
+    "target": "qwen36-35b-a3b",
+    "spec_method": "dflash",
+    "num_speculative_tokens": 15,
+    "cudagraph_mode": "FULL_AND_PIECEWISE",
+    "cudagraph_capture_sizes": None,
+    "enforce_eager": False,
+    "drafter_enforce_eager": False,
+    "async_scheduling": None,
+    "prefix_caching": None,
+    "tensor_parallel_size": 1,
+    "moe_backend": "triton",
+    "max_num_seqs": 64,
+    "max_model_len": 65536,
+    "max_num_batched_tokens": 32768,
+    "gpu_memory_utilization": 0.9,
+    "mode": "offline",
+    "fix": False,
+    "hook": True,
+    "hook_sync": False,
+    "acceptance": "natural",
+    "env": {},
+}
+RUN_DEFAULTS = {"concurrency": 16, "rounds": 1, "max_tokens": 512, "temperature": 0.7,
+                "ignore_eos": True, "stream": True}
+SPEC_METHODS = ("dflash", "ngram", "mtp", "none")
+OUTCOMES = ("ok", "crash", "timeout", "startup_error")
+CUDA_ERR = re.compile(r"(CUDA error:[^\n]*|cudaError\w+[^\n]*|illegal memory access[^\n]*|"
+                      r"device-side assert[^\n]*|Xid[^\n]*|EngineDeadError[^\n]*|RuntimeError: cancelled)")
+NVLINK_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass
+class Run:
+    id: str
+    engine_id: str
+    concurrency: int
+    round: int
+    rounds: int
+    max_tokens: int
+    temperature: float
+    ignore_eos: bool
+    stream: bool
+    acceptance: object
+
+
+def _check(cond, msg):
+    if not cond:
+        raise LabError(msg)
+
+
+def load_matrix(path: str) -> dict:
+    import yaml
+
+    if not os.path.isfile(path):
+        raise LabError(f"{path}: no such matrix file")
+    try:
+        m = yaml.safe_load(open(path))
+    except yaml.YAMLError as e:
+        raise LabError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return validate_matrix(m, path)
+
+
+def validate_matrix(m, where="matrix") -> dict:
+    _check(isinstance(m, dict), f"{where}: the matrix must be a mapping")
+    _check(isinstance(m.get("engines"), list) and m["engines"], f"{where}: 'engines' must be a non-empty list")
+    defaults = dict(ENGINE_DEFAULTS)
+    extra = set(m.get("defaults", {})) - set(ENGINE_DEFAULTS) - {"runs"}
+    _check(not extra, f"{where}: unknown default(s): {sorted(extra)}")
+    defaults.update({k: v for k, v in m.get("defaults", {}).items() if k != "runs"})
+    engines, seen = [], set()
+    for i, e in enumerate(m["engines"]):
+        _check(isinstance(e, dict) and e.get("id"), f"{where}: engine #{i} needs an 'id'")
+        _check(e["id"] not in seen, f"{where}: duplicate engine id {e['id']!r}")
+        _check(re.fullmatch(r"[A-Za-z0-9_.-]+", e["id"]) is not None,
+               f"{where}: engine id {e['id']!r} may hold only letters, digits, '.', '_' and '-'")
+        seen.add(e["id"])
+        unknown = set(e) - set(ENGINE_DEFAULTS) - {"id", "runs"}
+        _check(not unknown, f"{where}: engine {e['id']}: unknown key(s) {sorted(unknown)}")
+        eng = dict(defaults, **{k: v for k, v in e.items() if k != "runs"})
+        describe(eng["target"])
+        _check(eng["spec_method"] in SPEC_METHODS, f"{where}: engine {e['id']}: spec_method must be one of {SPEC_METHODS}")
+        _check(eng["mode"] in ("offline", "server"), f"{where}: engine {e['id']}: mode must be offline or server")
+        acc = eng["acceptance"]
+        _check(acc == "natural" or isinstance(acc, (int, float)) or
+               (isinstance(acc, list) and all(isinstance(x, (int, float)) for x in acc)),
+               f"{where}: engine {e['id']}: acceptance must be 'natural', a number or a list of rates")
+        runs_spec = e.get("runs", m.get("defaults", {}).get("runs"))
+        _check(isinstance(runs_spec, list) and runs_spec, f"{where}: engine {e['id']}: 'runs' must be a non-empty list")
+        runs = []
+        for w in runs_spec:
+            _check(isinstance(w, dict), f"{where}: engine {e['id']}: each run entry must be a mapping")
+            bad = set(w) - set(RUN_DEFAULTS)
+            _check(not bad, f"{where}: engine {e['id']}: unknown run key(s) {sorted(bad)}")
+            w = dict(RUN_DEFAULTS, **w)
+            _check(isinstance(w["concurrency"], int) and w["concurrency"] >= 1,
+                   f"{where}: engine {e['id']}: concurrency must be a positive integer")
+            _check(isinstance(w["rounds"], int) and w["rounds"] >= 1, f"{where}: engine {e['id']}: rounds must be >= 1")
+            for r in range(w["rounds"]):
+                runs.append(Run(id=f"{e['id']}/c{w['concurrency']}/r{r}", engine_id=e["id"],
+                                concurrency=w["concurrency"], round=r, rounds=w["rounds"],
+                                max_tokens=w["max_tokens"], temperature=w["temperature"],
+                                ignore_eos=w["ignore_eos"], stream=w["stream"], acceptance=acc))
+        engines.append({"id": e["id"], "engine": eng, "runs": runs})
+    return {"name": m.get("name", Path(str(where)).stem), "models_dir": m.get("models_dir", "/tmp/dflash-models"),
+            "engines": engines, "run_timeout_s": float(m.get("run_timeout_s", 420)),
+            "startup_timeout_s": float(m.get("startup_timeout_s", 900)),
+            "max_restarts": int(m.get("max_restarts", 3)), "prompt": m.get("prompt", REPORT_PROMPT),
+            "worker": m.get("worker", "dflash_lab.worker")}
+
+
+def append_line(path: Path, obj: dict) -> None:
+    line = json.dumps(obj, default=str, sort_keys=False) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tail(path: Path, n=40) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return lines[-n:]
+
+
+def crash_signature(log_lines: list[str]) -> str | None:
+    for line in log_lines:
+        m = CUDA_ERR.search(line)
+        if m and ("CUDA" in m.group(0) or "illegal" in m.group(0) or "cudaError" in m.group(0)):
+            return m.group(0).strip()
+    for line in reversed(log_lines):
+        m = CUDA_ERR.search(line)
+        if m:
+            return m.group(0).strip()
+    return None
+
+
+def last_error_line(log_lines: list[str]) -> str | None:
+    for line in reversed(log_lines):
+        if re.search(r"\b\w*(Error|Exception)\b:", line):
+            return line.strip()[:500]
+    return None
+
+
+class Runner:
+    def __init__(self, matrix: dict, out: str, deadline_s: float | None = None, command=None, log=print,
+                 logdir: str | None = None):
+        self.m = matrix
+        self.out = Path(out)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.logdir = Path(logdir) if logdir else Path(str(self.out) + ".logs")
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.deadline = time.time() + deadline_s if deadline_s else None
+        self.prov = provenance.collect(command)
+        self.log = log
+        self.not_run: list[str] = []
+        self.written = 0
+        self.startup_s: dict[str, float] = {}
+
+    def time_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.time()
+
+    def line(self, eng: dict, run: Run, outcome: str, attempt: int, **fields) -> dict:
+        e = eng["engine"]
+        tgt = describe(e["target"])
+        obj = {
+            "run_id": run.id, "matrix": self.m["name"], "engine_id": eng["id"], "attempt": attempt,
+            "target": {"name": tgt["name"], "architecture": tgt["architecture"]},
+            "weights": "dummy",
+            "draft": (tgt["draft_assumption"] if e["spec_method"] == "dflash" else None),
+            "spec_method": e["spec_method"],
+            "num_speculative_tokens": e["num_speculative_tokens"] if e["spec_method"] != "none" else 0,
+            "cudagraph_mode": None if e["enforce_eager"] else e["cudagraph_mode"],
+            "enforce_eager": e["enforce_eager"], "drafter_enforce_eager": e["drafter_enforce_eager"],
+            "async_scheduling": e["async_scheduling"], "prefix_caching": e["prefix_caching"],
+            "tensor_parallel_size": e["tensor_parallel_size"], "moe_backend": e["moe_backend"],
+            "max_num_seqs": e["max_num_seqs"], "max_model_len": e["max_model_len"],
+            "max_num_batched_tokens": e["max_num_batched_tokens"], "mode": e["mode"], "fix": e["fix"],
+            "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
+            "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
+            "rounds": run.rounds, "outcome": outcome, "error": None, "requests_completed": 0,
+            "engine_steps": None, "spec_decode_metrics": None, "wall_s": None,
+        }
+        obj.update(fields)
+        obj.update({k: self.prov.get(k) for k in ("gpu", "gpu_count", "driver", "vllm_version", "torch_version",
+                                                  "triton_version", "started_at", "command", "git_commit")})
+        obj["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        assert outcome in OUTCOMES
+        append_line(self.out, obj)
+        self.written += 1
+        self.log(f"[{time.strftime('%H:%M:%S')}] {run.id}: {outcome}"
+                 + (f" ({obj['error']})" if obj.get("error") else "")
+                 + (f" {obj.get('output_tok_s')} tok/s" if obj.get("output_tok_s") else ""))
+        return obj
+
+    def run(self) -> int:
+        for eng in self.m["engines"]:
+            self.run_engine(eng)
+        if self.not_run:
+            self.log(f"not run before the deadline: {len(self.not_run)} run(s): {', '.join(self.not_run)}")
+        self.log(f"{self.written} line(s) written to {self.out}")
+        return 0
+
+    def run_engine(self, eng: dict) -> None:
+        pending = list(eng["runs"])
+        attempt = 0
+        while pending:
+            est = self.startup_s.get(eng["id"], 60.0)
+            if self.time_left() < est + 30:
+                self.not_run += [r.id for r in pending]
+                return
+            if attempt > self.m["max_restarts"]:
+                self.log(f"{eng['id']}: {attempt} engine starts used up; {len(pending)} run(s) not run")
+                self.not_run += [r.id for r in pending]
+                return
+            attempt += 1
+            pending = self.one_engine(eng, pending, attempt)
+
+    def one_engine(self, eng: dict, pending: list, attempt: int) -> list:
+        e = eng["engine"]
+        tag = f"{eng['id']}.a{attempt}"
+        log_path = self.logdir / f"{tag}.log"
+        hook_dir = str(self.logdir / f"{tag}.hook") if e["hook"] and e["spec_method"] == "dflash" else None
+        spec = {"engine": e, "models_dir": self.m["models_dir"], "prompt": self.m["prompt"],
+                "hook_dir": hook_dir, "runs": [r.__dict__ for r in pending]}
+        fd, spec_path = tempfile.mkstemp(prefix=f"{tag}.", suffix=".json", dir=self.logdir)
+        with os.fdopen(fd, "w") as f:
+            json.dump(spec, f)
+        events_path = self.logdir / f"{tag}.events.jsonl"
+        events_path.write_text("")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **NVLINK_OFF, **{k: str(v) for k, v in e["env"].items()})
+        env.pop("DFLASH_LAB_FIX", None)
+        env.pop("DFLASH_LAB_HOOK", None)
+        if e["fix"]:
+            env["DFLASH_LAB_FIX"] = "1"
+        if hook_dir:
+            env["DFLASH_LAB_HOOK"] = hook_dir
+            if e["hook_sync"]:
+                env["DFLASH_LAB_HOOK_SYNC"] = "1"
+        cmd = [sys.executable, "-m", self.m["worker"], spec_path, str(events_path)]
+        self.log(f"[{time.strftime('%H:%M:%S')}] {tag}: starting engine ({len(pending)} run(s) to go)")
+        t0 = time.time()
+        with open(log_path, "w") as logf:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        reader = _EventReader(events_path)
+        extra = {"log": str(log_path), "hook_dir": hook_dir}
+
+        def kill():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+
+        # ---- start-up
+        ready = None
+        while ready is None:
+            ev = reader.next()
+            while ev is not None and ready is None:
+                if ev["event"] == "ready":
+                    ready = ev
+                elif ev["event"] == "error":
+                    extra["error_event"] = ev["error"]
+                ev = reader.next() if ready is None else None
+            if ready is not None:
+                break
+            if self.time_left() < 0 and proc.poll() is None:
+                kill()
+                self.log(f"{tag}: runner deadline reached {time.time() - t0:.0f} s into start-up; "
+                         f"{len(pending)} run(s) not run")
+                self.not_run += [r.id for r in pending]
+                return []
+            if proc.poll() is not None or time.time() - t0 > self.m["startup_timeout_s"]:
+                why = ("exited with code %s" % proc.returncode) if proc.poll() is not None else "start-up timed out"
+                kill()
+                tail = _tail(log_path)
+                err = extra.get("error_event") or crash_signature(tail) or last_error_line(tail) or "no error text"
+                for r in pending:
+                    self.line(eng, r, "startup_error", attempt, error=f"engine {why}: {err}", log_tail=tail, **extra)
+                return []
+            time.sleep(1)
+        self.startup_s[eng["id"]] = ready.get("startup_s") or (time.time() - t0)
+        extra["startup_s"] = ready.get("startup_s")
+        # ---- runs
+        remaining = list(pending)
+        while remaining:
+            run = remaining[0]
+            started = None
+            t_run = time.time()
+            while True:
+                done = None
+                ev = reader.next()
+                while ev is not None and done is None:
+                    if ev["event"] == "run_start" and ev["run"] == run.id:
+                        started = ev
+                    elif ev["event"] == "run_end" and ev["run"] == run.id:
+                        done = ev
+                    elif ev["event"] == "error":
+                        extra["error_event"] = ev["error"]
+                    ev = reader.next() if done is None else None
+                if done is not None:
+                    fields = {k: v for k, v in done.items() if k not in ("event", "run", "t", "outcome")}
+                    if done["outcome"] != "ok":
+                        time.sleep(3)
+                        tail = _tail(log_path)
+                        fields["error"] = crash_signature(tail) or extra.get("error_event") or "requests failed"
+                        fields["log_tail"] = tail
+                    self.line(eng, run, done["outcome"], attempt, **extra, **fields)
+                    remaining.pop(0)
+                    if done["outcome"] != "ok":
+                        kill()
+                        return remaining
+                    break
+                if proc.poll() is not None:
+                    time.sleep(0.5)
+                    ev = reader.next()
+                    while ev is not None:
+                        if ev["event"] == "error":
+                            extra["error_event"] = ev["error"]
+                        ev = reader.next()
+                    tail = _tail(log_path)
+                    err = (crash_signature(tail) or extra.get("error_event") or last_error_line(tail)
+                           or f"engine exited with code {proc.returncode}")
+                    self.line(eng, run, "crash", attempt, error=err, log_tail=tail,
+                              wall_s=round(time.time() - (started["t"] if started else t_run), 3), **extra)
+                    remaining.pop(0)
+                    return remaining
+                if time.time() - t_run > self.m["run_timeout_s"] or self.time_left() < 0:
+                    kill()
+                    tail = _tail(log_path)
+                    self.line(eng, run, "timeout", attempt,
+                              error=f"run exceeded {self.m['run_timeout_s']:.0f} s" if self.time_left() >= 0
+                              else "runner deadline reached during the run",
+                              log_tail=tail, wall_s=round(time.time() - t_run, 3), **extra)
+                    remaining.pop(0)
+                    if self.time_left() < 0:
+                        self.not_run += [r.id for r in remaining]
+                        return []
+                    return remaining
+                time.sleep(0.5)
+        # all runs done: let the engine exit on its own, then make sure it is gone
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            kill()
+        return []
+
+
+class _EventReader:
+    """Reads the child's event file incrementally; events stay queued until taken."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.pos = 0
+        self.buf = ""
+        self.queue: list[dict] = []
+
+    def _fill(self) -> None:
+        try:
+            with open(self.path) as f:
+                f.seek(self.pos)
+                data = f.read()
+                self.pos = f.tell()
+        except OSError:
+            return
+        self.buf += data
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            if line.strip():
+                try:
+                    self.queue.append(json.loads(line))
+                except ValueError:
+                    pass
+
+    def next(self) -> dict | None:
+        """The next event, or None if none has arrived yet."""
+        if not self.queue:
+            self._fill()
+        return self.queue.pop(0) if self.queue else None
+
+
+def read_lines(path: str | os.PathLike) -> list[dict]:
+    """Read a runs/bench JSONL file; a line that is not a JSON object is an error naming its line."""
+    out = []
+    p = Path(path)
+    if not p.is_file():
+        raise LabError(f"{path}: no such file")
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise LabError(f"{path}:{i}: not a JSON line ({e})") from None
+        if not isinstance(obj, dict) or "outcome" not in obj:
+            raise LabError(f"{path}:{i}: not a run record (no 'outcome')")
+        if obj["outcome"] not in OUTCOMES:
+            raise LabError(f"{path}:{i}: unknown outcome {obj['outcome']!r}")
+        out.append(obj)
+    return out

@@ -1,0 +1,13 @@
+#!/bin/bash
+# GPU host: assemble vLLM 0.22.1 from the staged parts (once per host) and install dflash-lab.
+# Parts p0..p4 must already be in /tmp/parts (one device call each: cp .gpu-parts/pN /tmp/parts/).
+set -euo pipefail
+if [ ! -f /tmp/vllm-site/.dflash-lab-ready ]; then
+  ls /tmp/parts/p[0-9] >/dev/null
+  bash .gpu-parts/assemble.sh /tmp/parts /tmp/vllm-site
+  touch /tmp/vllm-site/.dflash-lab-ready
+fi
+export PYTHONPATH=/tmp/vllm-site
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --force-reinstall . 2>&1 | grep -v WARNING || true
+python3 -c "import vllm, dflash_lab, importlib.metadata as m; print('vllm', vllm.__version__, 'dflash_lab', dflash_lab.__version__, [e.name for e in m.entry_points(group='vllm.general_plugins')])"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

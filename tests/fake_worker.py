@@ -1,0 +1,41 @@
+"""A stand-in for dflash_lab.worker in the runner's tests: no GPU, no vLLM.
+
+Behaviour per run id comes from the FAKE_PLAN environment variable (JSON: run id ->
+"ok" | "crash" | "hang" | "fail"), FAKE_STARTUP ("ok" | "error" | "hang").
+"""
+
+import json
+import os
+import sys
+import time
+
+from dflash_lab.worker import Events
+
+
+def main():
+    spec = json.load(open(sys.argv[1]))
+    ev = Events(sys.argv[2])
+    plan = json.loads(os.environ.get("FAKE_PLAN", "{}"))
+    startup = os.environ.get("FAKE_STARTUP", "ok")
+    print("fake engine starting", flush=True)
+    if startup == "error":
+        print("RuntimeError: fake start-up failure", file=sys.stderr, flush=True)
+        sys.exit(1)
+    if startup == "hang":
+        time.sleep(3600)
+    ev.emit(event="ready", startup_s=0.1)
+    for run in spec["runs"]:
+        ev.emit(event="run_start", run=run["id"])
+        what = plan.get(run["id"], "ok")
+        if what == "crash":
+            print("[rank0]: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
+            os._exit(1)
+        if what == "hang":
+            time.sleep(3600)
+        ev.emit(event="run_end", run=run["id"], outcome="ok" if what == "ok" else "crash",
+                requests_completed=run["concurrency"] if what == "ok" else 0, output_tokens=10, wall_s=0.01)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
