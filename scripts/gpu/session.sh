@@ -1,8 +1,10 @@
 #!/bin/bash
 # GPU host: one full session step. usage: session.sh MATRIX DEADLINE_S [quick]
 #   quick: also record vLLM's capture sizes and replay the synthetic launch records compiled on the GPU.
+# DEADLINE_S counts from the start of this script (setup included).
 # Everything that matters is written under $OUT as it is produced.
 set -uo pipefail
+T0=$(date +%s)
 MATRIX=$1; DEADLINE=$2; QUICK=${3:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 bash scripts/gpu/setup.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
@@ -10,7 +12,6 @@ tail -3 "$OUT/setup.log"
 export PYTHONPATH=/tmp/vllm-site VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DFLASH_LAB_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
-T0=$(date +%s)
 if [ "$QUICK" = quick ]; then
   timeout 120 python3 -m dflash_lab record-capture-sizes --out "$OUT/capture_sizes.json" 2>&1 | tail -14
   for r in data/records/*.npz; do for k in stock patched; do
@@ -18,7 +19,8 @@ if [ "$QUICK" = quick ]; then
   done; done > "$OUT/gpu_replay.jsonl" 2> "$OUT/gpu_replay.err"
   echo "gpu replay: $(grep -c '"ok": true' "$OUT/gpu_replay.jsonl") ok lines"
 fi
-LEFT=$(( DEADLINE - ($(date +%s) - T0) ))
+LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
+echo "runner deadline: $LEFT s"
 mkdir -p /tmp/runlogs
 python3 -m dflash_lab run "$MATRIX" --out "$OUT/runs.jsonl" --logs /tmp/runlogs --deadline-s $LEFT
 find /tmp/runlogs -name '*.log' -size +3M -exec sh -c 'tail -c 3000000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
