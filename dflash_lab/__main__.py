@@ -1,7 +1,7 @@
 """Command line: ``python -m dflash_lab <command> ...``.
 
 Commands:
-  replay RECORD.npz [--kernel stock|patched] [--out OUT.npz] [--json] [--device cpu|cuda]
+  replay RECORD.npz [...] [--kernel stock|patched] [--out OUT.npz] [--json] [--device cpu|cuda]
       exit 0: no violation; 3: at least one violation; 2: bad input
   run MATRIX.yaml --out data/runs/NAME.jsonl [--deadline-s S]      (GPU host)
   capture [--max-num-seqs N] [--k K] [--max-num-batched-tokens T] [--cudagraph-mode M]
@@ -25,22 +25,27 @@ def _replay(a) -> int:
 
     if a.kernel not in KERNELS:
         raise LabError(f"unknown kernel {a.kernel!r}: choose one of {', '.join(KERNELS)}")
-    rec = load_record(a.record)
-    res = replay(rec, kernel=a.kernel, device=a.device)
-    if a.out:
-        save_npz_atomic(a.out, {p: res.outputs[p] for p in OUTPUTS if p in res.outputs})
-    if a.json:
-        print(json.dumps(res.as_json()))
-    else:
-        print(f"{a.kernel} kernel on {a.record} ({a.device}): "
-              + ("no out-of-bounds access" if res.ok else f"{len(res.violations)} violation(s)"))
-        for v in res.violations:
-            print(f"  {v.op} of {v.param} at line {v.line}: offset {v.offset_min}"
-                  + (f"..{v.offset_max}" if v.offset_max != v.offset_min else "")
-                  + f" outside [0, {v.extent}) in program {tuple(v.program_id)} ({v.lanes} lane(s))")
-        for p, n in res.guard_writes.items():
-            print(f"  {n} write(s) landed in the guard cells around {p}")
-    return 0 if res.ok else 3
+    if a.out and len(a.record) > 1:
+        raise LabError("--out takes one record at a time")
+    records = [load_record(r) for r in a.record]  # every input is checked before anything runs
+    rc = 0
+    for path, rec in zip(a.record, records):
+        res = replay(rec, kernel=a.kernel, device=a.device)
+        if a.out:
+            save_npz_atomic(a.out, {p: res.outputs[p] for p in OUTPUTS if p in res.outputs})
+        if a.json:
+            print(json.dumps(res.as_json()), flush=True)
+        else:
+            print(f"{a.kernel} kernel on {path} ({a.device}): "
+                  + ("no out-of-bounds access" if res.ok else f"{len(res.violations)} violation(s)"))
+            for v in res.violations:
+                print(f"  {v.op} of {v.param} at line {v.line}: offset {v.offset_min}"
+                      + (f"..{v.offset_max}" if v.offset_max != v.offset_min else "")
+                      + f" outside [0, {v.extent}) in program {tuple(v.program_id)} ({v.lanes} lane(s))")
+            for p, n in res.guard_writes.items():
+                print(f"  {n} write(s) landed in the guard cells around {p}")
+        rc = rc if res.ok else 3
+    return rc
 
 
 def _run(a) -> int:
@@ -93,7 +98,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("replay", help="replay a launch record through the instrumented kernel")
-    p.add_argument("record")
+    p.add_argument("record", nargs="+")
     p.add_argument("--kernel", default="stock")
     p.add_argument("--out")
     p.add_argument("--json", action="store_true")
