@@ -6,6 +6,7 @@ Commands:
   run MATRIX.yaml --out data/runs/NAME.jsonl [--deadline-s S]      (GPU host)
   capture [--max-num-seqs N] [--k K] [--max-num-batched-tokens T] [--cudagraph-mode M]
   record-capture-sizes --out data/capture/NAME.json                 (GPU host, vLLM's own config code)
+  ingest FOLDER NAME [--matrix M] [--device-command C]                 (GPU output -> data/)
   make-records DIR                                                  (standard synthetic launches)
   models TARGET DIR                                                 (write config + tokenizer)
 """
@@ -86,6 +87,14 @@ def _make_records(a) -> int:
     return 0
 
 
+def _ingest(a) -> int:
+    from .ingest import ingest
+
+    meta = ingest(a.folder, a.name, data_dir=a.data, matrix=a.matrix, device_command=a.device_command)
+    print(json.dumps({k: meta[k] for k in ("name", "lines", "outcomes")}))
+    return 0
+
+
 def _models(a) -> int:
     from .models import build
 
@@ -122,6 +131,13 @@ def main(argv=None) -> int:
     p = sub.add_parser("make-records", help="write the standard synthetic launch records")
     p.add_argument("dir")
     p.set_defaults(fn=_make_records)
+    p = sub.add_parser("ingest", help="bring a GPU session step's output into data/")
+    p.add_argument("folder")
+    p.add_argument("name")
+    p.add_argument("--data", default="data")
+    p.add_argument("--matrix")
+    p.add_argument("--device-command")
+    p.set_defaults(fn=_ingest)
     p = sub.add_parser("models", help="write a target/draft config folder")
     p.add_argument("target")
     p.add_argument("dir")

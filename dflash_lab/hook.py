@@ -157,7 +157,7 @@ class LaunchMonitor:
         alloc = None
         if proposer is not None:
             try:
-                btab = proposer.runner.input_batch.block_table[proposer.kv_cache_gid]
+                btab = _runner_of(proposer).input_batch.block_table[proposer.kv_cache_gid]
                 alloc = btab.num_blocks_per_row[:b].copy()
             except Exception:  # noqa: BLE001 - diagnostic only
                 alloc = None
@@ -239,8 +239,10 @@ class LaunchMonitor:
             )
             keys = proposer.cudagraph_dispatcher.cudagraph_keys
             info["drafter_graph_keys"] = {str(m): sorted(d.num_tokens for d in ks) for m, ks in keys.items()}
-            rk = proposer.runner.cudagraph_dispatcher.cudagraph_keys
-            info["target_graph_keys"] = {str(m): sorted(d.num_tokens for d in ks) for m, ks in rk.items()}
+            runner = _runner_of(proposer)
+            if runner is not None:
+                rk = runner.cudagraph_dispatcher.cudagraph_keys
+                info["target_graph_keys"] = {str(m): sorted(d.num_tokens for d in ks) for m, ks in rk.items()}
             layer = next(iter(proposer._draft_attn_layer_names))
             kv = cc.static_forward_context[layer].kv_cache
             kv = kv[0] if isinstance(kv, (list, tuple)) else kv
@@ -249,7 +251,7 @@ class LaunchMonitor:
             if kv.dim() == 5 and kv.shape[2] == proposer.block_size:
                 self.stats["num_kv_slots"] = int(kv.shape[1] * kv.shape[2])
             info["num_kv_slots"] = self.stats.get("num_kv_slots")
-            kvc = proposer.runner.kv_cache_config
+            kvc = runner.kv_cache_config
             info["kv_cache_groups"] = [
                 {"block_size": g.kv_cache_spec.block_size, "spec": type(g.kv_cache_spec).__name__,
                  "layers": len(g.layer_names)} for g in kvc.kv_cache_groups]
@@ -351,10 +353,24 @@ def to_record(h: dict, scalars: dict, grid, alloc, num_kv_slots, max_model_len=N
     return Record(arrays=arrays, scalars=dict(scalars), grid=tuple(grid), meta=meta)
 
 
+def _runner_of(proposer):
+    return getattr(proposer, "_dflash_lab_runner", None)
+
+
 def install(outdir: str) -> None:
     from vllm.v1.spec_decode import dflash as dflash_mod
 
     P = dflash_mod.DFlashProposer
+    if not getattr(P.__init__, "_dflash_lab_hook", False):
+        orig_init = P.__init__
+
+        def __init__(self, vllm_config, device, runner=None, *a, **kw):
+            orig_init(self, vllm_config, device, runner, *a, **kw)
+            # vLLM 0.22.1's proposer does not keep the runner; the hook needs its block table
+            self._dflash_lab_runner = runner
+
+        __init__._dflash_lab_hook = True
+        P.__init__ = __init__
     if not getattr(P.set_inputs_first_pass, "_dflash_lab_hook", False):
         orig = P.set_inputs_first_pass
 

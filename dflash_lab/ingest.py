@@ -1,0 +1,102 @@
+"""Bring what a GPU session step returned (``$OUT``) into ``data/``, checked, never overwriting.
+
+``python -m dflash_lab ingest FOLDER NAME [--matrix MATRIX.yaml] [--device-command CMD]``
+
+FOLDER is what one ``scripts/gpu/session.sh`` call wrote under ``$OUT``: ``runs.jsonl``,
+``logs.tgz`` (engine logs and launch-hook output), optionally ``gpu_replay.jsonl`` and
+``capture_sizes.json``. It becomes:
+
+- ``data/runs/NAME.jsonl``: the run lines, byte for byte (every line validated first);
+- ``data/runs/NAME.meta.json``: which matrix and device command produced them;
+- ``data/gpu/NAME/``: engine logs, the hook's statistics, findings and launch records,
+  the resolved engine configuration (capture sizes), GPU replay results.
+
+Everything is staged in a temporary folder and moved into place only when complete; an
+existing NAME is refused, so nothing already recorded is lost or half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from .errors import LabError
+from .runner import read_lines
+
+KEEP_SUFFIXES = (".log", ".json", ".jsonl", ".npz")
+
+
+def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = None,
+           device_command: str | None = None) -> dict:
+    src = Path(folder)
+    if not src.is_dir():
+        raise LabError(f"{folder}: no such folder")
+    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise LabError(f"name {name!r} may hold only letters, digits, '-', '_' and '.'")
+    runs_src = src / "runs.jsonl"
+    lines = read_lines(runs_src) if runs_src.exists() else []
+    data = Path(data_dir)
+    runs_dst = data / "runs" / f"{name}.jsonl"
+    gpu_dst = data / "gpu" / name
+    for p in (runs_dst, gpu_dst):
+        if p.exists():
+            raise LabError(f"{p} already exists: choose another name (recorded results are never overwritten)")
+    if matrix and not Path(matrix).is_file():
+        raise LabError(f"{matrix}: no such matrix file")
+    stage = Path(tempfile.mkdtemp(prefix=".ingest-", dir=data))
+    try:
+        (stage / "gpu").mkdir()
+        logs = src / "logs.tgz"
+        kept = []
+        if logs.exists():
+            try:
+                with tarfile.open(logs) as tf:
+                    for m in tf.getmembers():
+                        if not m.isfile() or not m.name.endswith(KEEP_SUFFIXES):
+                            continue
+                        parts = Path(m.name).parts
+                        if ".." in parts or Path(m.name).is_absolute():
+                            raise LabError(f"{logs}: unsafe member {m.name}")
+                        # runlogs/<engine>.aN.hook/<file> -> <engine>.aN.hook/<file>
+                        rel = Path(*parts[1:]) if parts[0] == "runlogs" else Path(m.name)
+                        if rel.suffix == ".json" and rel.parent == Path(".") and not rel.name.startswith("engine"):
+                            continue  # the runner's temporary spec files
+                        out = stage / "gpu" / rel
+                        out.parent.mkdir(parents=True, exist_ok=True)
+                        with tf.extractfile(m) as fsrc, open(out, "wb") as fdst:
+                            shutil.copyfileobj(fsrc, fdst)
+                        kept.append(str(rel))
+            except (tarfile.TarError, EOFError) as e:
+                raise LabError(f"{logs}: not a readable tar.gz ({e})") from None
+        for extra in ("gpu_replay.jsonl", "capture_sizes.json", "blocking_trace.txt", "setup.log"):
+            if (src / extra).exists():
+                shutil.copy2(src / extra, stage / "gpu" / extra)
+                kept.append(extra)
+        meta = {
+            "name": name,
+            "matrix": matrix,
+            "device_command": device_command,
+            "lines": len(lines),
+            "outcomes": {o: sum(1 for l in lines if l["outcome"] == o) for o in sorted({l["outcome"] for l in lines})},
+            "provenance": {k: lines[0].get(k) for k in ("gpu", "driver", "vllm_version", "torch_version",
+                                                         "triton_version", "started_at", "command", "git_commit")}
+            if lines else None,
+            "files": sorted(kept),
+        }
+        (stage / "meta.json").write_text(json.dumps(meta, indent=1))
+        runs_dst.parent.mkdir(parents=True, exist_ok=True)
+        gpu_dst.parent.mkdir(parents=True, exist_ok=True)
+        if lines:
+            shutil.copy2(runs_src, stage / "runs.jsonl")
+            os.replace(stage / "runs.jsonl", runs_dst)
+        shutil.copy2(stage / "meta.json", stage / "gpu" / "meta.json")
+        if lines:
+            os.replace(stage / "meta.json", runs_dst.with_suffix(".meta.json"))
+        os.replace(stage / "gpu", gpu_dst)
+        return meta
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
