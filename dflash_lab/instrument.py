@@ -107,8 +107,10 @@ def _walk_expr(node: ast.AST):
 
 
 class _Rewriter:
-    def __init__(self, pointer_params: list[str], assert_mode: bool, first_line: int):
+    def __init__(self, pointer_params: list[str], assert_mode: bool, first_line: int,
+                 contain: int | None = None):
         self.first_line = first_line
+        self.contain = contain
         self.pointers = set(pointer_params)
         self.aliases: dict[str, tuple[str, ast.expr | None]] = {}
         self.sites: list[Site] = []
@@ -158,6 +160,30 @@ if _bc_n > 0:
         if self.assert_mode:
             src += f'tl.device_assert(_bc_n == 0, "out-of-bounds {site.op} of {site.param} (site {site.id})")\n'
         return ast.parse(src).body
+
+    def _contain(self, node: ast.Call, op: str, site: Site, off, mask, pos: int) -> list[ast.stmt]:
+        """Mask lanes that would land farther than ``contain`` elements outside the extent.
+
+        Lanes within the guard zone still access memory (a replay surrounds buffers with
+        guard cells, so a near out-of-bounds read returns a visible sentinel); lanes beyond it
+        are reported like the others but not performed, so a wild offset cannot crash the
+        replaying process. The safe mask has the offset's own shape (scalar or block).
+        """
+        off_src = ast.unparse(off) if off is not None else "0"
+        name = f"_bc_safe{site.id}"
+        stmt = ast.parse(f"{name} = ((({off_src}) >= -{self.contain}) & "
+                         f"(({off_src}) < _bc_ext_{site.param} + {self.contain}))").body[0]
+        safe = ast.Name(name, ast.Load())
+        new_mask = safe if mask is None else ast.BinOp(mask, ast.BitAnd(), safe)
+        if any(k.arg == "mask" for k in node.keywords):
+            for k in node.keywords:
+                if k.arg == "mask":
+                    k.value = new_mask
+        elif len(node.args) > pos:
+            node.args[pos] = new_mask
+        else:
+            node.keywords.append(ast.keyword(arg="mask", value=new_mask))
+        return [stmt]
 
     def _track_alias(self, stmt: ast.stmt) -> list[ast.stmt]:
         """Follow local names assigned from pointer expressions; returns statements to add after."""
@@ -213,6 +239,8 @@ if _bc_n > 0:
                                 line=node.lineno - line0 + self.first_line, text=ast.unparse(node))
                     self.sites.append(site)
                     checks += self._check(site, d[1], mask)
+                    if self.contain is not None:
+                        checks += self._contain(node, op, site, d[1], mask, pos)
             out += checks
             if isinstance(stmt, (ast.If, ast.For, ast.While, ast.With)):
                 saved = dict(self.aliases)
@@ -235,6 +263,7 @@ class Instrumented:
     sites: list[Site]
     pointer_params: list[str]
     assert_mode: bool = False
+    contain: int | None = None
     _fn: object = field(default=None, repr=False)
 
     @property
@@ -288,10 +317,13 @@ def tensor_extent(t) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if st > 0)
 
 
-def instrument(ks: KernelSource, pointer_params: list[str], assert_mode: bool = False) -> Instrumented:
+def instrument(ks: KernelSource, pointer_params: list[str], assert_mode: bool = False,
+               contain: int | None = None) -> Instrumented:
     """Return the bounds-checked version of kernel ``ks``.
 
     ``pointer_params``: names of the parameters that are tensors (pointers) at launch.
+    ``contain``: if set, accesses more than this many elements outside a tensor are reported
+    but not performed (see ``_Rewriter._contain``); None leaves every access as it was.
     """
     mod = ast.parse(ks.text)
     fn = copy.deepcopy(next(n for n in mod.body if isinstance(n, ast.FunctionDef) and n.name == ks.name))
@@ -300,7 +332,7 @@ def instrument(ks: KernelSource, pointer_params: list[str], assert_mode: bool = 
     if unknown:
         raise LabError(f"{ks.name} has no parameters {sorted(unknown)}")
     line0 = min([d.lineno for d in fn.decorator_list] or [fn.lineno])
-    rw = _Rewriter(list(pointer_params), assert_mode, ks.first_line)
+    rw = _Rewriter(list(pointer_params), assert_mode, ks.first_line, contain)
     fn.body = rw.rewrite_block(fn.body, line0)
     extra = ["_bc_viol_ptr", "_bc_count_ptr", "_bc_capacity"] + [f"_bc_ext_{p}" for p in pointer_params]
     at = len(fn.args.args) - len(fn.args.defaults)
@@ -309,4 +341,4 @@ def instrument(ks: KernelSource, pointer_params: list[str], assert_mode: bool = 
     new = KernelSource(name=ks.name, text=text, constants=ks.constants,
                        origin=f"{ks.origin} (bounds-instrumented)", first_line=ks.first_line)
     return Instrumented(original=ks, source=new, sites=rw.sites, pointer_params=list(pointer_params),
-                        assert_mode=assert_mode)
+                        assert_mode=assert_mode, contain=contain)

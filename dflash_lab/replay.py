@@ -3,7 +3,9 @@
 Every pointer argument is laid out with guard cells before and after its real data, filled
 with a sentinel, so that an out-of-bounds read returns a recognisable value (and shows up
 downstream, e.g. as a garbage position) and an out-of-bounds write lands in a guard where
-it is detected, instead of touching unrelated memory.
+it is detected, instead of touching unrelated memory. Accesses that would go farther than
+the guard cells are reported but not performed (``instrument(contain=GUARD)``), so a record
+with wild values cannot crash the replaying process.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def replay(rec: Record, kernel: str = "stock", device: str = "cpu") -> ReplayRes
         raise LabError("--device cuda asked for, but no GPU is visible")
     ks, extra = kernel_for(kernel)
     pointers = _pointer_params(ks.params)
-    ins = instrument(ks, pointers)
+    ins = instrument(ks, pointers, contain=GUARD)
     dev = torch.device(device)
 
     bufs, views, extents = {}, {}, {}

@@ -191,5 +191,8 @@ def standard_scenarios() -> list[Scenario]:
         Scenario("rejected_exceeds_ctx", Step(num_computed=[100, 200], num_scheduled=[16, 16], num_rejected=[20, 0]),
                  "num_rejected > num_ctx for request 0: reads before the tensor (C2)", expect_violation=True),
         Scenario("near_max_model_len", verify_step([65536 - 40, 100], [15, 3]),
-                 "query positions run past max_model_len: stock clamps block_num to the table's last column"),
+                 "query positions close to (not past) max_model_len: stays inside the table"),
+        Scenario("past_max_model_len", verify_step([65536 - 20, 100], [15, 3]),
+                 "query positions run past max_model_len: stock clamps block_num to the table's last column "
+                 "and writes into the request's last block"),
     ]

@@ -1,0 +1,186 @@
+"""Reading recorded GPU results for the notebooks: run lines, crash signatures, engine dumps.
+
+Everything here reads files under ``data/`` that GPU runs produced (see ``data/README.md``);
+nothing is computed from assumptions. A corrupt or missing file is a LabError naming it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from pathlib import Path
+
+from .errors import LabError
+from .runner import read_lines
+
+SCHED_RE = re.compile(r"Dumping scheduler output for model execution: (.*)$")
+STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\((.*)\)")
+
+
+def cell_label(r: dict) -> str:
+    """A short human name for a run's engine configuration."""
+    if r["spec_method"] == "none":
+        spec = "no speculation"
+    else:
+        spec = f"{r['spec_method']} k={r['num_speculative_tokens']}"
+    if r["enforce_eager"]:
+        graphs = "--enforce-eager"
+    else:
+        graphs = r["cudagraph_mode"] or "graphs"
+        if r.get("drafter_enforce_eager"):
+            graphs += ", drafter eager"
+    extra = []
+    if r.get("fix"):
+        extra.append("fix plugin")
+    if r.get("async_scheduling") is False:
+        extra.append("async_scheduling off")
+    if r.get("prefix_caching") is False:
+        extra.append("prefix caching off")
+    return f"{spec}, {graphs}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def load_runs(pattern: str = "data/runs/*.jsonl"):
+    """All run lines matching ``pattern`` as a DataFrame (one row per run), with their file."""
+    import pandas as pd
+
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise LabError(f"no run files match {pattern}")
+    rows = []
+    for f in files:
+        for r in read_lines(f):
+            r = dict(r)
+            r["file"] = os.path.basename(f)
+            r["cell"] = cell_label(r)
+            r["target_name"] = r["target"]["name"] if isinstance(r.get("target"), dict) else r.get("target")
+            rows.append(r)
+    df = pd.DataFrame(rows)
+    df["crashed"] = df["outcome"] == "crash"
+    return df
+
+
+def crash_table(df):
+    """Per (target, TP, acceptance, cell, concurrency): crashed runs / runs, with files."""
+    g = df.groupby(["target_name", "tensor_parallel_size", "acceptance", "cell", "concurrency"], dropna=False)
+    out = g.agg(runs=("outcome", "size"), crashed=("crashed", "sum"),
+                timeouts=("outcome", lambda s: int((s == "timeout").sum())),
+                startup_errors=("outcome", lambda s: int((s == "startup_error").sum())),
+                files=("file", lambda s: ", ".join(sorted(set(s))))).reset_index()
+    out["crashed / runs"] = out["crashed"].astype(int).astype(str) + " / " + out["runs"].astype(str)
+    return out
+
+
+def crash_signatures(df) -> list[dict]:
+    """Distinct crash errors with the ERROR lines of one log that shows each."""
+    out = {}
+    for _, r in df[df["crashed"]].iterrows():
+        key = r["error"] or "unknown"
+        if key in out:
+            out[key]["runs"].append(r["run_id"])
+            continue
+        tail = r.get("log_tail") or []
+        excerpt = [l for l in tail if "ERROR" in l or "Error" in l or "error" in l][:12]
+        out[key] = {"error": key, "runs": [r["run_id"]], "log_excerpt": excerpt, "file": r["file"]}
+    return list(out.values())
+
+
+def engine_dumps(data_dir: str = "data/gpu") -> list[dict]:
+    """The engine configuration the launch hook recorded inside each real engine."""
+    out = []
+    for f in sorted(glob.glob(os.path.join(data_dir, "*", "*.hook", "engine-*.json"))):
+        try:
+            d = json.load(open(f))
+        except ValueError as e:
+            raise LabError(f"{f}: not valid JSON ({e})") from None
+        d["file"] = os.path.relpath(f, data_dir)
+        d["session"] = Path(f).parts[-3]
+        out.append(d)
+    return out
+
+
+def scheduler_dumps(log_path: str) -> list[dict]:
+    """vLLM's fatal-error dump (dump_input.py) of the step that crashed, parsed from an engine log."""
+    out = []
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except OSError as e:
+        raise LabError(f"{log_path}: {e}") from None
+    for line in text.splitlines():
+        m = SCHED_RE.search(line)
+        if m:
+            s = m.group(1)
+            d = {"raw": s}
+            for key in ("num_computed_tokens", "num_output_tokens"):
+                mm = re.search(key + r"=\[([0-9, ]*)\]", s)
+                if mm:
+                    d[key] = [int(x) for x in mm.group(1).split(",") if x.strip()]
+            mm = re.search(r"total_num_scheduled_tokens=(\d+)", s)
+            if mm:
+                d["total_num_scheduled_tokens"] = int(mm.group(1))
+            mm = re.search(r"finished_req_ids=\[([^\]]*)\]", s)
+            if mm:
+                d["finished_req_ids"] = [x.strip().strip("'") for x in mm.group(1).split(",") if x.strip()]
+            d["num_scheduled_reqs"] = len(re.findall(r": 16\b", s.split("num_scheduled_tokens=")[1].split("}")[0])) \
+                if "num_scheduled_tokens=" in s else None
+            out.append(d)
+        m = STATS_RE.search(line)
+        if m and out:
+            s = m.group(1)
+            for key in ("num_running_reqs", "num_waiting_reqs"):
+                mm = re.search(key + r"=(\d+)", s)
+                if mm:
+                    out[-1][key] = int(mm.group(1))
+            mm = re.search(r"kv_cache_usage=([0-9.]+)", s)
+            if mm:
+                out[-1]["kv_cache_usage"] = float(mm.group(1))
+    return out
+
+
+def hook_records(data_dir: str = "data/gpu", which: str = "*") -> list[str]:
+    return sorted(glob.glob(os.path.join(data_dir, "*", "*.hook", f"launch-*-{which}.npz")))
+
+
+def all_rejected_requests(rec) -> list[int] | None:
+    """Requests of a launch whose rejected count covers all their context tokens (C2), or None
+    if the record's inputs are not self-consistent (host copies taken after a CUDA fault)."""
+    import numpy as np
+
+    qsl = rec.arrays["query_start_loc_ptr"][: rec.num_reqs + 1].astype(np.int64)
+    rej = rec.arrays.get("num_rejected_tokens_ptr")
+    if rej is None:
+        return []
+    n_ctx = np.diff(qsl)
+    rej = rej[: rec.num_reqs].astype(np.int64)
+    if (n_ctx < 0).any() or (rej < 0).any() or (rej > n_ctx).any() or qsl[0] != 0:
+        return None
+    return [int(i) for i in np.nonzero(rej >= n_ctx)[0]]
+
+
+def hook_summary(data_dir: str = "data/gpu") -> list[dict]:
+    """Per engine: launches checked while running (stats) and the C2 launches among the recorded ones."""
+    from .records import load_record
+
+    out = []
+    for hook in sorted(glob.glob(os.path.join(data_dir, "*", "*.hook"))):
+        stats = [json.load(open(f)) for f in glob.glob(os.path.join(hook, "stats-*.json"))]
+        stats = [s for s in stats if s.get("launches")]
+        if not stats:
+            continue
+        s = stats[0]
+        c2, bad = [], 0
+        for f in sorted(glob.glob(os.path.join(hook, "launch-*-last.npz"))):
+            rec = load_record(f)
+            reqs = all_rejected_requests(rec)
+            n = int(os.path.basename(f).split("-")[2])
+            if reqs is None:
+                bad += 1
+            elif reqs:
+                c2.append(f"{n}: {reqs}")
+        out.append({"engine": os.path.basename(hook).replace(".hook", ""), "launches": s["launches"],
+                    "checked while running": s["checked"],
+                    **{f"{k} (running)": v for k, v in s["findings"].items()},
+                    "recorded last launches with all-rejected requests (launch: requests)": "; ".join(c2) or "none",
+                    "inconsistent (post-fault) copies": bad})
+    return out

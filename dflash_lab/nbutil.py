@@ -1,0 +1,80 @@
+"""Notebook conventions shared by every notebook in ``notebooks/``.
+
+- one ``parameters``-tagged cell (papermill), then ``check(...)`` validates the values and
+  raises :class:`ParameterError` with one readable line for the first bad one;
+- figures go to ``figures/<notebook>-<name>.png`` and are shown inline (:func:`save_fig`);
+- the repository root is the working directory (:func:`repo_root`), whether the notebook
+  runs in JupyterLab or under papermill.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import LabError
+
+
+class ParameterError(LabError):
+    """A notebook parameter with a wrong value."""
+
+
+def repo_root() -> Path:
+    here = Path.cwd()
+    for p in [here, *here.parents]:
+        if (p / "pyproject.toml").is_file() and (p / "dflash_lab").is_dir():
+            return p
+    raise LabError("cannot find the dflash-lab checkout above the current folder")
+
+
+def chdir_root() -> Path:
+    root = repo_root()
+    os.chdir(root)
+    return root
+
+
+def check(name: str, value, *, kind=None, min=None, max=None, choices=None, nonempty=False, each=None):
+    """Validate one notebook parameter; raise ParameterError naming it otherwise."""
+    def bad(why):
+        raise ParameterError(f"bad notebook parameter {name}={value!r}: {why}")
+
+    if kind is not None:
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds:
+            bad(f"must be {' or '.join(k.__name__ for k in kinds)}")
+        if not isinstance(value, kinds):
+            bad(f"must be {' or '.join(k.__name__ for k in kinds)}")
+    if choices is not None and value not in choices:
+        bad(f"must be one of {list(choices)}")
+    if min is not None and value < min:
+        bad(f"must be >= {min}")
+    if max is not None and value > max:
+        bad(f"must be <= {max}")
+    if nonempty and not value:
+        bad("must not be empty")
+    if each is not None:
+        for i, v in enumerate(value):
+            try:
+                check(f"{name}[{i}]", v, **each)
+            except ParameterError:
+                bad(f"element {i} ({v!r}) must satisfy {each}")
+    return value
+
+
+def save_fig(fig, notebook: str, name: str, figures_dir: str = "figures") -> str:
+    Path(figures_dir).mkdir(parents=True, exist_ok=True)
+    path = os.path.join(figures_dir, f"{notebook}-{name}.png")
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+    return path
+
+
+def show_table(df, caption: str | None = None):
+    """Render a DataFrame as HTML with an optional caption (works in papermill output too)."""
+    from IPython.display import HTML, display
+
+    html = df.to_html(index=False, escape=True)
+    if caption:
+        html = f"<p><b>{caption}</b></p>" + html
+    display(HTML(html))

@@ -1,0 +1,137 @@
+"""Execute every notebook with papermill and render it to HTML: ``python -m dflash_lab.report``.
+
+``python -m dflash_lab.report [--out reports] [--only 01_buffer_vs_capture] [-p NAME VALUE ...]``
+
+Each notebook in ``notebooks/`` runs in a fresh kernel with the repository root as working
+directory; the executed copy is rendered to ``reports/<name>.html`` and ``reports/index.html``
+links them. A notebook that fails (a bad parameter, a missing data file) is reported in one
+line naming the notebook and the error, its old HTML (if any) is left untouched, and the
+command exits non-zero after trying the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .nbutil import repo_root
+
+
+def notebooks(root: Path, only: list[str] | None = None) -> list[Path]:
+    nbs = sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        nbs = [p for p in nbs if p.stem in only]
+        missing = set(only) - {p.stem for p in nbs}
+        if missing:
+            raise SystemExit(f"dflash-lab: error: no notebook named {', '.join(sorted(missing))}")
+    return nbs
+
+
+def title_of(nb_path: Path) -> str:
+    nb = json.loads(nb_path.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            for line in "".join(cell["source"]).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return nb_path.stem
+
+
+def _error_line(exc) -> str:
+    ename = getattr(exc, "ename", type(exc).__name__)
+    evalue = getattr(exc, "evalue", str(exc))
+    return f"{ename}: {evalue}".strip()
+
+
+def run_one(nb: Path, out_dir: Path, params: dict, kernel: str | None = None) -> tuple[bool, str]:
+    import nbformat
+    import papermill as pm
+    from nbconvert import HTMLExporter
+
+    root = repo_root()
+    with tempfile.TemporaryDirectory() as tmp:
+        executed = Path(tmp) / nb.name
+        try:
+            pm.execute_notebook(str(nb), str(executed), parameters=params, cwd=str(root),
+                                kernel_name=kernel, progress_bar=False, log_output=False)
+        except Exception as e:  # noqa: BLE001 - papermill wraps the cell's exception
+            return False, _error_line(e)
+        body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
+        target = out_dir / f"{nb.stem}.html"
+        fd, tmp_html = tempfile.mkstemp(dir=out_dir, suffix=".html.tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+        os.replace(tmp_html, target)
+    return True, str(target)
+
+
+def write_index(out_dir: Path, entries: list[tuple[Path, bool, str]]) -> None:
+    items = []
+    for nb, ok, info in entries:
+        name = html.escape(title_of(nb))
+        if ok or (out_dir / f"{nb.stem}.html").exists():
+            link = f'<a href="{nb.stem}.html">{name}</a>'
+        else:
+            link = name
+        status = "" if ok else f' <span style="color:#b00">(failed: {html.escape(info)})</span>'
+        items.append(f"<li>{link} <code>{nb.stem}</code>{status}</li>")
+    extra = ""
+    if (out_dir / "findings.html").exists():
+        extra = '<p><a href="findings.html"><b>Findings page</b></a> (for the issue thread)</p>'
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>dflash-lab report</title></head>
+<body style="font-family: sans-serif; max-width: 60em; margin: 2em auto">
+<h1>dflash-lab: the DFlash + CUDA-graph crash of vLLM 0.22.1</h1>
+{extra}<ol>{''.join(items)}</ol>
+<p>Rendered {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by <code>make report</code>.
+GPU results are read from <code>data/</code>, each with its provenance.</p></body></html>"""
+    (out_dir / "index.html").write_text(page)
+
+
+def parse_value(v: str):
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dflash_lab.report")
+    ap.add_argument("--out", default="reports")
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
+    ap.add_argument("--kernel", default=None)
+    a = ap.parse_args(argv)
+    root = repo_root()
+    out = (root / a.out) if not os.path.isabs(a.out) else Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    params = {k: parse_value(v) for k, v in a.parameter}
+    entries, failed = [], 0
+    for nb in notebooks(root, a.only):
+        t0 = time.time()
+        ok, info = run_one(nb, out, params, a.kernel)
+        entries.append((nb, ok, info))
+        if ok:
+            print(f"{nb.stem}: rendered to {info} ({time.time() - t0:.0f} s)", flush=True)
+        else:
+            failed += 1
+            print(f"dflash-lab: error: notebook {nb.stem} failed: {info}", file=sys.stderr, flush=True)
+    if not a.only:
+        from .findings import write_findings
+
+        try:
+            write_findings(root, out)
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print(f"dflash-lab: error: findings page failed: {_error_line(e)}", file=sys.stderr)
+    write_index(out, entries)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
