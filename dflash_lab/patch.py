@@ -206,3 +206,68 @@ def launch_patched(grid, kwargs: dict):
 
 def log_once(msg: str) -> None:
     print(f"dflash-lab [{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- upstream diff
+
+SCHED_OLD = (
+    "            if speculative_config.use_eagle():\n"
+    "                self.use_eagle = True\n"
+    "                self.num_lookahead_tokens = self.num_spec_tokens\n"
+)
+SCHED_NEW = SCHED_OLD + (
+    "                if speculative_config.use_dflash():\n"
+    "                    # DFlash writes K/V for 1 + k query tokens after the last accepted\n"
+    "                    # token, up to position seq_len + k: one slot more than k.\n"
+    "                    self.num_lookahead_tokens = self.num_spec_tokens + 1\n"
+)
+CALL_OLD = "            total_input_tokens=num_context,\n"
+CALL_NEW = (
+    "            total_input_tokens=num_context,\n"
+    "            seq_lens_ptr=cad.seq_lens,\n"
+    "            num_lookahead_tokens=self.num_speculative_tokens + 1,\n"
+    "            max_model_len=self.max_model_len,\n"
+)
+
+RATIONALE = """\
+dflash-lab: fix for vLLM 0.22.1's DFlash input setup (against the vllm-0.22.1 wheel's sources).
+
+Hunk 1, vllm/v1/spec_decode/utils.py (copy_and_expand_dflash_inputs_kernel):
+  - last_pos is loaded only from the request's own context. With every context token rejected
+    (a discarded request: valid_count 0), stock reads target_positions[ctx_start - 1]: the previous
+    request's position, or target_positions[-1] for request 0 (out of bounds). Evidence:
+    notebooks/02_kernel_bounds (data/records/req0_all_rejected.npz; the same violation compiled on the
+    H200: data/gpu/2026-11-30_h200_repro-tp1/gpu_replay.jsonl) and launches recorded inside the real
+    engine with all-rejected requests (data/gpu/2026-11-30_h200_isolate-tp1/*.hook/launch-*-00027[2-4]-last.npz).
+  - block numbers are confined to the blocks allocated to the request (seq_len + lookahead), from
+    both sides; tokens without a valid slot get -1, which the cache writes skip. Evidence: notebook 02
+    (all_accepted_block_edge*, past_max_model_len), notebook 04 (replay parity).
+Hunk 2, vllm/v1/spec_decode/dflash.py: pass seq_lens, the lookahead and max_model_len to the kernel.
+Hunk 3, vllm/v1/core/sched/scheduler.py: DFlash needs k + 1 lookahead slots (notebook 02,
+  all_accepted_block_edge: the last query slot of a fully accepted block lands outside the allocation).
+
+Not claimed: that this removes the cudaErrorIllegalAddress of the report. On the H200 that crash needs
+the target's FULL CUDA graphs and does not need the drafter's graphs (notebooks/03_reproduction).
+"""
+
+
+def upstream_diff() -> str:
+    import difflib
+
+    from .vllm_sources import read_source
+
+    out = [RATIONALE]
+    edits = [("vllm/v1/spec_decode/utils.py", None),
+             ("vllm/v1/spec_decode/dflash.py", (CALL_OLD, CALL_NEW)),
+             ("vllm/v1/core/sched/scheduler.py", (SCHED_OLD, SCHED_NEW))]
+    for rel, edit in edits:
+        old = read_source(rel)
+        if edit is None:
+            stock = vllm_kernel().text
+            new = old.replace(stock, patch_text(stock))
+        else:
+            if old.count(edit[0]) != 1:
+                raise LabError(f"anchor not found exactly once in {rel}")
+            new = old.replace(edit[0], edit[1])
+        out += difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}", n=3)
+    return "".join(out)

@@ -151,7 +151,8 @@ def validate_matrix(m, where="matrix") -> dict:
     return {"name": m.get("name", Path(str(where)).stem), "models_dir": m.get("models_dir", "/tmp/dflash-models"),
             "engines": engines, "run_timeout_s": float(m.get("run_timeout_s", 420)),
             "startup_timeout_s": float(m.get("startup_timeout_s", 900)),
-            "max_restarts": int(m.get("max_restarts", 3)), "prompt": m.get("prompt", REPORT_PROMPT),
+            "max_restarts": int(m.get("max_restarts", 3)),
+            "startup_estimate_s": float(m.get("startup_estimate_s", 60)), "prompt": m.get("prompt", REPORT_PROMPT),
             "worker": m.get("worker", "dflash_lab.worker")}
 
 
@@ -255,7 +256,7 @@ class Runner:
         pending = list(eng["runs"])
         attempt = 0
         while pending:
-            est = self.startup_s.get(eng["id"], 60.0)
+            est = self.startup_s.get(eng["id"], self.m["startup_estimate_s"])
             if self.time_left() < est + 30:
                 self.not_run += [r.id for r in pending]
                 return

@@ -1,0 +1,38 @@
+# dflash-lab: two commands on a fresh machine with only Python 3.10+:
+#   make report   build the CPU environment, execute every notebook with papermill, render HTML to reports/
+#   make test     build the CPU environment and run the tests
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.dflash-lab-installed
+export TRITON_INTERPRET := 1
+
+.PHONY: env test report lab records clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[cpu]'
+	touch $(STAMP)
+
+env: $(STAMP)
+
+# pytest exits 5 when it collects no test: that is a failure here, never a silent pass.
+test: $(STAMP)
+	@$(BIN)/python -m pytest -q; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$status
+
+report: $(STAMP)
+	$(BIN)/python -m dflash_lab.report --out reports
+	@echo "open reports/index.html"
+
+lab: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[cpu,lab]'
+	$(BIN)/jupyter lab notebooks/
+
+# regenerate the synthetic launch records in data/records (deterministic)
+records: $(STAMP)
+	$(BIN)/python -m dflash_lab make-records data/records
+
+clean:
+	rm -rf reports .pytest_cache

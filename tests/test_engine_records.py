@@ -1,0 +1,31 @@
+"""Launches recorded inside the real vLLM 0.22.1 engine on the H200, replayed on the CPU."""
+
+import glob
+
+import numpy as np
+import pytest
+
+from dflash_lab import analysis
+from dflash_lab.records import load_record
+from dflash_lab.replay import replay
+
+LAST = sorted(glob.glob("data/gpu/2026-11-30_h200_isolate-tp1/dflash-drafter-eager-acc1.86.a1.hook/launch-*-0002[67]?-last.npz"))
+
+
+def test_records_exist():
+    assert len(LAST) >= 5
+
+
+@pytest.mark.parametrize("path", LAST[:5])
+def test_cpu_replay_reproduces_the_engine_outputs(path):
+    rec = load_record(path)
+    if analysis.all_rejected_requests(rec) is None:
+        pytest.skip("host copy taken after the fault")
+    res = replay(rec, "stock")
+    for o in ("out_query_positions_ptr", "out_query_slot_mapping_ptr", "out_context_slot_mapping_ptr"):
+        assert np.array_equal(res.outputs[o][: len(rec.arrays[o])], rec.arrays[o]), o
+
+
+def test_all_rejected_requests_occur_in_the_real_engine():
+    rec = load_record(next(p for p in LAST if "000272" in p))
+    assert analysis.all_rejected_requests(rec) == [12, 13, 21]

@@ -1,0 +1,94 @@
+"""Bookkeeping of the experiment runner with a fake engine process (no GPU, no vLLM)."""
+
+import json
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from dflash_lab.errors import LabError
+from dflash_lab.runner import read_lines, validate_matrix
+
+
+def matrix(tmp_path, engines, **top):
+    m = {"name": "t", "worker": "fake_worker", "run_timeout_s": 4, "startup_timeout_s": 4,
+         "defaults": {"target": "tiny-dense"}, "engines": engines, **top}
+    p = tmp_path / "m.yaml"
+    p.write_text(yaml.safe_dump(m))
+    return p
+
+
+def run(tmp_path, engines, extra=(), **top):
+    out = tmp_path / "runs.jsonl"
+    r = run_cli("dflash_lab", "run", str(matrix(tmp_path, engines, **top)), "--out", str(out), *extra, timeout=300)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return read_lines(out), r
+
+
+def test_each_way_a_run_can_end_gives_exactly_one_line(tmp_path):
+    plan = {"e1/c4/r1": "crash", "e1/c4/r3": "hang", "e1/c4/r4": "fail"}
+    lines, r = run(tmp_path, [
+        {"id": "e1", "env": {"FAKE_PLAN": json.dumps(plan)}, "runs": [{"concurrency": 4, "rounds": 6}]},
+        {"id": "e2", "env": {"FAKE_STARTUP": "error"}, "runs": [{"concurrency": 2, "rounds": 2}]},
+    ])
+    got = [(l["run_id"], l["outcome"], l["attempt"]) for l in lines]
+    assert got == [("e1/c4/r0", "ok", 1), ("e1/c4/r1", "crash", 1), ("e1/c4/r2", "ok", 2),
+                   ("e1/c4/r3", "timeout", 2), ("e1/c4/r4", "crash", 3), ("e1/c4/r5", "ok", 4),
+                   ("e2/c2/r0", "startup_error", 1), ("e2/c2/r1", "startup_error", 1)]
+    crash = lines[1]
+    assert crash["error"] == "CUDA error: an illegal memory access was encountered"
+    assert any("illegal memory access" in l for l in crash["log_tail"])
+    assert "fake start-up failure" in lines[-1]["error"]
+    for l in lines:  # the fields every line must carry
+        for k in ("target", "weights", "spec_method", "num_speculative_tokens", "cudagraph_mode", "enforce_eager",
+                  "drafter_enforce_eager", "tensor_parallel_size", "moe_backend", "max_num_seqs", "concurrency",
+                  "acceptance", "rounds", "requests_completed", "outcome", "error", "spec_decode_metrics", "wall_s",
+                  "gpu", "driver", "vllm_version", "torch_version", "triton_version", "started_at", "command"):
+            assert k in l, k
+
+
+def test_deadline_leaves_unreached_runs_without_a_line(tmp_path):
+    lines, r = run(tmp_path, [{"id": "e1", "env": {"FAKE_PLAN": json.dumps({"e1/c1/r0": "hang"})},
+                               "runs": [{"concurrency": 1, "rounds": 3}]}],
+                   extra=("--deadline-s", "40"), run_timeout_s=200, startup_estimate_s=1)
+    assert [l["outcome"] for l in lines] == ["timeout"]
+    assert "not run before the deadline" in r.stdout
+
+
+def test_existing_lines_survive_a_later_crash(tmp_path):
+    out = tmp_path / "runs.jsonl"
+    out.write_text(json.dumps({"run_id": "earlier", "outcome": "ok"}) + "\n")
+    r = run_cli("dflash_lab", "run", str(matrix(tmp_path, [
+        {"id": "e1", "env": {"FAKE_PLAN": json.dumps({"e1/c1/r0": "crash"})}, "runs": [{"concurrency": 1}]}])),
+        "--out", str(out))
+    assert r.returncode == 0
+    lines = read_lines(out)
+    assert lines[0]["run_id"] == "earlier" and lines[1]["outcome"] == "crash"
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ({"engines": []}, "non-empty list"),
+    ({"engines": [{"id": "a", "runs": [{"concurrency": 0}]}]}, "concurrency"),
+    ({"engines": [{"id": "a", "spec_method": "magic", "runs": [{}]}]}, "spec_method"),
+    ({"engines": [{"id": "a", "target": "gpt-9", "runs": [{}]}]}, "unknown target"),
+    ({"engines": [{"id": "a", "runs": [{}]}, {"id": "a", "runs": [{}]}]}, "duplicate"),
+    ({"engines": [{"id": "a", "colour": 1, "runs": [{}]}]}, "unknown key"),
+])
+def test_bad_matrix(bad, msg):
+    with pytest.raises(LabError, match=msg):
+        validate_matrix(bad)
+
+
+def test_bad_matrix_cli_one_line(tmp_path):
+    p = tmp_path / "m.yaml"
+    p.write_text("engines: [\n")
+    r = run_cli("dflash_lab", "run", str(p), "--out", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 2 and r.stderr.strip().startswith("dflash-lab: error:") and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_corrupt_runs_file_is_named(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"outcome": "ok"}\n{"outcome": "ok"\n')
+    with pytest.raises(LabError, match=r"r.jsonl:2: not a JSON line"):
+        read_lines(p)
