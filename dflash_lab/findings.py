@@ -46,6 +46,12 @@ def write_findings(root: Path, out: Path) -> Path:
     for f in sorted(root.glob("data/gpu/*/gpu_replay.jsonl")):
         gpu_replay += [json.loads(l) for l in open(f)]
     n_viol = sum(1 for d in gpu_replay if d["kernel"] == "stock" and d["violations"])
+    crashed_engines = set()
+    for _, r in df[df["crashed"]].iterrows():
+        crashed_engines.add(f"{r['engine_id']}.a{r['attempt']}")
+    hooks = {h["engine"]: h for h in analysis.hook_summary()}
+    with_c2 = [e for e in crashed_engines if e in hooks
+               and hooks[e]["recorded last launches with all-rejected requests (launch: requests)"] != "none"]
     summary = [
         f"Reproduced: DFlash k=15 + FULL_AND_PIECEWISE graphs on the real-size Qwen3.6-35B-A3B architecture (dummy weights, "
         f"synthetic acceptance 1.86, TP=1, H200) crashes with cudaErrorIllegalAddress at concurrency 32 "
@@ -57,7 +63,10 @@ def write_findings(root: Path, out: Path) -> Path:
         "batches of 33+ requests run the drafter eagerly (notebook 01).",
         f"The DFlash input kernel's unmasked last_pos load is a real out-of-bounds read (request 0 with all context rejected; "
         f"{n_viol} of the standard launches, same on the H200 compiled and the CPU interpreter), and the all-rejected "
-        "state occurs in the real engine right before the crash - but the hook saw no wild slot there: the fault is elsewhere.",
+        f"state occurs in the real engine in the last launches before the crash ({len(with_c2)} of {len(crashed_engines)} "
+        "crashed engines). The isolation says the fault needs the target's FULL graphs, which this kernel does not "
+        "(it runs identically in eager mode); the hook saw no negative slot, but could not check slots against the "
+        "cache size or the allocation in this session (it could not reach the runner; fixed for the next session).",
         "Not yet localized to a kernel (CUDA_LAUNCH_BLOCKING=1 did not hide it, but the error surfaces after a graph replay); "
         "suspect: the target's FULL-graph decode path (GDN spec-decode state indexing, C7). Fix not yet verified on the GPU.",
     ]

@@ -272,6 +272,8 @@ class LaunchMonitor:
     def close(self) -> None:
         """At exit: check what is left in the ring and keep the last launches as records."""
         with self.lock:
+            self.stats["closing"] = True
+            self._write_stats()
             for e in sorted((e for e in self.ring if e is not None), key=lambda e: e["n"]):
                 try:
                     self._process(e, wait=False)
