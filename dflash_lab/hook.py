@@ -112,9 +112,8 @@ class LaunchMonitor:
         import torch
 
         from . import patch
-        from .patch import _state
 
-        cad_prop = _state.get("cad") or _CURRENT.get("cad")
+        cad_prop = current_first_pass()
         cad, proposer = cad_prop if cad_prop else (None, None)
         if proposer is not None and not self.engine_dumped:
             self._dump_engine(proposer)
@@ -290,6 +289,32 @@ class LaunchMonitor:
 _CURRENT: dict = {}
 
 
+def track_first_pass(P) -> None:
+    """Make the attention metadata and proposer of the first pass in flight visible to the kernel proxy.
+
+    Installed once per process, by the hook or the fix, whichever comes first.
+    """
+    if getattr(P.set_inputs_first_pass, "_dflash_lab", False):
+        return
+    orig = P.set_inputs_first_pass
+
+    def set_inputs_first_pass(self, *a, **kw):
+        cad = kw.get("cad") if "cad" in kw else a[5]
+        _CURRENT["cad"] = (cad, self)
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            _CURRENT["cad"] = None
+
+    set_inputs_first_pass._dflash_lab = True
+    P.set_inputs_first_pass = set_inputs_first_pass
+
+
+def current_first_pass():
+    """(common attention metadata, proposer) of the DFlash first pass in flight, or None."""
+    return _CURRENT.get("cad")
+
+
 def check_launch(h: dict, scalars: dict, grid, alloc, num_kv_slots) -> list[dict]:
     """Findings for one launch, from host copies of its arguments and outputs (numpy)."""
     out = []
@@ -373,19 +398,7 @@ def install(outdir: str) -> None:
 
         __init__._dflash_lab_hook = True
         P.__init__ = __init__
-    if not getattr(P.set_inputs_first_pass, "_dflash_lab_hook", False):
-        orig = P.set_inputs_first_pass
-
-        def set_inputs_first_pass(self, *a, **kw):
-            cad = kw.get("cad") if "cad" in kw else a[5]
-            _CURRENT["cad"] = (cad, self)
-            try:
-                return orig(self, *a, **kw)
-            finally:
-                _CURRENT["cad"] = None
-
-        set_inputs_first_pass._dflash_lab_hook = True
-        P.set_inputs_first_pass = set_inputs_first_pass
+    track_first_pass(P)
     proxy = KernelProxy.install(dflash_mod)
     if proxy.monitor is None:
         proxy.monitor = LaunchMonitor(

@@ -16,7 +16,6 @@ import hashlib
 import importlib.util
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from .errors import LabError
 from .vllm_sources import cache_dir, read_source

@@ -131,7 +131,7 @@ def replay_extra_args(rec, device) -> dict:
 
 # --------------------------------------------------------------------------- engine side
 
-_state = {"kernel": None, "cad": None}
+_state = {"kernel": None}
 
 
 def fix_enabled() -> bool:
@@ -172,30 +172,19 @@ def apply() -> list[str]:
         done.append("scheduler: DFlash lookahead k+1")
 
     # 2. kernel: route the proposer's launch to the patched kernel with its extra arguments
-    P = dflash_mod.DFlashProposer
-    if not getattr(P.set_inputs_first_pass, "_dflash_lab", False):
-        orig = P.set_inputs_first_pass
+    from .hook import KernelProxy, track_first_pass
 
-        def set_inputs_first_pass(self, *a, **kw):
-            cad = kw.get("cad") if "cad" in kw else a[5]
-            _state["cad"] = (cad, self)
-            try:
-                return orig(self, *a, **kw)
-            finally:
-                _state["cad"] = None
-
-        set_inputs_first_pass._dflash_lab = True
-        P.set_inputs_first_pass = set_inputs_first_pass
-        from .hook import KernelProxy
-
-        KernelProxy.install(dflash_mod)
-        done.append("kernel: copy_and_expand_dflash_inputs_kernel patched")
+    track_first_pass(dflash_mod.DFlashProposer)
+    KernelProxy.install(dflash_mod)
+    done.append("kernel: copy_and_expand_dflash_inputs_kernel patched")
     return done
 
 
 def launch_patched(grid, kwargs: dict):
     """Called by the kernel proxy instead of the stock launch when the fix is on."""
-    cad, proposer = _state["cad"]
+    from .hook import current_first_pass
+
+    cad, proposer = current_first_pass()
     extra = {
         "seq_lens_ptr": cad.seq_lens,
         "num_lookahead_tokens": proposer.num_speculative_tokens + 1,

@@ -2,7 +2,6 @@
 
 import glob
 
-import numpy as np
 import pytest
 
 from dflash_lab import bounds, patch

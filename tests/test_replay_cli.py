@@ -1,7 +1,6 @@
 """python -m dflash_lab replay: exit codes, JSON, --out, and one-line errors on bad records."""
 
 import json
-import shutil
 
 import numpy as np
 
