@@ -122,8 +122,6 @@ def scheduler_dumps(log_path: str) -> list[dict]:
             mm = re.search(r"finished_req_ids=\[([^\]]*)\]", s)
             if mm:
                 d["finished_req_ids"] = [x.strip().strip("'") for x in mm.group(1).split(",") if x.strip()]
-            d["num_scheduled_reqs"] = len(re.findall(r": 16\b", s.split("num_scheduled_tokens=")[1].split("}")[0])) \
-                if "num_scheduled_tokens=" in s else None
             out.append(d)
         m = STATS_RE.search(line)
         if m and out:

@@ -21,10 +21,6 @@ import time
 import urllib.error
 import urllib.request
 
-CUDA_ERR = re.compile(r"(CUDA error[^\n]*|cudaError\w+|illegal memory access[^\n]*|"
-                      r"device-side assert[^\n]*|EngineDeadError[^\n]*|Xid[^\n]*)")
-
-
 class Events:
     def __init__(self, path):
         self.path = path
