@@ -13,6 +13,14 @@ from .replay import query_slots, replay
 from .scenarios import Step, make_record, standard_scenarios
 
 
+ENGINE_OUTPUTS = ("out_query_positions_ptr", "out_query_slot_mapping_ptr", "out_context_slot_mapping_ptr")
+
+
+def replay_matches_engine(rec: Record, res) -> bool:
+    """Whether a replay reproduces, bit for bit, the outputs an engine-recorded launch holds."""
+    return all(np.array_equal(res.outputs[o][: len(rec.arrays[o])], rec.arrays[o]) for o in ENGINE_OUTPUTS)
+
+
 def _viol_text(res) -> str:
     return "; ".join(f"{v.op} {v.param}[{v.offset_min}] (extent {v.extent}, program {v.program_id[0]})"
                      for v in res.violations) or "none"
@@ -99,9 +107,7 @@ def parity(paths: list[str]) -> list[dict]:
                 diff[o] = int((a.outputs[o] != b.outputs[o]).sum())
         engine_same = None
         if rec.meta.get("source", "").startswith("vLLM 0.22.1 engine"):
-            engine_same = all(np.array_equal(a.outputs[o][: len(rec.arrays[o])], rec.arrays[o])
-                              for o in ("out_query_positions_ptr", "out_query_slot_mapping_ptr",
-                                        "out_context_slot_mapping_ptr"))
+            engine_same = replay_matches_engine(rec, a)
         s = launch_summary(rec, a)
         rows.append({"record": os.path.relpath(p), "requests": rec.num_reqs,
                      "requests_all_rejected": s["requests_all_rejected"],

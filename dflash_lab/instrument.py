@@ -161,7 +161,7 @@ if _bc_n > 0:
             src += f'tl.device_assert(_bc_n == 0, "out-of-bounds {site.op} of {site.param} (site {site.id})")\n'
         return ast.parse(src).body
 
-    def _contain(self, node: ast.Call, op: str, site: Site, off, mask, pos: int) -> list[ast.stmt]:
+    def _contain(self, node: ast.Call, site: Site, off, mask, pos: int) -> list[ast.stmt]:
         """Mask lanes that would land farther than ``contain`` elements outside the extent.
 
         Lanes within the guard zone still access memory (a replay surrounds buffers with
@@ -240,7 +240,7 @@ if _bc_n > 0:
                     self.sites.append(site)
                     checks += self._check(site, d[1], mask)
                     if self.contain is not None:
-                        checks += self._contain(node, op, site, d[1], mask, pos)
+                        checks += self._contain(node, site, d[1], mask, pos)
             out += checks
             if isinstance(stmt, (ast.If, ast.For, ast.While, ast.With)):
                 saved = dict(self.aliases)

@@ -34,6 +34,11 @@ from .kernels import KernelSource, vllm_kernel
 
 ENV_FIX = "DFLASH_LAB_FIX"
 
+
+def dflash_lookahead(k: int) -> int:
+    """Lookahead slots the fixed scheduler allocates for DFlash: queries reach position seq_len + k."""
+    return k + 1
+
 #: (what, stock text, patched text) - applied in order, each anchor must occur exactly once.
 KERNEL_EDITS = [
     (
@@ -124,7 +129,7 @@ def replay_extra_args(rec, device) -> dict:
     max_model_len = int(rec.meta.get("max_model_len", rec.scalars["block_table_stride"] * rec.scalars["block_size"]))
     return {
         "seq_lens_ptr": torch.tensor(np.asarray(seq, dtype=np.int32), device=device),
-        "num_lookahead_tokens": k + 1,
+        "num_lookahead_tokens": dflash_lookahead(k),
         "max_model_len": max_model_len,
     }
 
@@ -165,7 +170,7 @@ def apply() -> list[str]:
             orig_init(self, *a, **kw)
             sc = self.vllm_config.speculative_config
             if sc is not None and sc.use_dflash():
-                self.num_lookahead_tokens = sc.num_speculative_tokens + 1
+                self.num_lookahead_tokens = dflash_lookahead(sc.num_speculative_tokens)
 
         __init__._dflash_lab = True
         Scheduler.__init__ = __init__
@@ -187,7 +192,7 @@ def launch_patched(grid, kwargs: dict):
     cad, proposer = current_first_pass()
     extra = {
         "seq_lens_ptr": cad.seq_lens,
-        "num_lookahead_tokens": proposer.num_speculative_tokens + 1,
+        "num_lookahead_tokens": dflash_lookahead(proposer.num_speculative_tokens),
         "max_model_len": proposer.max_model_len,
     }
     return _patched_jit()[grid](**kwargs, **extra)
