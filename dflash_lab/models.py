@@ -63,6 +63,11 @@ TINY_HYBRID_TEXT = dict(
 )
 
 TARGETS = {
+    "qwen36-35b-a3b-mtp": {"family": "hybrid", "text": dict(QWEN36_TEXT, mtp_num_hidden_layers=1),
+                           "summary": "Qwen3.6-35B-A3B architecture with its one MTP layer (the draft of "
+                                      "spec_method mtp): 40 layers (30 GDN + 10 full attn), hidden 2048, "
+                                      "256 experts top-8, M-RoPE, mamba_ssm_dtype fp32",
+                           "draft": None},
     "qwen36-35b-a3b": {"family": "hybrid", "text": QWEN36_TEXT,
                        "summary": "Qwen3.6-35B-A3B architecture: 40 layers (30 GDN + 10 full attn), "
                                   "hidden 2048, 256 experts top-8, M-RoPE, mamba_ssm_dtype fp32",
@@ -122,7 +127,6 @@ def build(target: str, root: str | os.PathLike) -> dict:
     base = Path(root) / target
     tdir, ddir = base / "target", base / "draft"
     tdir.mkdir(parents=True, exist_ok=True)
-    ddir.mkdir(parents=True, exist_ok=True)
     holder: dict = {}
     _train_tokenizer(tdir, holder)
     eos = holder["eos"]
@@ -140,6 +144,9 @@ def build(target: str, root: str | os.PathLike) -> dict:
     (tdir / "config.json").write_text(json.dumps(cfg, indent=1))
     (tdir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     d = t["draft"]
+    if d is None:  # no separate draft (MTP: the target's own layer drafts)
+        return {"target": str(tdir), "draft": None, "family": t["family"]}
+    ddir.mkdir(parents=True, exist_ok=True)
     hidden = text["hidden_size"]
     dcfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": text["vocab_size"],
             "hidden_size": hidden, "num_hidden_layers": d["layers"], "num_attention_heads": d["heads"],

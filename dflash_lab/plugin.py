@@ -5,7 +5,9 @@ Nothing happens unless asked for:
 
 - ``DFLASH_LAB_FIX=1``: apply the fix (:mod:`dflash_lab.patch`);
 - ``DFLASH_LAB_HOOK=<folder>``: record and check every DFlash input-setup launch
-  (:mod:`dflash_lab.hook`).
+  (:mod:`dflash_lab.hook`);
+- ``DFLASH_LAB_PROBE=<folder>`` / ``DFLASH_LAB_CANARY=1``: per-step invariants of the target
+  forward and the FULL-graph-versus-reference divergence check (:mod:`dflash_lab.probe`).
 
 Each is logged once per process, so a log shows exactly which processes ran patched.
 """
@@ -31,3 +33,10 @@ def register() -> None:
 
         hook.install(hook_dir)
         patch.log_once(f"launch hook active, writing to {hook_dir}")
+    from . import probe
+
+    if probe.enabled() and "probe" not in _done:
+        _done.add("probe")
+        p = probe.install()
+        patch.log_once(f"step probe active: canaries {'raise' if p.raise_on_violation else 'record'}, "
+                       f"reference pass {'on' if p.reference else 'off'}, log {p.path}")

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import provenance
+from . import coredump, provenance
 from .errors import LabError
 from .models import REPORT_PROMPT, describe
 
@@ -64,7 +64,11 @@ ENGINE_DEFAULTS = {
     "fix": False,
     "hook": True,
     "hook_sync": False,
+    "coredump": False,
+    "probe": False,
+    "canary": False,
     "acceptance": "natural",
+    "engine_args": {},
     "env": {},
 }
 RUN_DEFAULTS = {"concurrency": 16, "rounds": 1, "max_tokens": 512, "temperature": 0.7,
@@ -74,6 +78,7 @@ OUTCOMES = ("ok", "crash", "timeout", "startup_error")
 CUDA_ERR = re.compile(r"(CUDA error:[^\n]*|cudaError\w+[^\n]*|illegal memory access[^\n]*|"
                       r"device-side assert[^\n]*|Xid[^\n]*|EngineDeadError[^\n]*|RuntimeError: cancelled)")
 NVLINK_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+COREDUMP_ROOT = "/tmp/cudacore"  # core files (~210 MB each) stay on the GPU host
 
 
 @dataclass
@@ -127,6 +132,8 @@ def validate_matrix(m, where="matrix") -> dict:
         describe(eng["target"])
         _check(eng["spec_method"] in SPEC_METHODS, f"{where}: engine {e['id']}: spec_method must be one of {SPEC_METHODS}")
         _check(eng["mode"] in ("offline", "server"), f"{where}: engine {e['id']}: mode must be offline or server")
+        _check(isinstance(eng["engine_args"], dict),
+               f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
         acc = eng["acceptance"]
         _check(acc == "natural" or isinstance(acc, (int, float)) or
                (isinstance(acc, list) and all(isinstance(x, (int, float)) for x in acc)),
@@ -153,7 +160,9 @@ def validate_matrix(m, where="matrix") -> dict:
             "startup_timeout_s": float(m.get("startup_timeout_s", 900)),
             "max_restarts": int(m.get("max_restarts", 3)),
             "startup_estimate_s": float(m.get("startup_estimate_s", 60)), "prompt": m.get("prompt", REPORT_PROMPT),
-            "worker": m.get("worker", "dflash_lab.worker")}
+            "worker": m.get("worker", "dflash_lab.worker"),
+            "coredump_root": m.get("coredump_root", COREDUMP_ROOT),
+            "coredump_wait_s": float(m.get("coredump_wait_s", 240))}
 
 
 def append_line(path: Path, obj: dict) -> None:
@@ -227,6 +236,8 @@ class Runner:
             "tensor_parallel_size": e["tensor_parallel_size"], "moe_backend": e["moe_backend"],
             "max_num_seqs": e["max_num_seqs"], "max_model_len": e["max_model_len"],
             "max_num_batched_tokens": e["max_num_batched_tokens"], "mode": e["mode"], "fix": e["fix"],
+            "engine_args": e["engine_args"], "cudagraph_capture_sizes": e["cudagraph_capture_sizes"],
+            "probe": e["probe"], "canary": e["canary"], "coredump": e["coredump"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
             "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
             "rounds": run.rounds, "outcome": outcome, "error": None, "requests_completed": 0,
@@ -280,8 +291,17 @@ class Runner:
         events_path = self.logdir / f"{tag}.events.jsonl"
         events_path.write_text("")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **NVLINK_OFF, **{k: str(v) for k, v in e["env"].items()})
-        env.pop("DFLASH_LAB_FIX", None)
-        env.pop("DFLASH_LAB_HOOK", None)
+        for var in ("DFLASH_LAB_FIX", "DFLASH_LAB_HOOK", "DFLASH_LAB_PROBE", "DFLASH_LAB_CANARY"):
+            env.pop(var, None)
+        core_dir = None
+        if e["coredump"]:
+            core_dir = Path(self.m["coredump_root"]) / self.m["name"] / tag
+            core_dir.mkdir(parents=True, exist_ok=True)
+            env.update(coredump.env(core_dir))
+        if e["probe"]:
+            env["DFLASH_LAB_PROBE"] = str(self.logdir / f"{tag}.probe")
+        if e["canary"]:
+            env["DFLASH_LAB_CANARY"] = "1"
         if e["fix"]:
             env["DFLASH_LAB_FIX"] = "1"
         if hook_dir:
@@ -295,6 +315,18 @@ class Runner:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         reader = _EventReader(events_path)
         extra = {"log": str(log_path), "hook_dir": hook_dir}
+        if e["probe"]:
+            extra["probe_dir"] = env["DFLASH_LAB_PROBE"]
+
+        def fault():
+            """The core dump's reading, once the crashed engine has written it (coredump engines only)."""
+            if core_dir is None:
+                return {}
+            wait = max(0.0, min(self.m["coredump_wait_s"], self.time_left() - 30))
+            f = coredump.collect(core_dir, proc.pid, self.logdir / f"{tag}.coredump.log", wait_s=wait)
+            self.log(f"{tag}: fault {f.get('kernel')} ({f.get('exception')}, {f.get('source')})"
+                     + (f" [{f['error']}]" if f.get("error") else ""))
+            return {"fault": f}
 
         def kill():
             try:
@@ -353,6 +385,7 @@ class Runner:
                     fields = {k: v for k, v in done.items() if k not in ("event", "run", "t", "outcome")}
                     if done["outcome"] != "ok":
                         time.sleep(3)
+                        fields.update(fault())
                         tail = _tail(log_path)
                         fields["error"] = crash_signature(tail) or extra.get("error_event") or "requests failed"
                         fields["log_tail"] = tail
@@ -369,11 +402,23 @@ class Runner:
                         if ev["event"] == "error":
                             extra["error_event"] = ev["error"]
                         ev = reader.next()
+                    wall = round(time.time() - (started["t"] if started else t_run), 3)
+                    found = fault()
+                    kill()  # engine children that outlived the worker
                     tail = _tail(log_path)
                     err = (crash_signature(tail) or extra.get("error_event") or last_error_line(tail)
                            or f"engine exited with code {proc.returncode}")
-                    self.line(eng, run, "crash", attempt, error=err, log_tail=tail,
-                              wall_s=round(time.time() - (started["t"] if started else t_run), 3), **extra)
+                    self.line(eng, run, "crash", attempt, error=err, log_tail=tail, wall_s=wall, **found, **extra)
+                    remaining.pop(0)
+                    return remaining
+                if core_dir is not None and coredump.cores(core_dir) and self.time_left() > 0:
+                    # the driver is writing a core dump: the engine crashed; wait for the dump
+                    wall = round(time.time() - (started["t"] if started else t_run), 3)
+                    found = fault()
+                    kill()
+                    tail = _tail(log_path)
+                    err = crash_signature(tail) or extra.get("error_event") or "CUDA exception (core dump written)"
+                    self.line(eng, run, "crash", attempt, error=err, log_tail=tail, wall_s=wall, **found, **extra)
                     remaining.pop(0)
                     return remaining
                 if time.time() - t_run > self.m["run_timeout_s"] or self.time_left() < 0:

@@ -58,6 +58,11 @@ def engine_kwargs(spec: dict, paths: dict) -> dict:
     spec_cfg = speculative_config(e, paths)
     if spec_cfg:
         kw["speculative_config"] = spec_cfg
+    for key, val in (e.get("engine_args") or {}).items():  # extra vLLM engine arguments, merged
+        if isinstance(val, dict) and isinstance(kw.get(key), dict):
+            kw[key] = dict(kw[key], **val)
+        else:
+            kw[key] = val
     return kw
 
 
@@ -342,6 +347,11 @@ def run_server(spec, paths, events):
                         server_alive=not dead)
             if outcome == "crash":
                 time.sleep(5)  # let the server write its last log lines
+                if os.environ.get("CUDA_ENABLE_COREDUMP_ON_EXCEPTION") == "1":
+                    try:  # a GPU core dump is being written: let the server finish and exit by itself
+                        proc.wait(timeout=240)
+                    except subprocess.TimeoutExpired:
+                        pass
                 stop()
                 sys.exit(3)
     finally:

@@ -1,7 +1,9 @@
 """A stand-in for dflash_lab.worker in the runner's tests: no GPU, no vLLM.
 
 Behaviour per run id comes from the FAKE_PLAN environment variable (JSON: run id ->
-"ok" | "crash" | "hang" | "fail"), FAKE_STARTUP ("ok" | "error" | "hang").
+"ok" | "crash" | "hang" | "fail" | "coredump"), FAKE_STARTUP ("ok" | "error" | "hang").
+"coredump" crashes like a CUDA fault whose core file (at ``$CUDA_COREDUMP_FILE``) is written
+by a child process for a few seconds after this process has died, as the driver does.
 """
 
 import json
@@ -32,6 +34,18 @@ def main():
             os._exit(1)
         if what == "hang":
             time.sleep(3600)
+        if what == "coredump":
+            core = os.environ["CUDA_COREDUMP_FILE"].replace("%p", str(os.getpid()))
+            if os.fork() == 0:  # the "engine core" process, same process group, still writing
+                with open(core, "w") as f:
+                    for i in range(4):
+                        f.write("x" * 1000)
+                        f.flush()
+                        time.sleep(1)
+                    f.write("END")
+                os._exit(0)
+            print("[rank0]: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
+            os._exit(1)
         ev.emit(event="run_end", run=run["id"], outcome="ok" if what == "ok" else "crash",
                 requests_completed=run["concurrency"] if what == "ok" else 0, output_tokens=10, wall_s=0.01)
     os._exit(0)

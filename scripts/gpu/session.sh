@@ -21,8 +21,9 @@ if [ "$QUICK" = quick ]; then
 fi
 LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
 echo "runner deadline: $LEFT s"
-mkdir -p /tmp/runlogs
-python3 -m dflash_lab run "$MATRIX" --out "$OUT/runs.jsonl" --logs /tmp/runlogs --deadline-s $LEFT
-find /tmp/runlogs -name '*.log' -size +3M -exec sh -c 'tail -c 3000000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
-tar czf "$OUT/logs.tgz" -C /tmp runlogs
+LOGS=/tmp/runlogs/$(basename "$MATRIX" .yaml)   # this step's engine logs only
+mkdir -p "$LOGS"
+python3 -m dflash_lab run "$MATRIX" --out "$OUT/runs.jsonl" --logs "$LOGS" --deadline-s $LEFT
+find "$LOGS" -name '*.log' -size +3M -exec sh -c 'tail -c 3000000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
+tar czf "$OUT/logs.tgz" -C "$LOGS" .
 ls -la "$OUT"

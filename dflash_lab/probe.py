@@ -1,0 +1,689 @@
+"""Step probe for the target model of vLLM 0.22.1: canaries and a FULL-graph divergence check.
+
+Installed by :mod:`dflash_lab.plugin` in every vLLM process; it acts only in the process that
+runs the target model (``GPUModelRunner._model_forward``), and only when asked:
+
+- ``DFLASH_LAB_CANARY=1``: after every target forward, synchronise and check invariants; raise
+  :class:`CanaryError` naming the first violation (step, row, field, value). A silent corruption
+  then surfaces as a readable error at the step where it begins.
+- ``DFLASH_LAB_PROBE=<folder>``: the same checks, recorded instead of raised (unless
+  ``DFLASH_LAB_CANARY=1`` too), one JSON line per step in ``probe-<pid>.jsonl``; and on every step
+  that replays a FULL CUDA graph, a **reference pass**: the same forward, with the same inputs and
+  the same attention metadata, run once more without graphs (``cudagraph_runtime_mode=NONE``)
+  *before* the graph replay. The probe compares, layer by layer, what each pass wrote (the
+  Gated-DeltaNet recurrent and conv states, the attention K/V of this step's tokens) and the
+  model outputs, row by row. The first layer whose writes differ is the first diverging op.
+  ``DFLASH_LAB_PROBE_REF=0`` keeps the canaries and drops the reference pass.
+
+State discipline of the reference pass (the production values must stay those of the graph
+replay): a verify step reads each request's GDN recurrent state from column
+``num_accepted - 1`` of its state indices and its conv state from column 0, and overwrites
+both. Those slots are snapshotted before the reference pass and restored after it; every
+other slot the forward writes (GDN columns ``0..q_len-1``, the step's K/V slots) is written
+again by the graph replay that follows. What this cannot see: a bug in the metadata itself
+(both passes use the same metadata: the canaries check that). A graph replay that reads a slot
+outside that read set (or skips a write) sees the reference pass's value there instead of the
+previous step's: the divergence is still reported at that layer, but from there on the engine's
+values are no longer exactly those of a run without the probe.
+
+Checks (each a ``violation`` with ``step``, ``field``, ``row``, ``value``):
+
+- ``hidden.nonfinite``: NaN/Inf in a row of the model's hidden states (or its auxiliary hidden
+  states, which the DFlash drafter consumes);
+- ``gdn.state_index``: a live request's state index outside ``[1, num_slots)`` or shared with
+  another live request; padded rows not on the null block;
+- ``gdn.num_accepted``: outside ``[1, k + 1]`` (``0`` makes the GDN kernel read column -1);
+- ``gdn.query_len``: a spec-decode row whose query length is not in ``[1, k + 1]``;
+- ``attn.slot``: a K/V slot of a live token outside the cache, or in a block that is not in
+  the request's own block-table row;
+- ``block_table.gpu``: a block-table row on the GPU that differs from the runner's CPU row;
+- ``state.nonfinite``: NaN/Inf in a GDN state or K/V written this step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+
+ENV_PROBE = "DFLASH_LAB_PROBE"
+ENV_CANARY = "DFLASH_LAB_CANARY"
+ENV_REF = "DFLASH_LAB_PROBE_REF"
+GDN_HEADS_FINGERPRINTED = 4  # recurrent-state heads summed per slot (all heads evolve from the same inputs)
+MAX_VIOLATIONS_PER_STEP = 20
+
+
+class CanaryError(RuntimeError):
+    """An invariant of the target step failed (raised only with ``DFLASH_LAB_CANARY=1``)."""
+
+
+# ----------------------------------------------------------------------------- layer views
+
+_LAYER_NO = re.compile(r"layers\.(\d+)\.")
+
+
+def layer_number(name: str) -> int:
+    m = _LAYER_NO.search(name)
+    return int(m.group(1)) if m else 1 << 30
+
+
+def classify(meta) -> str | None:
+    """'gdn' for Gated-DeltaNet metadata, 'attn' for paged attention metadata, else None."""
+    if meta is None:
+        return None
+    if hasattr(meta, "spec_state_indices_tensor") and hasattr(meta, "num_spec_decodes"):
+        return "gdn"
+    if hasattr(meta, "slot_mapping") and hasattr(meta, "block_table") and hasattr(meta, "seq_lens"):
+        return "attn"
+    return None
+
+
+def step_layers(attn_metadata: dict, layers: dict) -> list[tuple[str, str, object, object]]:
+    """(name, kind, metadata, layer) for the layers this forward touches, in model order."""
+    out = []
+    for name, meta in attn_metadata.items():
+        kind = classify(meta)
+        layer = layers.get(name)
+        if kind is None or layer is None:
+            continue
+        out.append((name, kind, meta, layer))
+    out.sort(key=lambda x: (layer_number(x[0]), x[0]))
+    return out
+
+
+def gdn_rows(meta):
+    """Host copies of the live spec-decode rows of one GDN metadata object (synchronises)."""
+    import numpy as np
+
+    n = int(meta.num_spec_decodes or 0)
+    if n == 0 or meta.spec_state_indices_tensor is None:
+        return None
+    idx_all = meta.spec_state_indices_tensor.cpu().numpy()
+    na_all = meta.num_accepted_tokens.cpu().numpy() if meta.num_accepted_tokens is not None else None
+    qsl = meta.spec_query_start_loc.cpu().numpy() if meta.spec_query_start_loc is not None else None
+    idx = idx_all[:n]
+    qlen = None if qsl is None else np.diff(qsl[: n + 1])
+    cols = idx.shape[1]
+    written = idx if qlen is None else np.where(np.arange(cols)[None, :] < qlen[:, None], idx, 0)
+    return {
+        "n": n,
+        "idx": idx,
+        "written": written[written > 0].astype(np.int64),
+        "conv_slots": idx[:, 0][idx[:, 0] > 0].astype(np.int64),
+        "idx_pad": idx_all[n:],
+        "na": None if na_all is None else na_all[:n],
+        "na_pad": None if na_all is None else na_all[n:],
+        "qlen": qlen,
+        "mixed": int(getattr(meta, "num_prefills", 0) or 0) + int(getattr(meta, "num_decodes", 0) or 0) > 0,
+    }
+
+
+def check_gdn(rows: dict, num_slots: int, k: int, group: str) -> list[dict]:
+    """Invariants of the GDN spec-decode metadata of one KV-cache group."""
+    import numpy as np
+
+    out = []
+    idx, na, qlen = rows["idx"], rows["na"], rows["qlen"]
+    live = idx.reshape(-1)
+    bad = np.nonzero((idx < 1) | (idx >= num_slots))
+    for r, c in zip(*bad):
+        out.append({"field": "gdn.state_index", "group": group, "row": int(r), "col": int(c),
+                    "value": int(idx[r, c]), "allowed": [1, num_slots - 1]})
+    vals, counts = np.unique(live[live > 0], return_counts=True)
+    for v in vals[counts > 1][:4]:
+        rows_with = sorted({int(r) for r in np.nonzero((idx == v).any(axis=1))[0]})
+        if len(rows_with) > 1:
+            out.append({"field": "gdn.state_index", "group": group, "row": rows_with[0], "value": int(v),
+                        "why": f"slot shared by rows {rows_with[:6]}"})
+    if rows["idx_pad"].size and (rows["idx_pad"] != 0).any():
+        r = int(np.nonzero((rows["idx_pad"] != 0).any(axis=1))[0][0])
+        out.append({"field": "gdn.state_index", "group": group, "row": rows["n"] + r,
+                    "value": rows["idx_pad"][r].tolist()[:4], "why": "padded row not on the null block"})
+    if na is not None:
+        for r in np.nonzero((na < 1) | (na > k + 1))[0]:
+            out.append({"field": "gdn.num_accepted", "group": group, "row": int(r), "value": int(na[r]),
+                        "allowed": [1, k + 1]})
+    if qlen is not None and not rows["mixed"]:
+        for r in np.nonzero((qlen < 1) | (qlen > k + 1))[0]:
+            out.append({"field": "gdn.query_len", "group": group, "row": int(r), "value": int(qlen[r]),
+                        "allowed": [1, k + 1]})
+    return out
+
+
+def check_attn_slots(slots, block_table, seq_lens, query_start_loc, num_slots: int, kernel_block: int,
+                     group: str) -> list[dict]:
+    """Every live token's K/V slot lies in the cache and in a block of its own request's row."""
+    import numpy as np
+
+    out = []
+    n = len(seq_lens)
+    for r in range(n):
+        s, e = int(query_start_loc[r]), int(query_start_loc[r + 1])
+        sl = slots[s:e]
+        nb = -(-int(seq_lens[r]) // kernel_block)
+        own = set(int(b) for b in block_table[r, :nb])
+        for j, v in enumerate(sl):
+            v = int(v)
+            if v == -1:
+                continue
+            if v < 0 or v >= num_slots:
+                out.append({"field": "attn.slot", "group": group, "row": r, "token": s + j, "value": v,
+                            "why": f"outside the cache [0, {num_slots})"})
+                break
+            if v // kernel_block not in own:
+                out.append({"field": "attn.slot", "group": group, "row": r, "token": s + j, "value": v,
+                            "why": f"block {v // kernel_block} not in the request's {nb} blocks"})
+                break
+    return out
+
+
+def nonfinite_rows(t, n: int):
+    """Indices of rows of ``t[:n]`` holding NaN or Inf (synchronises)."""
+    import torch
+
+    x = t[:n]
+    if x.dim() == 1:
+        x = x[:, None]
+    bad = ~torch.isfinite(x.float()).all(dim=tuple(range(1, x.dim())))
+    return torch.nonzero(bad).flatten().cpu().tolist()
+
+
+def outputs_of(model_output) -> dict:
+    """Named tensors of a model output: 'hidden' and 'aux<i>' for the auxiliary hidden states."""
+    import torch
+
+    if isinstance(model_output, torch.Tensor):
+        return {"hidden": model_output}
+    out = {}
+    if isinstance(model_output, (tuple, list)) and model_output:
+        if isinstance(model_output[0], torch.Tensor):
+            out["hidden"] = model_output[0]
+        rest = model_output[1] if len(model_output) > 1 else None
+        if isinstance(rest, torch.Tensor):
+            out["aux0"] = rest
+        elif isinstance(rest, (tuple, list)):
+            for i, a in enumerate(rest):
+                if isinstance(a, torch.Tensor):
+                    out[f"aux{i}"] = a
+    return out
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+def gdn_read_slots(rows: dict):
+    """(recurrent-state slots read, conv-state slots read-and-written) of the live rows."""
+    import numpy as np
+
+    idx, na = rows["idx"], rows["na"]
+    col = np.clip(na.astype(np.int64) - 1, 0, idx.shape[1] - 1)
+    return idx[np.arange(len(idx)), col], idx[:, 0]
+
+
+def snapshot(step_gdn: list) -> list:
+    """Copies of the GDN slots a verify step reads and overwrites: [(tensor, index, saved)]."""
+    import torch
+
+    saved = []
+    for _name, layer, rows in step_gdn:
+        conv, ssm = layer.kv_cache[0], layer.kv_cache[1]
+        ssm_slots, conv_slots = gdn_read_slots(rows)
+        for t, s in ((ssm, ssm_slots), (conv, conv_slots)):
+            s = [int(x) for x in s if x > 0]
+            if not s:
+                continue
+            index = torch.tensor(s, device=t.device, dtype=torch.long)
+            saved.append((t, index, t.index_select(0, index)))
+    return saved
+
+
+def restore(saved: list) -> None:
+    for t, index, data in saved:
+        t.index_copy_(0, index, data)
+
+
+def fingerprint(step_gdn: list, step_attn: list) -> dict:
+    """Per layer, float64 sums of what this step wrote: one value per written slot.
+
+    GDN: the recurrent state of every (row, column < q_len) slot (first heads), and the conv state.
+    Attention: the K and V of every live token of this step.
+    """
+    import torch
+
+    fp = {}
+    for name, layer, rows in step_gdn:
+        conv, ssm = layer.kv_cache[0], layer.kv_cache[1]
+        sub = ssm.narrow(1, 0, min(GDN_HEADS_FINGERPRINTED, ssm.shape[1])) if ssm.dim() > 1 else ssm
+        si = torch.as_tensor(rows["written"], device=ssm.device)
+        ci = torch.as_tensor(rows["conv_slots"], device=conv.device)
+        s_val = sub.index_select(0, si).reshape(len(si), -1)
+        c_val = conv.index_select(0, ci).reshape(len(ci), -1)
+        fp[name] = {"kind": "gdn",
+                    "ssm": s_val.double().sum(1), "ssm_bad": (~torch.isfinite(s_val)).sum(1),
+                    "conv": c_val.double().sum(1), "conv_bad": (~torch.isfinite(c_val)).sum(1)}
+    for name, layer, slots in step_attn:
+        kv = layer.kv_cache
+        kv = kv[0] if isinstance(kv, (list, tuple)) else kv
+        live = slots[slots >= 0]
+        bs = kv.shape[2]
+        blk, off = live // bs, live % bs
+        k = kv[0][blk, off].reshape(len(live), -1)
+        v = kv[1][blk, off].reshape(len(live), -1)
+        fp[name] = {"kind": "attn", "k": k.double().sum(1), "v": v.double().sum(1),
+                    "k_bad": (~torch.isfinite(k)).sum(1), "v_bad": (~torch.isfinite(v)).sum(1)}
+    return fp
+
+
+def _diff(a, b) -> tuple[float, float, int]:
+    """(max |a-b|, max |a-b| / (max |a| + tiny), rows that differ); NaN on both sides counts as equal."""
+    import torch
+
+    if a.numel() == 0:
+        return 0.0, 0.0, 0
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    d = torch.where(both_nan, torch.zeros_like(a), (a - b).abs())
+    d = torch.where(torch.isnan(d), torch.full_like(d, float("inf")), d)
+    scale = float(torch.nan_to_num(a.abs(), nan=0.0, posinf=0.0).max()) + 1e-30
+    mx = float(d.max())
+    return mx, mx / scale, int((d > 0).sum())
+
+
+def compare(fp_ref: dict, fp_run: dict, order: list[str], rel_tol: float) -> dict:
+    """Layer-by-layer comparison of two fingerprints; the first layer beyond ``rel_tol``."""
+    layers, first = {}, None
+    for name in order:
+        a, b = fp_ref.get(name), fp_run.get(name)
+        if a is None or b is None:
+            continue
+        keys = ("ssm", "conv") if a["kind"] == "gdn" else ("k", "v")
+        worst = (0.0, 0.0, 0)
+        bad_ref = bad_run = 0
+        for key in keys:
+            r = _diff(a[key], b[key])
+            worst = max(worst, r, key=lambda x: x[1])
+            bad_ref += int(a[key + "_bad"].sum())
+            bad_run += int(b[key + "_bad"].sum())
+        layers[name] = {"kind": a["kind"], "max_abs": worst[0], "max_rel": worst[1], "rows_differ": worst[2],
+                        "nonfinite_ref": bad_ref, "nonfinite_run": bad_run}
+        if first is None and (worst[1] > rel_tol or bad_ref != bad_run):
+            first = name
+    return {"first_layer": first, "layers": layers}
+
+
+def compare_outputs(ref: dict, run: dict, n: int, rel_tol: float) -> dict:
+    import torch
+
+    out = {}
+    for key, a in ref.items():
+        b = run.get(key)
+        if b is None:
+            continue
+        a2, b2 = a[:n].float(), b[:n].float()
+        d = (a2 - b2).abs().reshape(n, -1)
+        d = torch.where(torch.isnan(d), torch.full_like(d, float("inf")), d)
+        row_max = d.max(dim=1).values
+        scale = float(torch.nan_to_num(a2.abs(), nan=0.0, posinf=0.0).max()) + 1e-30
+        rows = torch.nonzero(row_max > rel_tol * scale).flatten().cpu().tolist()
+        out[key] = {"max_abs": float(row_max.max()) if n else 0.0, "rows_differ": len(rows),
+                    "first_rows": rows[:8], "nonfinite_ref": len(nonfinite_rows(a, n)),
+                    "nonfinite_run": len(nonfinite_rows(b, n))}
+    return out
+
+
+# ----------------------------------------------------------------------------- the probe
+
+class StepProbe:
+    """Per-process state: step counter, request ids, output file."""
+
+    def __init__(self, outdir: str | None, raise_on_violation: bool, reference: bool, rel_tol: float = 1e-3):
+        self.outdir = outdir
+        self.raise_on_violation = raise_on_violation
+        self.reference = reference and outdir is not None
+        self.rel_tol = rel_tol
+        self.step = 0
+        self.req_no: dict = {}
+        self.pending_drafts = None
+        self.pending_sample = None
+        self.last_sampled: dict = {}
+        self.first_divergence = None
+        self.first_violation = None
+        self.lock = threading.Lock()
+        self.path = None
+        if outdir:
+            os.makedirs(outdir, exist_ok=True)
+            self.path = os.path.join(outdir, f"probe-{os.getpid()}.jsonl")
+
+    def write(self, obj: dict) -> None:
+        if not self.path:
+            return
+        line = json.dumps(obj, default=_jsonable) + "\n"
+        with self.lock, open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def req_numbers(self, req_ids) -> list[int]:
+        out = []
+        for r in req_ids:
+            if r not in self.req_no:
+                self.req_no[r] = len(self.req_no)
+            out.append(self.req_no[r])
+        return out
+
+    # -------------------------------------------------------------- the wrapped forward
+    def forward(self, runner, orig, args, kwargs):
+        import torch
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available() or _capturing():
+            return orig(runner, *args, **kwargs)
+        ctx = get_forward_context()
+        if not isinstance(ctx.attn_metadata, dict) or not ctx.attn_metadata:
+            return orig(runner, *args, **kwargs)
+        if getattr(getattr(runner, "input_batch", None), "num_reqs", 0) == 0:
+            return orig(runner, *args, **kwargs)  # profiling, warm-up and capture runs: no request
+        self.step += 1
+        step = self.step
+        line = {"step": step, "t": round(time.time(), 3), "mode": ctx.cudagraph_runtime_mode.name,
+                "desc": str(ctx.batch_descriptor) if ctx.batch_descriptor is not None else None}
+        try:
+            ib = runner.input_batch
+            n_reqs = ib.num_reqs
+            line["num_reqs"] = n_reqs
+            line["reqs"] = self.req_numbers(ib.req_ids[:n_reqs])
+        except Exception as e:  # noqa: BLE001 - bookkeeping only
+            n_reqs = None
+            line["reqs_error"] = repr(e)
+        if self.pending_drafts is not None:
+            line["drafts_in"] = self.pending_drafts
+            self.pending_drafts = None
+        k = runner.speculative_config.num_speculative_tokens if runner.speculative_config else 0
+        layers = ctx.no_compile_layers
+        per_layer = step_layers(ctx.attn_metadata, layers)
+        violations: list[dict] = []
+        step_gdn, step_attn, groups = [], [], {}
+        # ---------------- metadata (before the forward: the same for both passes)
+        try:
+            _sync()
+            seen = {}
+            for name, kind, meta, layer in per_layer:
+                if kind == "gdn":
+                    key = id(meta)
+                    if key not in seen:
+                        rows = gdn_rows(meta)
+                        seen[key] = rows
+                        if rows is not None:
+                            g = f"gdn{len(groups)}"
+                            groups[key] = g
+                            num_slots = int(layer.kv_cache[1].shape[0])
+                            violations += check_gdn(rows, num_slots, k, g)
+                            line.setdefault("gdn", {})[g] = {
+                                "n": rows["n"], "idx": rows["idx"], "na": rows["na"], "qlen": rows["qlen"],
+                                "layers": 0}
+                    rows = seen[key]
+                    if rows is not None:
+                        step_gdn.append((name, layer, rows))
+                        line["gdn"][groups[key]]["layers"] += 1
+                else:
+                    slots_t = ctx.slot_mapping.get(name) if isinstance(ctx.slot_mapping, dict) else None
+                    if slots_t is None:
+                        slots_t = meta.slot_mapping
+                    nt = int(meta.num_actual_tokens)
+                    slots = slots_t[:nt]
+                    step_attn.append((name, layer, slots))
+                    key = id(meta)
+                    if key not in seen:
+                        seen[key] = True
+                        kv = layer.kv_cache[0] if isinstance(layer.kv_cache, (list, tuple)) else layer.kv_cache
+                        nr = int(meta.seq_lens.shape[0]) if n_reqs is None else min(n_reqs, int(meta.seq_lens.shape[0]))
+                        sl = meta.seq_lens[:nr].cpu().numpy()
+                        g = f"attn{sum(1 for v in groups.values() if v.startswith('attn'))}"
+                        groups[key] = g
+                        violations += check_attn_slots(
+                            slots.cpu().numpy(), meta.block_table[:nr].cpu().numpy(), sl,
+                            meta.query_start_loc[: nr + 1].cpu().numpy(), int(kv.shape[1] * kv.shape[2]),
+                            int(kv.shape[2]), g)
+                        line.setdefault("attn", {})[g] = {"seq_lens": sl, "num_tokens": nt,
+                                                         "max_seq_len": getattr(meta, "max_seq_len", None),
+                                                         "max_num_splits": getattr(meta, "max_num_splits", None)}
+            if n_reqs is not None:
+                for gi, bt in enumerate(runner.input_batch.block_table.block_tables):
+                    cpu = bt.block_table.cpu[:n_reqs]
+                    gpu = bt.block_table.gpu[:n_reqs].cpu()
+                    if not torch.equal(cpu, gpu):
+                        r = int(torch.nonzero((cpu != gpu).any(dim=1)).flatten()[0])
+                        violations.append({"field": "block_table.gpu", "group": gi, "row": r,
+                                           "value": gpu[r, :4].tolist(), "expected": cpu[r, :4].tolist()})
+        except Exception as e:  # noqa: BLE001 - a probe failure is recorded, never hides the step
+            if is_cuda_error(e):  # an earlier kernel faulted: this step is where it surfaced
+                line["error"] = f"{type(e).__name__}: {e}"[:2000]
+                self.write(line)
+                raise
+            line["probe_error"] = f"metadata: {type(e).__name__}: {e}"
+        violations += self.check_accepted_continuity(line)
+        order = [name for name, _k, _m, _l in per_layer]
+        # ---------------- the reference pass (FULL steps only)
+        ref_out = fp_ref = None
+        is_full = ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL
+        if self.reference and is_full and "probe_error" not in line:
+            saved = None
+            try:
+                saved = snapshot(step_gdn)
+                ctx.cudagraph_runtime_mode = CUDAGraphMode.NONE
+                ctx.moe_layer_index = 0
+                out = orig(runner, *args, **kwargs)
+                ref_out = {key: t.clone() for key, t in outputs_of(out).items()}
+                _sync()
+                fp_ref = fingerprint(step_gdn, step_attn)
+            except Exception as e:  # noqa: BLE001
+                if is_cuda_error(e):
+                    line["error"] = f"reference pass: {type(e).__name__}: {e}"[:2000]
+                    self.write(line)
+                    raise
+                line["probe_error"] = f"reference pass: {type(e).__name__}: {e}"
+                ref_out = fp_ref = None
+            finally:
+                if saved is not None:
+                    restore(saved)
+                ctx.cudagraph_runtime_mode = CUDAGraphMode.FULL
+                ctx.moe_layer_index = 0
+            del saved
+        # ---------------- the production pass
+        try:
+            out = orig(runner, *args, **kwargs)
+            _sync()
+        except Exception as e:
+            line["error"] = f"{type(e).__name__}: {e}"[:2000]
+            line["violations"] = violations[:MAX_VIOLATIONS_PER_STEP]
+            self.write(line)
+            raise
+        try:
+            outs = outputs_of(out)
+            ntok = max(int(getattr(m, "num_actual_tokens", 0) or 0) for m in ctx.attn_metadata.values())
+            line["num_tokens"] = ntok
+            for key, t in outs.items():
+                rows_bad = nonfinite_rows(t, ntok)
+                if rows_bad:
+                    violations.append({"field": "hidden.nonfinite", "tensor": key, "row": rows_bad[0],
+                                       "rows": len(rows_bad), "value": "nan/inf"})
+            fp_run = fingerprint(step_gdn, step_attn)
+            for name in order:
+                f = fp_run.get(name)
+                if f is None:
+                    continue
+                bad = sum(int(f[x].sum()) for x in f if x.endswith("_bad"))
+                if bad:
+                    violations.append({"field": "state.nonfinite", "layer": name, "row": None,
+                                       "value": bad, "why": "NaN/Inf in what this step wrote"})
+                    break
+            if fp_ref is not None:
+                cmp = compare(fp_ref, fp_run, order, self.rel_tol)
+                cmp["outputs"] = compare_outputs(ref_out, outs, ntok, self.rel_tol)
+                diverged = cmp["first_layer"] is not None or any(
+                    o["rows_differ"] or o["nonfinite_ref"] != o["nonfinite_run"] for o in cmp["outputs"].values())
+                line["diverge"] = {"diverged": diverged, "first_layer": cmp["first_layer"],
+                                   "outputs": cmp["outputs"],
+                                   "layers_worst": _worst_layers(cmp["layers"], 3)}
+                if diverged:
+                    line["diverge"]["layers"] = cmp["layers"]
+                    if self.first_divergence is None:
+                        self.first_divergence = step
+        except Exception as e:  # noqa: BLE001
+            line["probe_error"] = f"checks: {type(e).__name__}: {e}"
+        for v in violations:
+            v["step"] = step
+        line["violations"] = violations[:MAX_VIOLATIONS_PER_STEP]
+        line["n_violations"] = len(violations)
+        if violations and self.first_violation is None:
+            self.first_violation = step
+        self.write(line)
+        if violations and self.raise_on_violation:
+            v = violations[0]
+            raise CanaryError(f"dflash-lab canary: step {step}, {v['field']}, row {v.get('row')}, "
+                              f"value {v.get('value')}" + (f" ({v['why']})" if v.get("why") else "")
+                              + (f", layer {v['layer']}" if v.get("layer") else ""))
+        return out
+
+    def check_accepted_continuity(self, line: dict) -> list[dict]:
+        """A request's num_accepted this step equals its valid sampled tokens of its previous step."""
+        out = []
+        prev = self.last_sampled
+        g = (line.get("gdn") or {}).get("gdn0")
+        if not prev or g is None or g["na"] is None or "reqs" not in line:
+            return out
+        for row, (req, na) in enumerate(zip(line["reqs"], g["na"])):
+            want = prev.get(req)
+            if want is not None and int(na) != want:
+                out.append({"field": "gdn.num_accepted", "group": "gdn0", "row": row, "value": int(na),
+                            "why": f"request {req} had {want} valid sampled tokens in its previous step"})
+        return out
+
+    def after_sample(self, runner, logits) -> None:
+        """Non-finite logits rows (the verify logits the sampler sees)."""
+        if logits is None or self.step == 0:
+            return
+        rows = nonfinite_rows(logits, logits.shape[0])
+        self.pending_sample = {"logits_rows": int(logits.shape[0]), "logits_nonfinite": len(rows),
+                               "logits_first_bad": rows[:8]}
+
+    def after_update(self, runner, sampled_token_ids) -> None:
+        """Valid sampled tokens per request (what num_accepted must be next step); one 'sample' line."""
+        if self.step == 0:
+            return
+        ib = runner.input_batch
+        n = sampled_token_ids.shape[0]
+        counts = (sampled_token_ids != -1).sum(dim=1).cpu().tolist()
+        reqs = self.req_numbers(ib.req_ids[:n])
+        self.last_sampled = dict(zip(reqs, counts))
+        line = {"kind": "sample", "step": self.step, "reqs": reqs, "valid": counts,
+                "first_token": sampled_token_ids[:, 0].cpu().tolist(), **(self.pending_sample or {})}
+        self.pending_sample = None
+        bad = line.get("logits_nonfinite")
+        self.write(line)
+        if bad and self.raise_on_violation:
+            raise CanaryError(f"dflash-lab canary: step {self.step}, logits.nonfinite, row "
+                              f"{line['logits_first_bad'][0]}, value nan/inf ({bad} of {line['logits_rows']} rows)")
+
+    def after_propose(self, result) -> None:
+        import torch
+
+        if isinstance(result, torch.Tensor) and result.dim() == 2:
+            self.pending_drafts = result[:, :2].cpu().tolist()
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def is_cuda_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__}: {e}"
+    return "CUDA" in text or "AcceleratorError" in text or "cudaError" in text
+
+
+def _worst_layers(layers: dict, n: int) -> list:
+    return sorted(([k, v["max_rel"]] for k, v in layers.items()), key=lambda x: -x[1])[:n]
+
+
+def _jsonable(x):
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    return str(x)
+
+
+_PROBE: dict = {}
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ENV_PROBE)) or os.environ.get(ENV_CANARY, "0") not in ("", "0")
+
+
+def install() -> StepProbe:
+    """Wrap ``GPUModelRunner._model_forward`` (and the DFlash proposer's ``propose``)."""
+    if "probe" in _PROBE:
+        return _PROBE["probe"]
+    probe = StepProbe(os.environ.get(ENV_PROBE) or None,
+                      raise_on_violation=os.environ.get(ENV_CANARY, "0") not in ("", "0"),
+                      reference=os.environ.get(ENV_REF, "1") not in ("", "0"))
+    _PROBE["probe"] = probe
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    R = gmr.GPUModelRunner
+    if not getattr(R._model_forward, "_dflash_lab_probe", False):
+        orig = R._model_forward
+
+        def _model_forward(self, *args, **kwargs):
+            return probe.forward(self, orig, args, kwargs)
+
+        _model_forward._dflash_lab_probe = True
+        R._model_forward = _model_forward
+
+        orig_sample = R._sample
+
+        def _sample(self, logits, *a, **kw):
+            probe.after_sample(self, logits)
+            return orig_sample(self, logits, *a, **kw)
+
+        R._sample = _sample
+        orig_update = R._update_states_after_model_execute
+
+        def _update_states_after_model_execute(self, output_token_ids, *a, **kw):
+            res = orig_update(self, output_token_ids, *a, **kw)
+            probe.after_update(self, output_token_ids)
+            return res
+
+        R._update_states_after_model_execute = _update_states_after_model_execute
+    try:
+        from vllm.v1.spec_decode import dflash as dflash_mod
+
+        P = dflash_mod.DFlashProposer
+        if not getattr(P.propose, "_dflash_lab_probe", False):
+            orig_p = P.propose
+
+            def propose(self, *a, **kw):
+                res = orig_p(self, *a, **kw)
+                try:
+                    probe.after_propose(res)
+                except Exception:  # noqa: BLE001 - bookkeeping only
+                    pass
+                return res
+
+            propose._dflash_lab_probe = True
+            P.propose = propose
+    except ImportError:
+        pass
+    return probe

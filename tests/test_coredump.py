@@ -1,0 +1,79 @@
+"""Naming the faulting kernel: cuda-gdb summaries parsed, and the runner's coredump option."""
+
+import json
+import os
+import stat
+
+from dflash_lab.coredump import parse_cuda_gdb, wait_for_core
+from conftest import run_cli
+from dflash_lab.runner import read_lines
+from test_runner import matrix
+
+# cuda-gdb's summaries of two GPU core dumps taken on the H200 (vLLM 0.22.1, 2026-11-30)
+STOCK = """Opening GPU coredump: /tmp/cudacore/core.860
+[Current focus set to CUDA kernel 0, grid 543435, block (0,0,0), thread (96,0,0), device 0, sm 128, warp 0, lane 0]
+
+CUDA Exception: Warp Out-of-range Address
+The exception was triggered at PC 0x7fb9016f2150  copy_and_expand_dflash_inputs_kernel  (utils.py:542)
+#0  copy_and_expand_dflash_inputs_kernel<<<(24,1,1),(128,1,1)>>> () at /tmp/vllm-site/vllm/v1/spec_decode/utils.py:551
+551	    bonus_token = tl.load(next_token_ids_ptr + req_idx)
+"""
+GDN = """Opening GPU coredump: /tmp/cudacore3/core.2097
+[Current focus set to CUDA kernel 0, grid 365954, block (0,0,25), thread (32,0,0), device 0, sm 0, warp 0, lane 0]
+
+CUDA Exception: Warp Illegal Address
+The exception was triggered at PC 0x7f1b39f6ae00  fused_sigmoid_gating_delta_rule_update_kernel
+#0  0x00007f1b39f6b130 in fused_sigmoid_gating_delta_rule_update_kernel<<<(1,4,768),(128,1,1)>>> ()
+"""
+
+
+def test_parse_stock_fault():
+    f = parse_cuda_gdb(STOCK)
+    assert f["kernel"] == "copy_and_expand_dflash_inputs_kernel"
+    assert f["exception"] == "Warp Out-of-range Address"
+    assert f["source"] == "utils.py:542"
+    assert f["frame_source"] == "/tmp/vllm-site/vllm/v1/spec_decode/utils.py:551"
+    assert f["grid"] == [24, 1, 1] and f["block_dim"] == [128, 1, 1]
+    assert f["focus_block"] == [0, 0, 0] and f["focus_thread"] == [96, 0, 0]
+    assert f["pc"] == "0x7fb9016f2150"
+
+
+def test_parse_gdn_fault_without_source_line():
+    f = parse_cuda_gdb(GDN)
+    assert f["kernel"] == "fused_sigmoid_gating_delta_rule_update_kernel"
+    assert f["exception"] == "Warp Illegal Address"
+    assert f["source"] is None and f["frame_source"] is None
+    assert f["grid"] == [1, 4, 768] and f["focus_block"] == [0, 0, 25]
+
+
+def test_parse_garbage_gives_nones():
+    f = parse_cuda_gdb("cuda-gdb: not a core file\n")
+    assert set(f.values()) == {None}
+
+
+def test_wait_returns_when_nothing_is_alive_and_no_core(tmp_path):
+    assert wait_for_core(tmp_path, None, timeout_s=30) is None
+
+
+def test_runner_waits_for_the_core_and_records_the_fault(tmp_path):
+    gdb = tmp_path / "fake-cuda-gdb"
+    fixture = tmp_path / "summary.txt"
+    fixture.write_text(STOCK)
+    # prints the summary only for a complete core file, as cuda-gdb only reads complete ones
+    gdb.write_text("#!/bin/sh\ncore=$(echo \"$3\" | sed 's/target cudacore //')\n"
+                   f"if tail -c 3 \"$core\" | grep -q END; then cat {fixture}; else echo truncated core; exit 1; fi\n")
+    gdb.chmod(gdb.stat().st_mode | stat.S_IEXEC)
+    plan = {"e1/c2/r0": "coredump"}
+    m = matrix(tmp_path, [{"id": "e1", "coredump": True, "env": {"FAKE_PLAN": json.dumps(plan)},
+                           "runs": [{"concurrency": 2, "rounds": 2}]}],
+               coredump_root=str(tmp_path / "cores"), run_timeout_s=60)
+    out = tmp_path / "runs.jsonl"
+    r = run_cli("dflash_lab", "run", str(m), "--out", str(out), env={"DFLASH_LAB_CUDA_GDB": str(gdb)})
+    assert r.returncode == 0, r.stderr + r.stdout
+    lines = read_lines(out)
+    assert [l["outcome"] for l in lines] == ["crash", "ok"]
+    f = lines[0]["fault"]
+    assert f["kernel"] == "copy_and_expand_dflash_inputs_kernel" and f["source"] == "utils.py:542"
+    assert f["core_bytes"] == 4003 and "error" not in f
+    assert os.path.exists(f["core_file"])  # the core stays on the host
+    assert "fault" not in lines[1]

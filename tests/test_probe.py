@@ -1,0 +1,274 @@
+"""The step probe (dflash_lab.probe) on a small fake hybrid model: no GPU, no vLLM.
+
+The fake model does what a verify step of vLLM 0.22.1's hybrid target does to its state: every
+Gated-DeltaNet layer reads each request's recurrent state from column ``num_accepted - 1`` of its
+state indices and its conv state from column 0, writes per-token states into columns
+``0..q_len-1`` and the conv state back in place; every attention layer writes this step's K/V at
+the slot mapping. A "replay bug" can be switched on in one layer for FULL-graph mode only.
+"""
+
+import enum
+import sys
+import types
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_lab import probe as P
+
+K = 3  # speculative tokens: 4 query tokens per request
+H = 8  # hidden size
+HV = 2  # recurrent heads
+
+
+class Mode(enum.Enum):
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+
+
+class Ctx:
+    def __init__(self, attn_metadata, layers, slot_mapping, mode):
+        self.attn_metadata = attn_metadata
+        self.no_compile_layers = layers
+        self.slot_mapping = slot_mapping
+        self.cudagraph_runtime_mode = mode
+        self.batch_descriptor = None
+        self.moe_layer_index = 0
+
+
+_CTX = {}
+
+
+@pytest.fixture(autouse=True)
+def fake_vllm(monkeypatch):
+    vllm = types.ModuleType("vllm")
+    config = types.ModuleType("vllm.config")
+    config.CUDAGraphMode = Mode
+    fc = types.ModuleType("vllm.forward_context")
+    fc.get_forward_context = lambda: _CTX["ctx"]
+    fc.is_forward_context_available = lambda: "ctx" in _CTX
+    for name, mod in (("vllm", vllm), ("vllm.config", config), ("vllm.forward_context", fc)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    yield
+    _CTX.clear()
+
+
+class Layer:
+    def __init__(self, kv_cache):
+        self.kv_cache = kv_cache
+
+
+class GDNMeta:
+    def __init__(self, idx, na, qsl, pad_rows=0):
+        n = idx.shape[0]
+        self.num_spec_decodes = n
+        self.num_actual_tokens = int(qsl[-1])
+        self.num_prefills = 0
+        self.num_decodes = 0
+        pad = torch.zeros((pad_rows, idx.shape[1]), dtype=torch.int32)
+        self.spec_state_indices_tensor = torch.cat([idx, pad])
+        self.num_accepted_tokens = torch.cat([na, torch.ones(pad_rows, dtype=torch.int32)])
+        self.spec_query_start_loc = qsl
+
+
+class AttnMeta:
+    def __init__(self, slots, block_table, seq_lens, qsl):
+        self.num_actual_tokens = len(slots)
+        self.slot_mapping = slots
+        self.block_table = block_table
+        self.seq_lens = seq_lens
+        self.query_start_loc = qsl
+        self.max_seq_len = int(seq_lens.max())
+
+
+class Batch:
+    def __init__(self, n, block_rows):
+        self.num_reqs = n
+        self.req_ids = [f"req-{i}" for i in range(n)]
+        bt = types.SimpleNamespace(block_table=types.SimpleNamespace(cpu=block_rows.clone(), gpu=block_rows.clone()))
+        self.block_table = types.SimpleNamespace(block_tables=[bt])
+
+
+class FakeModel:
+    """Layers 0, 1, 2 Gated-DeltaNet-like, layer 3 attention-like."""
+
+    def __init__(self, bug_layer=None):
+        self.bug_layer = bug_layer
+
+    def __call__(self, x):
+        ctx = _CTX["ctx"]
+        h = x.clone()
+        for name in sorted(ctx.attn_metadata, key=P.layer_number):
+            meta, layer = ctx.attn_metadata[name], ctx.no_compile_layers[name]
+            if isinstance(meta, GDNMeta):
+                conv, ssm = layer.kv_cache
+                n = meta.num_spec_decodes
+                idx, na, qsl = meta.spec_state_indices_tensor, meta.num_accepted_tokens, meta.spec_query_start_loc
+                for b in range(n):
+                    col = int(na[b]) - 1
+                    if name == self.bug_layer and ctx.cudagraph_runtime_mode == Mode.FULL and b == 1:
+                        col += 1  # the replay reads the wrong column for one request
+                    s = ssm[int(idx[b, col])].clone()
+                    c = conv[int(idx[b, 0])].clone()
+                    for t in range(int(qsl[b + 1] - qsl[b])):
+                        tok = int(qsl[b]) + t
+                        s = 0.5 * s + h[tok, :HV, None]
+                        ssm[int(idx[b, t])] = s
+                        c = 0.5 * c + h[tok, 0]
+                        h[tok] = h[tok] + s.mean()
+                    conv[int(idx[b, 0])] = c
+            else:
+                kv = layer.kv_cache
+                bs = kv.shape[2]
+                for tok, slot in enumerate(meta.slot_mapping.tolist()):
+                    kv[0][slot // bs, slot % bs] = h[tok, :2]
+                    kv[1][slot // bs, slot % bs] = -h[tok, :2]
+                h = h + kv[0].sum() * 1e-3
+        return h, [h * 2.0]
+
+
+def build(n=3, num_slots=40, na=(1, 2, 4), blocks=16):
+    g = torch.Generator().manual_seed(0)
+    conv = torch.randn(num_slots, 5, generator=g)
+    ssm = torch.randn(num_slots, HV, 3, generator=g)
+    ssm[0] = float("nan")  # the null block holds garbage: nobody may read it
+    layers, metas = {}, {}
+    idx = (1 + torch.arange(n * (K + 1), dtype=torch.int32)).reshape(n, K + 1)
+    qsl = torch.arange(0, (n + 1) * (K + 1), K + 1, dtype=torch.int32)
+    gdn_meta = GDNMeta(idx, torch.tensor(na, dtype=torch.int32), qsl, pad_rows=2)
+    for i in range(3):
+        name = f"model.layers.{i}.linear_attn"
+        layers[name] = Layer((conv.clone(), ssm.clone()))
+        metas[name] = gdn_meta
+    kv = torch.zeros(2, blocks, 4, 2)
+    seq_lens = torch.tensor([10] * n, dtype=torch.int32)
+    block_rows = torch.tensor([[3 * r + j for j in range(4)] for r in range(n)], dtype=torch.int32)
+    slots = torch.tensor([int(block_rows[r, (6 + t) // 4]) * 4 + (6 + t) % 4 for r in range(n) for t in range(K + 1)])
+    name = "model.layers.3.self_attn.attn"
+    layers[name] = Layer(kv)
+    metas[name] = AttnMeta(slots, block_rows, seq_lens, qsl)
+    runner = types.SimpleNamespace(input_batch=Batch(n, block_rows),
+                                   speculative_config=types.SimpleNamespace(num_speculative_tokens=K))
+    x = torch.randn(n * (K + 1), H, generator=g)
+    return runner, layers, metas, {name: metas[name].slot_mapping}, x
+
+
+def states(layers):
+    return {n: [t.clone() for t in (l.kv_cache if isinstance(l.kv_cache, tuple) else (l.kv_cache,))]
+            for n, l in layers.items()}
+
+
+def same(a, b):
+    return all(torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(y, nan=7.0))
+               for n in a for x, y in zip(a[n], b[n]))
+
+
+@contextmanager
+def context(layers, metas, slots, mode):
+    _CTX["ctx"] = Ctx(metas, layers, slots, mode)
+    try:
+        yield _CTX["ctx"]
+    finally:
+        _CTX.pop("ctx", None)
+
+
+def run_step(tmp_path, bug_layer=None, mode=Mode.FULL, **kw):
+    runner, layers, metas, slots, x = build(**kw)
+    # expected: the production pass alone, on a copy of the same state
+    _r2, layers_alone, _m, _s, _x = build(**kw)
+    model = FakeModel(bug_layer)
+    with context(layers_alone, {n: metas[n] for n in metas}, slots, mode):
+        expected_out = model(x)
+    pr = P.StepProbe(str(tmp_path), raise_on_violation=False, reference=True)
+    with context(layers, metas, slots, mode):
+        out = pr.forward(runner, lambda r, *a, **k: model(*a), (x,), {})
+    line = [l for l in map(__import__("json").loads, open(pr.path)) if "kind" not in l][-1]
+    return line, out, expected_out, layers, layers_alone
+
+
+def test_reference_pass_is_invisible_to_production_state(tmp_path):
+    line, out, expected, layers, alone = run_step(tmp_path)
+    assert same(states(layers), states(alone))
+    assert torch.equal(out[0], expected[0])
+    assert line["diverge"]["diverged"] is False and line["diverge"]["first_layer"] is None
+    assert line["violations"] == []
+
+
+def test_replay_bug_is_named_at_its_layer(tmp_path):
+    line, out, expected, layers, alone = run_step(tmp_path, bug_layer="model.layers.1.linear_attn")
+    d = line["diverge"]
+    assert d["diverged"] is True
+    assert d["first_layer"] == "model.layers.1.linear_attn"
+    assert d["layers"]["model.layers.0.linear_attn"]["max_rel"] == 0.0
+    assert d["outputs"]["hidden"]["first_rows"][0] == K + 1  # request 1's first token
+    # layers before the bug keep exactly the production values of the FULL pass alone; the buggy
+    # layer read a slot outside the documented read set, which the reference pass had written
+    before, alone_before = states(layers), states(alone)
+    assert same({"l0": before["model.layers.0.linear_attn"]}, {"l0": alone_before["model.layers.0.linear_attn"]})
+
+
+def test_no_reference_pass_outside_full_graphs(tmp_path):
+    line, *_ = run_step(tmp_path, bug_layer="model.layers.1.linear_attn", mode=Mode.PIECEWISE)
+    assert "diverge" not in line
+
+
+def test_canaries_name_step_row_field_value(tmp_path):
+    runner, layers, metas, slots, x = build(na=(1, 0, 2))
+    pr = P.StepProbe(None, raise_on_violation=True, reference=False)
+    with context(layers, metas, slots, Mode.FULL), pytest.raises(P.CanaryError) as e:
+        pr.forward(runner, lambda r, *a, **k: FakeModel()(*a), (x,), {})
+    assert "step 1, gdn.num_accepted, row 1, value 0" in str(e.value)
+
+
+def test_shared_state_slot_and_foreign_kv_block_are_violations():
+    idx = np.array([[1, 2, 3, 4], [5, 6, 3, 8]])
+    rows = {"n": 2, "idx": idx, "idx_pad": np.zeros((1, 4), int), "na": np.array([1, 2]),
+            "qlen": np.array([4, 4]), "mixed": False}
+    v = P.check_gdn(rows, num_slots=40, k=K, group="gdn0")
+    assert [x["field"] for x in v] == ["gdn.state_index"] and "shared by rows [0, 1]" in v[0]["why"]
+    rows["idx_pad"] = np.array([[9, 0, 0, 0]])
+    assert any("padded row" in x.get("why", "") for x in P.check_gdn(rows, 40, K, "gdn0"))
+    bt = np.array([[3, 4, 0], [5, 6, 0]])
+    slots = np.array([12, 13, 20, 21, 24])  # request 1's third slot is in block 5: fine; 24 is block 6
+    ok = P.check_attn_slots(slots[:4], bt, np.array([8, 8]), np.array([0, 2, 4]), 100, 4, "attn0")
+    assert ok == [] or ok[0]["row"] == 1
+    bad = P.check_attn_slots(np.array([12, 13, 36, 21]), bt, np.array([8, 8]), np.array([0, 2, 4]), 100, 4, "attn0")
+    assert bad[0]["row"] == 1 and bad[0]["value"] == 36 and "not in the request" in bad[0]["why"]
+    out = P.check_attn_slots(np.array([12, 400]), bt[:1], np.array([8]), np.array([0, 2]), 100, 4, "attn0")
+    assert "outside the cache" in out[0]["why"]
+
+
+def test_nonfinite_output_row_is_reported(tmp_path):
+    runner, layers, metas, slots, x = build()
+    x[5, 3] = float("nan")
+    pr = P.StepProbe(str(tmp_path), raise_on_violation=False, reference=False)
+    with context(layers, metas, slots, Mode.FULL):
+        pr.forward(runner, lambda r, *a, **k: FakeModel()(*a), (x,), {})
+    line = __import__("json").loads(open(pr.path).read().splitlines()[-1])
+    fields = [v["field"] for v in line["violations"]]
+    assert "hidden.nonfinite" in fields
+    assert next(v for v in line["violations"] if v["field"] == "hidden.nonfinite")["row"] == 5
+
+
+def test_accepted_count_must_follow_the_previous_sample(tmp_path):
+    runner, layers, metas, slots, x = build(na=(1, 2, 4))
+    pr = P.StepProbe(str(tmp_path), raise_on_violation=False, reference=False)
+    pr.step = 1
+    pr.after_update(runner, torch.tensor([[5, -1, -1, -1], [5, 6, 7, -1], [1, 2, 3, 4]]))
+    with context(layers, metas, slots, Mode.FULL):
+        pr.forward(runner, lambda r, *a, **k: FakeModel()(*a), (x,), {})
+    line = __import__("json").loads(open(pr.path).read().splitlines()[-1])
+    v = [x for x in line["violations"] if x["field"] == "gdn.num_accepted"]
+    assert len(v) == 1 and v[0]["row"] == 1 and v[0]["value"] == 2 and "had 3 valid" in v[0]["why"]
+
+
+def test_runs_without_requests_are_left_alone(tmp_path):
+    runner, layers, metas, slots, x = build()
+    runner.input_batch.num_reqs = 0
+    pr = P.StepProbe(str(tmp_path), raise_on_violation=True, reference=True)
+    with context(layers, metas, slots, Mode.FULL):
+        pr.forward(runner, lambda r, *a, **k: FakeModel()(*a), (x,), {})
+    assert pr.step == 0
