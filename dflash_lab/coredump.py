@@ -64,6 +64,8 @@ def wait_for_core(core_dir, pgid: int | None, timeout_s: float, settle_s: float 
             last, stable_since = size, clock()
         if not alive and (size is None or clock() - stable_since >= settle_s):
             break
+        if alive and size is not None and clock() - stable_since >= 3 * settle_s:
+            break  # a complete core, and an engine that hangs instead of exiting
         sleep(1.0)
     found = cores(core_dir)
     return found[-1] if found else None

@@ -1,9 +1,10 @@
 """In-engine capture of every ``copy_and_expand_dflash_inputs_kernel`` launch (vLLM 0.22.1).
 
 Installed by :mod:`dflash_lab.plugin` when ``DFLASH_LAB_HOOK=<folder>`` is set. The kernel
-name that ``vllm.v1.spec_decode.dflash`` imported is replaced by a :class:`KernelProxy`
-that launches the real kernel (stock, or the patched one when the fix is on) with the very
-arguments vLLM built, then hands them to a :class:`LaunchMonitor`.
+name that ``vllm.v1.spec_decode.dflash`` imported is replaced by a
+:class:`~dflash_lab.engine_state.KernelProxy` that launches the real kernel (stock, or the
+patched one when the fix is on) with the very arguments vLLM built, then hands them to a
+:class:`LaunchMonitor`.
 
 The monitor must not change the timing it observes (``CUDA_LAUNCH_BLOCKING=1`` hid the
 crash in the report), so by default it only enqueues device-to-host copies into pinned
@@ -41,45 +42,13 @@ import time
 
 import numpy as np
 
+from .engine_state import KernelProxy, current_first_pass, fix_enabled, track_first_pass
 from .records import POINTER_DTYPES, Record, save_record
 
 ENV_HOOK = "DFLASH_LAB_HOOK"
 RING = 6
 MAX_FINDING_RECORDS = 12
 CLEAN_RECORDS = 3
-
-
-class KernelProxy:
-    """Stands in for the kernel object in ``vllm.v1.spec_decode.dflash``: ``proxy[grid](**kw)``."""
-
-    instance = None
-
-    def __init__(self, real):
-        self.real = real
-        self.monitor: LaunchMonitor | None = None
-
-    @classmethod
-    def install(cls, dflash_mod) -> "KernelProxy":
-        cur = dflash_mod.copy_and_expand_dflash_inputs_kernel
-        if isinstance(cur, KernelProxy):
-            return cur
-        proxy = cls(cur)
-        dflash_mod.copy_and_expand_dflash_inputs_kernel = proxy
-        cls.instance = proxy
-        return proxy
-
-    def __getitem__(self, grid):
-        def launch(**kwargs):
-            from . import patch
-
-            if patch.fix_enabled():
-                patch.launch_patched(grid, kwargs)
-            else:
-                self.real[grid](**kwargs)
-            if self.monitor is not None:
-                self.monitor.after_launch(grid, kwargs)
-
-        return launch
 
 
 def _jsonable(x):
@@ -111,13 +80,11 @@ class LaunchMonitor:
     def after_launch(self, grid, kw):
         import torch
 
-        from . import patch
-
         cad_prop = current_first_pass()
         cad, proposer = cad_prop if cad_prop else (None, None)
         if proposer is not None and not self.engine_dumped:
             self._dump_engine(proposer)
-        self.stats["fix"] = patch.fix_enabled()
+        self.stats["fix"] = fix_enabled()
         b = int(grid[0])
         n_ctx = int(kw["total_input_tokens"])
         nq = int(kw["num_query_per_req"])
@@ -284,35 +251,6 @@ class LaunchMonitor:
                     pass
             self.ring = [None] * RING
             self._write_stats()
-
-
-_CURRENT: dict = {}
-
-
-def track_first_pass(P) -> None:
-    """Make the attention metadata and proposer of the first pass in flight visible to the kernel proxy.
-
-    Installed once per process, by the hook or the fix, whichever comes first.
-    """
-    if getattr(P.set_inputs_first_pass, "_dflash_lab", False):
-        return
-    orig = P.set_inputs_first_pass
-
-    def set_inputs_first_pass(self, *a, **kw):
-        cad = kw.get("cad") if "cad" in kw else a[5]
-        _CURRENT["cad"] = (cad, self)
-        try:
-            return orig(self, *a, **kw)
-        finally:
-            _CURRENT["cad"] = None
-
-    set_inputs_first_pass._dflash_lab = True
-    P.set_inputs_first_pass = set_inputs_first_pass
-
-
-def current_first_pass():
-    """(common attention metadata, proposer) of the DFlash first pass in flight, or None."""
-    return _CURRENT.get("cad")
 
 
 def check_launch(h: dict, scalars: dict, grid, alloc, num_kv_slots) -> list[dict]:

@@ -64,6 +64,8 @@ TINY_HYBRID_TEXT = dict(
 
 TARGETS = {
     "qwen36-35b-a3b-mtp": {"family": "hybrid", "text": dict(QWEN36_TEXT, mtp_num_hidden_layers=1),
+                           # vLLM 0.22.1 reads n_predict (mtp_num_hidden_layers) from the top-level config
+                           "top_level": {"mtp_num_hidden_layers": 1},
                            "summary": "Qwen3.6-35B-A3B architecture with its one MTP layer (the draft of "
                                       "spec_method mtp): 40 layers (30 GDN + 10 full attn), hidden 2048, "
                                       "256 experts top-8, M-RoPE, mamba_ssm_dtype fp32",
@@ -138,7 +140,8 @@ def build(target: str, root: str | os.PathLike) -> dict:
                                  "out_hidden_size": text["hidden_size"], "model_type": "qwen3_5_moe"},
                "image_token_id": text["vocab_size"] - 4, "video_token_id": text["vocab_size"] - 3,
                "vision_start_token_id": text["vocab_size"] - 2, "vision_end_token_id": text["vocab_size"] - 5,
-               "tie_word_embeddings": False, "eos_token_id": eos, "dtype": "bfloat16"}
+               "tie_word_embeddings": False, "eos_token_id": eos, "dtype": "bfloat16",
+               **t.get("top_level", {})}
     else:
         cfg = dict(text, architectures=["Qwen3ForCausalLM"], model_type="qwen3", torch_dtype="bfloat16")
     (tdir / "config.json").write_text(json.dumps(cfg, indent=1))

@@ -1,10 +1,27 @@
 """The fix, applied to an unmodified vLLM 0.22.1 at run time (see :mod:`dflash_lab.plugin`).
 
-Two parts, each small and reviewable; ``patches/vllm-0.22.1-dflash.diff`` is the same
+Three parts, each small and reviewable; ``patches/vllm-0.22.1-dflash.diff`` is the same
 change as an upstream diff.
 
-1. **Kernel** (``copy_and_expand_dflash_inputs_kernel``): the patched kernel is the stock
-   kernel's text from the pinned wheel with three anchored edits (:data:`KERNEL_EDITS`):
+1. **The root cause: stale FA3 scheduler metadata in FULL CUDA graphs**
+   (``FlashAttentionMetadataBuilder.update_block_table``). A hybrid target with a DFlash draft
+   has its full-attention layers split over two (or more) KV-cache groups of the same spec (the
+   draft's 5 layers set the group size to 5: target attention layers 3, 11, 19, 27, 35 and
+   7, 15, 23, 31, 39). Every step, vLLM builds the FlashAttention metadata for the first group
+   and *reuses* it for the others through ``update_block_table`` (only the block table and slot
+   mapping change), so the second group's builder never runs ``build()`` at run time. But the
+   FULL CUDA graphs were captured with each group built by its own builder, and FA3's
+   ahead-of-time scheduler metadata lives in a persistent buffer *per builder*: the graphs of
+   the second group read the second builder's buffer, last written during graph capture. FA3
+   then schedules this step's attention with stale per-request work counts and split counts:
+   wrong outputs in every row from the first FULL step on, NaN when a freshly replayed graph's
+   output buffer holds NaN, and the consumers of those values (the GDN kernel, the DFlash input
+   kernel, an inductor index assert) fault later. Eager mode and PIECEWISE graphs read the
+   metadata object itself and are right. The fix copies the reused scheduler metadata into the
+   group's own persistent buffer and points the metadata at it, so the graph and the metadata
+   agree. Measured: ``notebooks/03_reproduction`` (probe), ``notebooks/04_fix``.
+2. **Kernel** (``copy_and_expand_dflash_inputs_kernel``), defence in depth: the stock kernel's
+   text from the pinned wheel with three anchored edits (:data:`KERNEL_EDITS`):
    - the ``last_pos`` load is confined to the request's own context: when every context
      token of a request was rejected (or the count is garbage), the stock kernel reads
      ``target_positions[ctx_start - 1]``, i.e. the previous request's last position, or
@@ -16,23 +33,24 @@ change as an upstream diff.
      allocation or ``max_model_len``) gets slot -1, which vLLM's cache writes skip.
    The allocation bound needs ``seq_lens`` (already in the drafter's attention metadata),
    the scheduler's lookahead and ``max_model_len``: three new kernel arguments.
-2. **Scheduler**: DFlash's first pass writes K/V for 1 + k query tokens starting one past
-   the last accepted token, i.e. up to position ``seq_len + k``, but vLLM 0.22.1 allocates
-   only ``k`` lookahead slots (``Scheduler.num_lookahead_tokens``) for it, one short when
-   all k drafts are accepted. The fix allocates ``k + 1`` (upstream did the same later,
-   vllm PR #42971).
+3. **Scheduler**, defence in depth: DFlash's first pass writes K/V for 1 + k query tokens
+   starting one past the last accepted token, i.e. up to position ``seq_len + k``, but vLLM
+   0.22.1 allocates only ``k`` lookahead slots (``Scheduler.num_lookahead_tokens``) for it, one
+   short when all k drafts are accepted. The fix allocates ``k + 1`` (upstream did the same
+   later, vllm PR #42971).
+
+Parts 2 and 3 alone do not stop the crash (5 of 5 runs crashed with them on the H200, the
+fault moving into the GDN kernel): they close real out-of-bounds accesses of consumers, not
+the source of the wrong values.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import replace
 
+from .engine_state import KernelProxy, current_first_pass, track_first_pass
 from .errors import LabError
 from .kernels import KernelSource, vllm_kernel
-
-ENV_FIX = "DFLASH_LAB_FIX"
 
 
 def dflash_lookahead(k: int) -> int:
@@ -139,8 +157,28 @@ def replay_extra_args(rec, device) -> dict:
 _state = {"kernel": None}
 
 
-def fix_enabled() -> bool:
-    return os.environ.get(ENV_FIX, "0") not in ("", "0", "false", "False")
+def refresh_graph_scheduler_metadata(builder, metadata):
+    """Part 1 of the fix: make FULL graphs of ``builder``'s group read this step's FA3 schedule.
+
+    ``metadata`` is what ``update_block_table`` returns for ``builder``'s KV-cache group: a
+    shallow copy of another group's metadata, whose ``scheduler_metadata`` points into *that*
+    group's builder's persistent buffer. The FULL CUDA graphs of this group were captured
+    reading ``builder.scheduler_metadata``; copy the schedule there (zeroing the tail, as
+    ``build()`` does) and point the metadata at it, so graph replay and eager execution read
+    the same, current values. A builder without the persistent buffer (no FULL graphs, or no
+    FA3 ahead-of-time scheduling) is left alone.
+    """
+    own = getattr(builder, "scheduler_metadata", None)
+    cur = getattr(metadata, "scheduler_metadata", None)
+    if own is None or cur is None or not getattr(builder, "use_full_cuda_graph", False):
+        return metadata
+    if cur.data_ptr() == own.data_ptr():
+        return metadata
+    n = cur.shape[0]
+    own[:n].copy_(cur)
+    own[n:].zero_()
+    metadata.scheduler_metadata = own[:n]
+    return metadata
 
 
 def _patched_jit():
@@ -157,11 +195,24 @@ def apply() -> list[str]:
 
     if vllm.__version__ != "0.22.1":
         raise LabError(f"dflash-lab's fix is written for vLLM 0.22.1, this is {vllm.__version__}")
+    from vllm.v1.attention.backends import flash_attn as fa_mod
     from vllm.v1.core.sched import scheduler as sched_mod
     from vllm.v1.spec_decode import dflash as dflash_mod
 
     done = []
-    # 1. scheduler: k + 1 lookahead slots for DFlash
+    # 1. FA3 scheduler metadata of every KV-cache group that reuses another group's metadata
+    B = fa_mod.FlashAttentionMetadataBuilder
+    if not getattr(B.update_block_table, "_dflash_lab", False):
+        orig_update = B.update_block_table
+
+        def update_block_table(self, metadata, blk_table, slot_mapping):
+            return refresh_graph_scheduler_metadata(self, orig_update(self, metadata, blk_table, slot_mapping))
+
+        update_block_table._dflash_lab = True
+        B.update_block_table = update_block_table
+    done.append("FlashAttention update_block_table: FULL graphs read their own group's current schedule")
+
+    # 2. scheduler: k + 1 lookahead slots for DFlash
     Scheduler = sched_mod.Scheduler
     if not getattr(Scheduler.__init__, "_dflash_lab", False):
         orig_init = Scheduler.__init__
@@ -174,21 +225,17 @@ def apply() -> list[str]:
 
         __init__._dflash_lab = True
         Scheduler.__init__ = __init__
-        done.append("scheduler: DFlash lookahead k+1")
+    done.append("scheduler: DFlash lookahead k+1")
 
-    # 2. kernel: route the proposer's launch to the patched kernel with its extra arguments
-    from .hook import KernelProxy, track_first_pass
-
+    # 3. kernel: route the proposer's launch to the patched kernel with its extra arguments
     track_first_pass(dflash_mod.DFlashProposer)
-    KernelProxy.install(dflash_mod)
+    KernelProxy.install(dflash_mod).launcher = launch_patched
     done.append("kernel: copy_and_expand_dflash_inputs_kernel patched")
     return done
 
 
 def launch_patched(grid, kwargs: dict):
-    """Called by the kernel proxy instead of the stock launch when the fix is on."""
-    from .hook import current_first_pass
-
+    """Launches the patched kernel instead of the stock one (the kernel proxy's launcher)."""
     cad, proposer = current_first_pass()
     extra = {
         "seq_lens_ptr": cad.seq_lens,
@@ -196,10 +243,6 @@ def launch_patched(grid, kwargs: dict):
         "max_model_len": proposer.max_model_len,
     }
     return _patched_jit()[grid](**kwargs, **extra)
-
-
-def log_once(msg: str) -> None:
-    print(f"dflash-lab [{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- upstream diff
@@ -223,10 +266,42 @@ CALL_NEW = (
     "            max_model_len=self.max_model_len,\n"
 )
 
-RATIONALE = """\
-dflash-lab: fix for vLLM 0.22.1's DFlash input setup (against the vllm-0.22.1 wheel's sources).
+FA_OLD = (
+    "        new_metadata = copy.copy(metadata)\n"
+    "        new_metadata.block_table = blk_table\n"
+    "        new_metadata.slot_mapping = slot_mapping\n"
+    "        return new_metadata\n"
+)
+FA_NEW = (
+    "        new_metadata = copy.copy(metadata)\n"
+    "        new_metadata.block_table = blk_table\n"
+    "        new_metadata.slot_mapping = slot_mapping\n"
+    "        # The FULL CUDA graphs of this builder's KV-cache group were captured reading\n"
+    "        # self.scheduler_metadata, but `metadata` was built by another group's builder:\n"
+    "        # copy its FA3 schedule into our persistent buffer so graph replay sees it.\n"
+    "        own = getattr(self, \"scheduler_metadata\", None)\n"
+    "        cur = metadata.scheduler_metadata\n"
+    "        if self.use_full_cuda_graph and own is not None and cur is not None:\n"
+    "            n = cur.shape[0]\n"
+    "            own[:n] = cur\n"
+    "            own[n:] = 0\n"
+    "            new_metadata.scheduler_metadata = own[:n]\n"
+    "        return new_metadata\n"
+)
 
-Hunk 1, vllm/v1/spec_decode/utils.py (copy_and_expand_dflash_inputs_kernel):
+RATIONALE = """\
+dflash-lab: fix for vLLM 0.22.1's DFlash + FULL-CUDA-graph crash (against the vllm-0.22.1 wheel's sources).
+
+Hunk 1, vllm/v1/attention/backends/flash_attn.py (FlashAttentionMetadataBuilder.update_block_table):
+  the root cause. With a DFlash draft, the hybrid target's full-attention layers are split over two
+  KV-cache groups of the same spec. At run time the second group reuses the first group's metadata
+  through update_block_table, so its builder never rebuilds; its FULL CUDA graphs, captured with that
+  builder's own persistent FA3 scheduler_metadata buffer, replay with the schedule written during
+  capture. Evidence: notebooks/03_reproduction (step probe: every FULL step diverges from a no-graph
+  reference pass of the same step first at the output of attention layer 7, the second group's first
+  layer; layers 0-6 including attention layer 3 bit-identical; the first 480-token replay turns NaN:
+  data/gpu/2026-11-30_h200_root-probe-tp1/), notebooks/04_fix (the mechanism on vLLM's own code).
+Hunk 2, vllm/v1/spec_decode/utils.py (copy_and_expand_dflash_inputs_kernel):
   - last_pos is loaded only from the request's own context. With every context token rejected
     (a discarded request: valid_count 0), stock reads target_positions[ctx_start - 1]: the previous
     request's position, or target_positions[-1] for request 0 (out of bounds). Evidence:
@@ -236,12 +311,14 @@ Hunk 1, vllm/v1/spec_decode/utils.py (copy_and_expand_dflash_inputs_kernel):
   - block numbers are confined to the blocks allocated to the request (seq_len + lookahead), from
     both sides; tokens without a valid slot get -1, which the cache writes skip. Evidence: notebook 02
     (all_accepted_block_edge*, past_max_model_len), notebook 04 (replay parity).
-Hunk 2, vllm/v1/spec_decode/dflash.py: pass seq_lens, the lookahead and max_model_len to the kernel.
-Hunk 3, vllm/v1/core/sched/scheduler.py: DFlash needs k + 1 lookahead slots (notebook 02,
+Hunk 3, vllm/v1/spec_decode/dflash.py: pass seq_lens, the lookahead and max_model_len to the kernel.
+Hunk 4, vllm/v1/core/sched/scheduler.py: DFlash needs k + 1 lookahead slots (notebook 02,
   all_accepted_block_edge: the last query slot of a fully accepted block lands outside the allocation).
+Hunks 2-4 are defence in depth: alone they did not stop the crash (5 of 5 runs crashed on the H200).
 
-Not claimed: that this removes the cudaErrorIllegalAddress of the report. On the H200 that crash needs
-the target's FULL CUDA graphs and does not need the drafter's graphs (notebooks/03_reproduction).
+Not yet claimed: that hunk 1 removes the cudaErrorIllegalAddress of the report. The GPU verification
+(>= 10 runs at concurrency 32 against a crashing stock control, zero divergence in the step probe)
+has not run yet; see notebooks/04_fix.
 """
 
 
@@ -251,7 +328,8 @@ def upstream_diff() -> str:
     from .vllm_sources import read_source
 
     out = [RATIONALE]
-    edits = [("vllm/v1/spec_decode/utils.py", None),
+    edits = [("vllm/v1/attention/backends/flash_attn.py", (FA_OLD, FA_NEW)),
+             ("vllm/v1/spec_decode/utils.py", None),
              ("vllm/v1/spec_decode/dflash.py", (CALL_OLD, CALL_NEW)),
              ("vllm/v1/core/sched/scheduler.py", (SCHED_OLD, SCHED_NEW))]
     for rel, edit in edits:

@@ -20,23 +20,25 @@ _done = set()
 
 
 def register() -> None:
-    from . import patch
+    from .engine_state import fix_enabled, log_once
 
-    if patch.fix_enabled() and "fix" not in _done:
+    if fix_enabled() and "fix" not in _done:
         _done.add("fix")
+        from . import patch
+
         what = patch.apply()
-        patch.log_once("fix active: " + "; ".join(what))
+        log_once("fix active: " + "; ".join(what))
     hook_dir = os.environ.get("DFLASH_LAB_HOOK")
     if hook_dir and "hook" not in _done:
         _done.add("hook")
         from . import hook
 
         hook.install(hook_dir)
-        patch.log_once(f"launch hook active, writing to {hook_dir}")
+        log_once(f"launch hook active, writing to {hook_dir}")
     from . import probe
 
     if probe.enabled() and "probe" not in _done:
         _done.add("probe")
         p = probe.install()
-        patch.log_once(f"step probe active: canaries {'raise' if p.raise_on_violation else 'record'}, "
+        log_once(f"step probe active: canaries {'raise' if p.raise_on_violation else 'record'}, "
                        f"reference pass {'on' if p.reference else 'off'}, log {p.path}")

@@ -37,6 +37,9 @@ Checks (each a ``violation`` with ``step``, ``field``, ``row``, ``value``):
 - ``attn.slot``: a K/V slot of a live token outside the cache, or in a block that is not in
   the request's own block-table row;
 - ``block_table.gpu``: a block-table row on the GPU that differs from the runner's CPU row;
+- ``attn.scheduler_metadata`` (FULL-graph steps): a FlashAttention builder's persistent FA3
+  schedule, which that group's captured graphs read, differs from the schedule the step's
+  metadata carries (the root cause of the DFlash crash, :mod:`dflash_lab.patch` part 1);
 - ``state.nonfinite``: NaN/Inf in a GDN state or K/V written this step.
 """
 
@@ -176,6 +179,31 @@ def check_attn_slots(slots, block_table, seq_lens, query_start_loc, num_slots: i
                 out.append({"field": "attn.slot", "group": group, "row": r, "token": s + j, "value": v,
                             "why": f"block {v // kernel_block} not in the request's {nb} blocks"})
                 break
+    return out
+
+
+def check_graph_schedules(attn_groups, attn_metadata: dict) -> list[dict]:
+    """Each FA builder's persistent schedule (what its FULL graphs read) vs the step's metadata."""
+    import torch
+
+    out = []
+    for gid, ags in enumerate(attn_groups):
+        for ag in ags:
+            builder = ag.get_metadata_builder(0) if hasattr(ag, "get_metadata_builder") else ag.metadata_builders[0]
+            own = getattr(builder, "scheduler_metadata", None)
+            meta = attn_metadata.get(ag.layer_names[0]) if ag.layer_names else None
+            cur = getattr(meta, "scheduler_metadata", None)
+            if own is None or cur is None or not getattr(builder, "use_full_cuda_graph", False):
+                continue
+            n = cur.shape[0]
+            graph = own[:n]
+            if not torch.equal(graph, cur):
+                diff = torch.nonzero(graph != cur).flatten()
+                i = int(diff[0])
+                out.append({"field": "attn.scheduler_metadata", "group": gid, "row": i,
+                            "value": int(graph[i]), "expected": int(cur[i]), "entries_differ": int(diff.numel()),
+                            "why": f"KV-cache group {gid}'s FULL graphs read a stale FA3 schedule "
+                                   f"(layers {ag.layer_names[0]}...)"})
     return out
 
 
@@ -386,6 +414,8 @@ class StepProbe:
             return orig(runner, *args, **kwargs)  # profiling, warm-up and capture runs: no request
         self.step += 1
         step = self.step
+        if step == 1:
+            self.write_layout(runner)
         line = {"step": step, "t": round(time.time(), 3), "mode": ctx.cudagraph_runtime_mode.name,
                 "desc": str(ctx.batch_descriptor) if ctx.batch_descriptor is not None else None}
         try:
@@ -415,7 +445,7 @@ class StepProbe:
                         rows = gdn_rows(meta)
                         seen[key] = rows
                         if rows is not None:
-                            g = f"gdn{len(groups)}"
+                            g = f"gdn{sum(1 for v in groups.values() if v.startswith('gdn'))}"
                             groups[key] = g
                             num_slots = int(layer.kv_cache[1].shape[0])
                             violations += check_gdn(rows, num_slots, k, g)
@@ -456,6 +486,8 @@ class StepProbe:
                         r = int(torch.nonzero((cpu != gpu).any(dim=1)).flatten()[0])
                         violations.append({"field": "block_table.gpu", "group": gi, "row": r,
                                            "value": gpu[r, :4].tolist(), "expected": cpu[r, :4].tolist()})
+            if ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL and hasattr(runner, "attn_groups"):
+                violations += check_graph_schedules(runner.attn_groups, ctx.attn_metadata)
         except Exception as e:  # noqa: BLE001 - a probe failure is recorded, never hides the step
             if is_cuda_error(e):  # an earlier kernel faulted: this step is where it surfaced
                 line["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -545,6 +577,21 @@ class StepProbe:
                               f"value {v.get('value')}" + (f" ({v['why']})" if v.get("why") else "")
                               + (f", layer {v['layer']}" if v.get("layer") else ""))
         return out
+
+    def write_layout(self, runner) -> None:
+        """One 'layout' line: the engine's KV-cache groups (spec kind, layer names), as resolved."""
+        try:
+            kvc = runner.kv_cache_config
+            groups = [{"gid": i, "spec": type(g.kv_cache_spec).__name__,
+                       "block_size": getattr(g.kv_cache_spec, "block_size", None), "layers": list(g.layer_names)}
+                      for i, g in enumerate(kvc.kv_cache_groups)]
+            builders = {}
+            for gid, ags in enumerate(getattr(runner, "attn_groups", [])):
+                builders[gid] = [type(ag.get_metadata_builder(0)).__name__ for ag in ags]
+            self.write({"kind": "layout", "kv_cache_groups": groups, "builders": builders,
+                        "num_blocks": getattr(kvc, "num_blocks", None)})
+        except Exception as e:  # noqa: BLE001 - bookkeeping only
+            self.write({"kind": "layout", "error": f"{type(e).__name__}: {e}"})
 
     def check_accepted_continuity(self, line: dict) -> list[dict]:
         """A request's num_accepted this step equals its valid sampled tokens of its previous step."""

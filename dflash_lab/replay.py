@@ -71,7 +71,81 @@ def kernel_for(name: str):
     raise LabError(f"unknown kernel {name!r}: choose one of {', '.join(KERNELS)}")
 
 
+def _cache_key(rec: Record, ks, kernel: str) -> str:
+    """Content hash of everything a CPU replay's result depends on."""
+    import hashlib
+    import json
+
+    from . import instrument
+
+    h = hashlib.sha256()
+    h.update(f"{kernel}|{GUARD}|{ks.text}|{sorted(ks.constants.items())}".encode())
+    h.update(open(instrument.__file__, "rb").read())
+    h.update(open(__file__, "rb").read())
+    for p in sorted(rec.arrays):
+        a = rec.arrays[p]
+        h.update(p.encode())
+        if a is not None:
+            h.update(f"{a.dtype}{a.shape}".encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+    h.update(json.dumps({"scalars": {k: int(v) for k, v in rec.scalars.items()}, "grid": list(map(int, rec.grid)),
+                         "meta": rec.meta}, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:32]
+
+
+def _cache_load(path, rec: Record, kernel: str):
+    import json
+
+    from .instrument import Violation
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            info = json.loads(str(z["info"]))
+            outputs = {k[4:]: z[k].copy() for k in z.files if k.startswith("out:")}
+    except (OSError, ValueError, KeyError):
+        return None  # a damaged cache entry is recomputed
+    viol = [Violation(**{**v, "program_id": tuple(v["program_id"])}) for v in info["violations"]]
+    return ReplayResult(kernel=kernel, device="cpu", violations=viol, overflowed=info["overflowed"],
+                        guard_writes=info["guard_writes"], outputs=outputs, record=rec)
+
+
+def _cache_save(path, res: ReplayResult) -> None:
+    import dataclasses
+    import json
+    import tempfile
+
+    info = {"violations": [dataclasses.asdict(v) for v in res.violations], "overflowed": res.overflowed,
+            "guard_writes": res.guard_writes}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+    os.close(fd)
+    np.savez(tmp, info=np.array(json.dumps(info)), **{f"out:{k}": v for k, v in res.outputs.items()})
+    os.replace(tmp, path)
+
+
 def replay(rec: Record, kernel: str = "stock", device: str = "cpu") -> ReplayResult:
+    """Run ``rec`` through the instrumented ``kernel``.
+
+    CPU replays are deterministic functions of the record's content, the kernel text and the
+    instrumenter: their results are cached by that content hash under ``<cache>/replay/``
+    (``DFLASH_LAB_REPLAY_CACHE=0`` turns the cache off).
+    """
+    ks_extra = kernel_for(kernel)
+    if device == "cpu" and os.environ.get("DFLASH_LAB_REPLAY_CACHE", "1") != "0":
+        from .vllm_sources import cache_dir
+
+        path = cache_dir() / "replay" / f"{_cache_key(rec, ks_extra[0], kernel)}.npz"
+        if path.is_file():
+            hit = _cache_load(path, rec, kernel)
+            if hit is not None:
+                return hit
+        res = _replay(rec, kernel, device, ks_extra)
+        _cache_save(path, res)
+        return res
+    return _replay(rec, kernel, device, ks_extra)
+
+
+def _replay(rec: Record, kernel: str, device: str, ks_extra) -> ReplayResult:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
         if os.environ.get("TRITON_INTERPRET") != "1":
@@ -82,7 +156,7 @@ def replay(rec: Record, kernel: str = "stock", device: str = "cpu") -> ReplayRes
 
     if device == "cuda" and not torch.cuda.is_available():
         raise LabError("--device cuda asked for, but no GPU is visible")
-    ks, extra = kernel_for(kernel)
+    ks, extra = ks_extra
     pointers = _pointer_params(ks.params)
     ins = instrument(ks, pointers, contain=GUARD)
     dev = torch.device(device)

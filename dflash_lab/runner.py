@@ -19,7 +19,7 @@ runner did not reach before ``--deadline-s`` get no line; the summary at the end
 Matrix (YAML)::
 
     name: repro-tp1
-    models_dir: /tmp/dflash-models
+    models_dir: /tmp/lab-models
     defaults: {target: qwen36-35b-a3b, spec_method: dflash, num_speculative_tokens: 15, ...}
     engines:
       - id: dflash-graphs
@@ -78,6 +78,7 @@ OUTCOMES = ("ok", "crash", "timeout", "startup_error")
 CUDA_ERR = re.compile(r"(CUDA error:[^\n]*|cudaError\w+[^\n]*|illegal memory access[^\n]*|"
                       r"device-side assert[^\n]*|Xid[^\n]*|EngineDeadError[^\n]*|RuntimeError: cancelled)")
 NVLINK_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+DEFAULT_MODELS_DIR = "/tmp/lab-models"  # no 'dflash'/'eagle' in it: vLLM guesses draft methods from paths
 COREDUMP_ROOT = "/tmp/cudacore"  # core files (~210 MB each) stay on the GPU host
 
 
@@ -131,6 +132,11 @@ def validate_matrix(m, where="matrix") -> dict:
         eng = dict(defaults, **{k: v for k, v in e.items() if k != "runs"})
         describe(eng["target"])
         _check(eng["spec_method"] in SPEC_METHODS, f"{where}: engine {e['id']}: spec_method must be one of {SPEC_METHODS}")
+        models_dir = str(m.get("models_dir", DEFAULT_MODELS_DIR)).lower()
+        _check(eng["spec_method"] != "mtp" or not any(w in models_dir for w in ("dflash", "eagle")),
+               f"{where}: engine {e['id']}: models_dir {m.get('models_dir', DEFAULT_MODELS_DIR)!r} contains "
+               f"'dflash' or 'eagle', from which vLLM 0.22.1 guesses the draft method of an MTP run (its "
+               f"draft path is the target's) and runs DFlash instead; choose a models_dir without those words")
         _check(eng["mode"] in ("offline", "server"), f"{where}: engine {e['id']}: mode must be offline or server")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
@@ -155,7 +161,7 @@ def validate_matrix(m, where="matrix") -> dict:
                                 max_tokens=w["max_tokens"], temperature=w["temperature"],
                                 ignore_eos=w["ignore_eos"], stream=w["stream"], acceptance=acc))
         engines.append({"id": e["id"], "engine": eng, "runs": runs})
-    return {"name": m.get("name", Path(str(where)).stem), "models_dir": m.get("models_dir", "/tmp/dflash-models"),
+    return {"name": m.get("name", Path(str(where)).stem), "models_dir": m.get("models_dir", DEFAULT_MODELS_DIR),
             "engines": engines, "run_timeout_s": float(m.get("run_timeout_s", 420)),
             "startup_timeout_s": float(m.get("startup_timeout_s", 900)),
             "max_restarts": int(m.get("max_restarts", 3)),

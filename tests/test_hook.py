@@ -45,5 +45,7 @@ def test_clean_launch_has_no_finding_and_round_trips_as_a_record(tmp_path):
 def test_plugin_does_nothing_without_its_variables(monkeypatch):
     monkeypatch.delenv("DFLASH_LAB_FIX", raising=False)
     monkeypatch.delenv("DFLASH_LAB_HOOK", raising=False)
+    monkeypatch.delenv("DFLASH_LAB_PROBE", raising=False)
+    monkeypatch.delenv("DFLASH_LAB_CANARY", raising=False)
     plugin.register()  # must not import vLLM (not installed on the CPU) nor fail
     assert plugin._done == set()

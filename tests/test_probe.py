@@ -272,3 +272,22 @@ def test_runs_without_requests_are_left_alone(tmp_path):
     with context(layers, metas, slots, Mode.FULL):
         pr.forward(runner, lambda r, *a, **k: FakeModel()(*a), (x,), {})
     assert pr.step == 0
+
+
+def test_stale_graph_schedule_is_a_violation():
+    class B:
+        use_full_cuda_graph = True
+
+        def __init__(self, v):
+            self.scheduler_metadata = torch.tensor(v, dtype=torch.int32)
+
+    def group(name, b):
+        return types.SimpleNamespace(layer_names=[name], get_metadata_builder=lambda i: b)
+
+    meta = types.SimpleNamespace(scheduler_metadata=torch.tensor([4, 2, 4], dtype=torch.int32))
+    groups = [[group("layers.3.attn", B([4, 2, 4, 0]))], [group("layers.7.attn", B([9, 9, 9, 1]))]]
+    v = P.check_graph_schedules(groups, {"layers.3.attn": meta, "layers.7.attn": meta})
+    assert [(x["field"], x["group"], x["row"], x["value"], x["expected"]) for x in v] == [
+        ("attn.scheduler_metadata", 1, 0, 9, 4)]
+    groups[1][0].get_metadata_builder(0).scheduler_metadata[:3] = meta.scheduler_metadata
+    assert P.check_graph_schedules(groups, {"layers.3.attn": meta, "layers.7.attn": meta}) == []

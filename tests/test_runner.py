@@ -92,3 +92,12 @@ def test_corrupt_runs_file_is_named(tmp_path):
     p.write_text('{"outcome": "ok"}\n{"outcome": "ok"\n')
     with pytest.raises(LabError, match=r"r.jsonl:2: not a JSON line"):
         read_lines(p)
+
+
+def test_mtp_under_a_models_dir_vllm_would_misread_is_refused():
+    bad = {"models_dir": "/tmp/dflash-models",
+           "engines": [{"id": "a", "spec_method": "mtp", "target": "qwen36-35b-a3b-mtp", "runs": [{}]}]}
+    with pytest.raises(LabError, match="guesses the draft method"):
+        validate_matrix(bad)
+    bad["models_dir"] = "/tmp/lab-models"
+    assert validate_matrix(bad)["engines"][0]["engine"]["spec_method"] == "mtp"

@@ -1,0 +1,154 @@
+"""Reading the step probe's logs (``data/gpu/<session>/<engine>.probe/probe-<pid>.jsonl``).
+
+The probe (:mod:`dflash_lab.probe`) writes, per target step, the canaries' violations and, on
+FULL-graph steps, a layer-by-layer comparison of the graph replay with a no-graph reference pass
+of the same step. This module turns those lines into tables for the notebooks: the first step
+and layer where the two passes differ, the first non-finite values, the violations.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+
+from .errors import LabError
+
+PROBE_GLOB = "data/gpu/*/*.probe/probe-*.jsonl"
+
+
+def probe_files(pattern: str = PROBE_GLOB) -> list[str]:
+    return sorted(glob.glob(pattern))
+
+
+def load_probe(path: str) -> dict:
+    """{'steps': [...], 'samples': {step: line}, 'layout': line | None, 'session', 'engine', 'path'}."""
+    steps, samples, layout = [], {}, None
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        raise LabError(f"{path}: {e}") from None
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            d = json.loads(raw)
+        except ValueError as e:
+            raise LabError(f"{path}:{i}: not a JSON line ({e})") from None
+        if not isinstance(d, dict) or "step" not in d and d.get("kind") != "layout":
+            raise LabError(f"{path}:{i}: not a probe line")
+        kind = d.get("kind")
+        if kind == "sample":
+            samples[d["step"]] = d
+        elif kind == "layout":
+            layout = d
+        else:
+            steps.append(d)
+    parts = os.path.normpath(path).split(os.sep)
+    return {"steps": steps, "samples": samples, "layout": layout, "path": path,
+            "session": parts[-3] if len(parts) >= 3 else None,
+            "engine": parts[-2].replace(".probe", "") if len(parts) >= 2 else None}
+
+
+def short(layer: str) -> str:
+    """'language_model.model.layers.7.self_attn.attn' -> 'L7 attn'; '...linear_attn' -> 'L8 gdn'."""
+    m = re.search(r"layers\.(\d+)\.", layer)
+    n = m.group(1) if m else "?"
+    kind = "gdn" if layer.endswith("linear_attn") else "attn"
+    return f"L{n} {kind}"
+
+
+def _target_layers(step: dict) -> list[str]:
+    return [k for k in step.get("diverge", {}).get("layers", {}) if k.startswith("language_model.")]
+
+
+def divergence_matrix(probe: dict):
+    """(steps, layers, values): max relative difference of each layer's writes, FULL vs reference.
+
+    ``inf`` where the graph replay wrote NaN/Inf and the reference did not. Target layers only
+    (the draft's layers share the metadata dict but are not run by the target's forward).
+    """
+    import numpy as np
+
+    rows = [s for s in probe["steps"] if s.get("diverge", {}).get("layers")]
+    if not rows:
+        return [], [], np.zeros((0, 0))
+    layers = _target_layers(rows[0])
+    vals = np.zeros((len(rows), len(layers)))
+    for i, s in enumerate(rows):
+        for j, name in enumerate(layers):
+            v = s["diverge"]["layers"].get(name, {})
+            bad = v.get("nonfinite_run", 0) > v.get("nonfinite_ref", 0)
+            vals[i, j] = math.inf if bad else float(v.get("max_rel", 0.0))
+    return [s["step"] for s in rows], layers, vals
+
+
+def first_divergence(probe: dict) -> dict | None:
+    """The first FULL step whose replay differs from the reference, and where in the model it starts."""
+    for s in probe["steps"]:
+        d = s.get("diverge")
+        if not d or not d.get("diverged"):
+            continue
+        layers = _target_layers(s)
+        first = d.get("first_layer")
+        equal = [x for x in layers[: layers.index(first)]] if first in layers else []
+        before = layers[layers.index(first) - 1] if first in layers and layers.index(first) > 0 else None
+        out = d.get("outputs", {}).get("hidden", {})
+        return {"step": s["step"], "mode": s["mode"], "num_reqs": s.get("num_reqs"), "num_tokens": s.get("num_tokens"),
+                "first_layer_written_differently": first,
+                "layers_written_identically_before": len(equal),
+                "all_before_bit_identical": all(d["layers"][x]["max_abs"] == 0.0 for x in equal),
+                "last_layer_before": before,
+                "hidden_rows_differ": out.get("rows_differ"), "hidden_max_abs": out.get("max_abs")}
+    return None
+
+
+def nan_onset(probe: dict) -> dict | None:
+    """The first step whose graph replay produced NaN/Inf outputs where the reference pass did not."""
+    for s in probe["steps"]:
+        out = s.get("diverge", {}).get("outputs", {}).get("hidden")
+        if out and out.get("nonfinite_run", 0) > out.get("nonfinite_ref", 0):
+            layers = s["diverge"].get("layers", {})
+            first = next((k for k in _target_layers(s)
+                          if layers[k].get("nonfinite_run", 0) > layers[k].get("nonfinite_ref", 0)), None)
+            smp = probe["samples"].get(s["step"], {})
+            return {"step": s["step"], "num_reqs": s.get("num_reqs"), "num_tokens": s.get("num_tokens"),
+                    "rows_nonfinite_graph": out["nonfinite_run"], "rows_nonfinite_reference": out["nonfinite_ref"],
+                    "first_layer_with_nonfinite_writes": first,
+                    "logits_rows_nonfinite": smp.get("logits_nonfinite")}
+    return None
+
+
+def step_series(probe: dict):
+    """One row per step: mode, requests, tokens, output difference, non-finite rows, violations."""
+    import pandas as pd
+
+    rows = []
+    for s in probe["steps"]:
+        out = s.get("diverge", {}).get("outputs", {}).get("hidden", {})
+        smp = probe["samples"].get(s["step"], {})
+        rows.append({"step": s["step"], "mode": s["mode"], "num_reqs": s.get("num_reqs"),
+                     "num_tokens": s.get("num_tokens"), "hidden_max_abs_diff": out.get("max_abs"),
+                     "rows_nonfinite_graph": out.get("nonfinite_run"), "rows_nonfinite_ref": out.get("nonfinite_ref"),
+                     "logits_rows_nonfinite": smp.get("logits_nonfinite"),
+                     "violations": s.get("n_violations", len(s.get("violations", []))),
+                     "first_violation": (s.get("violations") or [{}])[0].get("field"),
+                     "error": s.get("error")})
+    return pd.DataFrame(rows)
+
+
+def first_violations(probe: dict, n: int = 8) -> list[dict]:
+    """The first violation of each field, in step order."""
+    seen, out = set(), []
+    for s in probe["steps"]:
+        for v in s.get("violations", []):
+            if v["field"] in seen:
+                continue
+            seen.add(v["field"])
+            out.append({"step": s["step"], "num_reqs": s.get("num_reqs"), **{k: v.get(k) for k in
+                        ("field", "group", "row", "value", "expected", "why", "layer", "tensor", "rows")}})
+            if len(out) >= n:
+                return out
+    return out
