@@ -13,10 +13,32 @@ import re
 from pathlib import Path
 
 from .errors import LabError
+from .patch import FIX_PARTS_BEFORE_ROOT_CAUSE
 from .runner import read_lines
 
 SCHED_RE = re.compile(r"Dumping scheduler output for model execution: (.*)$")
 STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\((.*)\)")
+
+
+def fix_label(r: dict) -> str | None:
+    """Which fix a run had: None, 'fix 1' (kernel edits + lookahead) or 'fix 2' (+ FA3 schedule refresh)."""
+    if not r.get("fix"):
+        return None
+    parts = r.get("fix_parts")
+    if isinstance(parts, float) or parts is None:  # lines written before part 1 existed (pandas: NaN)
+        parts = FIX_PARTS_BEFORE_ROOT_CAUSE
+    return "fix 2: FA3 schedule refresh + kernel edits + k+1" if "fa3_schedule_refresh" in parts \
+        else "fix 1: kernel edits + k+1 only"
+
+
+def _flat(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out += _flat(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}={v}")
+    return out
 
 
 def cell_label(r: dict) -> str:
@@ -33,7 +55,14 @@ def cell_label(r: dict) -> str:
             graphs += ", drafter eager"
     extra = []
     if r.get("fix"):
-        extra.append("fix plugin")
+        extra.append(fix_label(r))
+    engine_args = r.get("engine_args")
+    if isinstance(engine_args, dict):
+        extra += [a.replace("attention_config.", "") for a in _flat(engine_args)]
+    if r.get("probe") is True:
+        extra.append("step probe")
+    if r.get("canary") is True:
+        extra.append("canaries raise")
     if r.get("async_scheduling") is False:
         extra.append("async_scheduling off")
     if r.get("prefix_caching") is False:
@@ -62,14 +91,32 @@ def load_runs(pattern: str = "data/runs/*.jsonl"):
 
 
 def crash_table(df):
-    """Per (target, TP, acceptance, cell, concurrency): crashed runs / runs, with files."""
+    """Per (target, TP, acceptance, cell, concurrency): crashed runs / runs, with files.
+
+    A run counts once its engine started; engines that never started are counted apart
+    (``startup_errors``)."""
     g = df.groupby(["target_name", "tensor_parallel_size", "acceptance", "cell", "concurrency"], dropna=False)
-    out = g.agg(runs=("outcome", "size"), crashed=("crashed", "sum"),
+    out = g.agg(runs=("outcome", lambda s: int((s != "startup_error").sum())), crashed=("crashed", "sum"),
                 timeouts=("outcome", lambda s: int((s == "timeout").sum())),
                 startup_errors=("outcome", lambda s: int((s == "startup_error").sum())),
                 files=("file", lambda s: ", ".join(sorted(set(s))))).reset_index()
     out["crashed / runs"] = out["crashed"].astype(int).astype(str) + " / " + out["runs"].astype(str)
     return out
+
+
+def fault_table(df):
+    """Crashed runs with the kernel their CUDA core dump names (runs without a dump: 'no core dump')."""
+    import pandas as pd
+
+    rows = []
+    for _, r in df[df["crashed"]].iterrows():
+        f = r.get("fault") if isinstance(r.get("fault"), dict) else None
+        rows.append({"run": r["run_id"], "cell": r["cell"], "concurrency": r["concurrency"],
+                     "faulting kernel": (f or {}).get("kernel") or ("no core dump" if f is None else "unread"),
+                     "exception": (f or {}).get("exception"), "source": (f or {}).get("source"),
+                     "grid": (f or {}).get("grid"), "focus block": (f or {}).get("focus_block"),
+                     "error line": r["error"], "file": r["file"]})
+    return pd.DataFrame(rows)
 
 
 def crash_signatures(df) -> list[dict]:

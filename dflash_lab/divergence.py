@@ -67,8 +67,9 @@ def _target_layers(step: dict) -> list[str]:
 def divergence_matrix(probe: dict):
     """(steps, layers, values): max relative difference of each layer's writes, FULL vs reference.
 
-    ``inf`` where the graph replay wrote NaN/Inf and the reference did not. Target layers only
-    (the draft's layers share the metadata dict but are not run by the target's forward).
+    ``inf`` where the graph replay wrote NaN/Inf and the reference did not; ``nan`` where both
+    did (no comparison possible). Target layers only (the draft's layers share the metadata dict
+    but are not run by the target's forward).
     """
     import numpy as np
 
@@ -80,8 +81,13 @@ def divergence_matrix(probe: dict):
     for i, s in enumerate(rows):
         for j, name in enumerate(layers):
             v = s["diverge"]["layers"].get(name, {})
-            bad = v.get("nonfinite_run", 0) > v.get("nonfinite_ref", 0)
-            vals[i, j] = math.inf if bad else float(v.get("max_rel", 0.0))
+            run_bad, ref_bad = v.get("nonfinite_run", 0), v.get("nonfinite_ref", 0)
+            if run_bad > ref_bad:
+                vals[i, j] = math.inf
+            elif run_bad and ref_bad:
+                vals[i, j] = math.nan
+            else:
+                vals[i, j] = float(v.get("max_rel", 0.0))
     return [s["step"] for s in rows], layers, vals
 
 

@@ -31,48 +31,75 @@ def _rows(df, cols) -> str:
 
 
 def write_findings(root: Path, out: Path) -> Path:
+    from . import divergence, kvgroups
+
     os.chdir(root)
     df = analysis.load_runs()
     ct = analysis.crash_table(df)
 
-    def cell(label_part, conc):
-        sel = ct[ct["cell"].str.contains(label_part, regex=False) & (ct["concurrency"] == conc)]
-        return f"{int(sel['crashed'].sum())}/{int(sel['runs'].sum())}" if len(sel) else "not run"
+    def cell(label, conc, exact=True):
+        sel = ct[(ct["cell"] == label if exact else ct["cell"].str.contains(label, regex=False)) & (ct["concurrency"] == conc)]
+        return f"{int(sel['crashed'].sum())}/{int(sel['runs'].sum())}" if len(sel) and sel["runs"].sum() else "not run"
 
     full = "dflash k=15, FULL_AND_PIECEWISE"
     prov = df.iloc[0]
     sig = analysis.crash_signatures(df)
-    gpu_replay = []
-    for f in sorted(root.glob("data/gpu/*/gpu_replay.jsonl")):
-        gpu_replay += [json.loads(l) for l in open(f)]
-    n_viol = sum(1 for d in gpu_replay if d["kernel"] == "stock" and d["violations"])
-    crashed_engines = set()
-    for _, r in df[df["crashed"]].iterrows():
-        crashed_engines.add(f"{r['engine_id']}.a{r['attempt']}")
-    hooks = {h["engine"]: h for h in analysis.hook_summary()}
-    with_c2 = [e for e in crashed_engines if e in hooks
-               and hooks[e]["recorded last launches with all-rejected requests (launch: requests)"] != "none"]
+    ft = analysis.fault_table(df)
+    named = ft[ft["faulting kernel"] != "no core dump"]
+    faults = "; ".join(f"{r['cell']}: {r['faulting kernel']} ({r['exception']}"
+                       + (f", {r['source']}" if isinstance(r["source"], str) else "") + ")" for _, r in named.iterrows())
+    probes = [divergence.load_probe(p) for p in divergence.probe_files()]
+    stock_probe = next((p for p in probes if p["engine"].startswith("stock-probe")), None)
+    fd = divergence.first_divergence(stock_probe) if stock_probe else None
+    nan = divergence.nan_onset(stock_probe) if stock_probe else None
+    reuse = kvgroups.metadata_reusers(kvgroups.groups(kvgroups.hybrid_layers(draft_layers=5)))
+    fixed = df[df["fix"] == True]
+    fix2 = fixed[[analysis.fix_label(r).startswith("fix 2") for _, r in fixed.iterrows()]] if len(fixed) else fixed
+    fix1 = fixed[[analysis.fix_label(r).startswith("fix 1") for _, r in fixed.iterrows()]] if len(fixed) else fixed
     summary = [
+        f"Workaround today: cudagraph_mode=PIECEWISE (--compilation-config '{{\"cudagraph_mode\": \"PIECEWISE\"}}'): "
+        f"{cell('dflash k=15, PIECEWISE', 32)} runs crashed at concurrency 32, against {cell(full, 32)} for the default "
+        f"FULL_AND_PIECEWISE in the same kind of run.",
         f"Reproduced: DFlash k=15 + FULL_AND_PIECEWISE graphs on the real-size Qwen3.6-35B-A3B architecture (dummy weights, "
         f"synthetic acceptance 1.86, TP=1, H200) crashes with cudaErrorIllegalAddress at concurrency 32 "
-        f"({cell('FULL_AND_PIECEWISE', 32)} runs, drafter-eager and launch-blocking variants included); "
-        f"concurrency 16: {cell(full, 16)}.",
-        f"Needs the target's FULL CUDA graphs, not the drafter's: drafter eager {cell('drafter eager', 32)} crashed; "
-        f"cudagraph_mode=PIECEWISE {cell('k=15, PIECEWISE', 32)}, --enforce-eager {cell('--enforce-eager', 32)}.",
-        "The report's buffer-vs-capture-size suspicion is ruled out for its configuration: no drafter batch pads; "
-        "batches of 33+ requests run the drafter eagerly (notebook 01).",
-        f"The DFlash input kernel's unmasked last_pos load is a real out-of-bounds read (request 0 with all context rejected; "
-        f"{n_viol} of the standard launches, same on the H200 compiled and the CPU interpreter), and the all-rejected "
-        f"state occurs in the real engine in the last launches before the crash ({len(with_c2)} of {len(crashed_engines)} "
-        "crashed engines). The isolation says the fault needs the target's FULL graphs, which this kernel does not "
-        "(it runs identically in eager mode); the hook saw no negative slot, but could not check slots against the "
-        "cache size or the allocation in this session (it could not reach the runner; fixed for the next session).",
-        "Not yet localized to a kernel (CUDA_LAUNCH_BLOCKING=1 did not hide it, but the error surfaces after a graph replay); "
-        "suspect: the target's FULL-graph decode path (GDN spec-decode state indexing, C7). Fix not yet verified on the GPU.",
+        f"(stock {cell(full, 32)}, drafter eager {cell(full + ', drafter eager', 32)}); concurrency 16: {cell(full, 16)}; "
+        f"--enforce-eager {cell('dflash k=15, --enforce-eager', 32)}.",
+        f"Faulting kernels, named from CUDA core dumps: {faults or 'none recorded'}. Both are consumers of values that "
+        "were already wrong.",
     ]
+    if fd:
+        summary.append(
+            f"First wrong value (step probe, every FULL-graph step replayed against a no-graph pass of the same step): "
+            f"from the first FULL step (step {fd['step']}, {fd['num_reqs']} requests) on, {fd['hidden_rows_differ']} of "
+            f"{fd['num_tokens']} output rows differ; "
+            + ("layers 0-7 write bit-identically, " if fd["all_before_bit_identical"] else "")
+            + f"the first layer writing differently is "
+            f"{divergence.short(fd['first_layer_written_differently'])}: the output of attention layer 7 diverged."
+            + (f" The first {nan['num_tokens']}-token replay (step {nan['step']}, {nan['num_reqs']} requests) is NaN in "
+               f"{nan['rows_nonfinite_graph']} rows, the reference pass in {nan['rows_nonfinite_reference']}." if nan else ""))
+    summary.append(
+        "Root cause (from the probe and vLLM's own code run on the CPU; the canary that reads the stale field on the "
+        "GPU and the fixed runs are the next GPU session's): the DFlash draft's 5 layers make vLLM split the target's 10 "
+        "attention layers into two KV-cache groups of the same spec; at run time the second group "
+        f"({', '.join(str(kvgroups.layer_index(x)) for r in reuse for x in r['layers'])}) reuses the first group's "
+        "FlashAttention metadata (update_block_table), while its FULL graphs were captured reading its own builder's "
+        "persistent FA3 scheduler_metadata, which nothing refreshes after capture. Eager and PIECEWISE read the metadata "
+        "object and are right. Without DFlash (or with MTP) the target's attention layers form one group.")
+    summary.append(
+        f"Fix: the plugin copies the reused schedule into the group's own buffer (patches/vllm-0.22.1-dflash.diff, hunk 1), "
+        f"proven on vLLM's own update_block_table/build code (tests/test_root_cause.py fails without it). GPU runs with it: "
+        f"{len(fix2)} so far" + (f", {int(fix2['crashed'].sum())} crashed" if len(fix2) else " (verification matrices ready)")
+        + f". The earlier kernel-only fix crashed {int(fix1['crashed'].sum())}/{len(fix1)}.")
+    summary.append(
+        "Ruled out as the cause: the report's buffer-vs-capture-size suspicion (no drafter batch pads for its "
+        "configuration, notebook 01); the DFlash input kernel's unmasked last_pos load is a real out-of-bounds read "
+        "(notebook 02) but it is reached only after the wrong values exist.")
     evidence = ct[["cell", "concurrency", "acceptance", "tensor_parallel_size", "crashed / runs", "files"]]
     cmds = [
+        ("Minimal reproducer (vLLM 0.22.1 only; written, not yet run on a GPU)", "python scripts/repro_min.py"),
         ("Reproduce (GPU host, after scripts/gpu/setup.sh)", "python -m dflash_lab run matrices/repro-tp1.yaml --out data/runs/NEW.jsonl"),
+        ("The step probe and the core dumps", "matrices/root-probe-tp1.yaml; matrices/root-coredump-tp1.yaml"),
+        ("Fix verification", "matrices/verify-fix-a-tp1.yaml, -b-, -c- (one GPU session)"),
         ("Isolation cells", "python -m dflash_lab run matrices/isolate-tp1.yaml --out ...; matrices/isolate2-tp1.yaml; matrices/localize-blocking-tp1.yaml"),
         ("Replay a launch record (CPU)", "python -m dflash_lab replay data/records/req0_all_rejected.npz --json"),
         ("Render everything (CPU)", "make report"),
@@ -84,6 +111,7 @@ def write_findings(root: Path, out: Path) -> Path:
 <h2>Evidence: crashed runs / runs</h2>{_rows(evidence, list(evidence.columns))}
 <p>Crash signature: {html.escape(sig[0]['error']) if sig else 'none'}</p>
 <h2>Figures</h2>
+{_img(root / 'figures' / '03-divergence.png')}
 {_img(root / 'figures' / '03-crash_matrix.png')}
 {_img(root / 'figures' / '01-drafter_batches.png')}
 {_img(root / 'figures' / '01-grid_heatmap.png')}

@@ -44,7 +44,9 @@ def vllm_grouping():
     if "fn" not in _FN:
         from .vllm_code import load_function
 
-        ns = {"defaultdict": defaultdict, "cdiv": _cdiv, "logger": logging.getLogger("vllm.kv_cache_utils"),
+        quiet = logging.getLogger("dflash_lab.vllm.kv_cache_utils")  # vLLM's padding notices: not ours to print
+        quiet.setLevel(logging.ERROR)
+        ns = {"defaultdict": defaultdict, "cdiv": _cdiv, "logger": quiet,
               "create_kv_cache_group_specs": lambda spec, grouped: [list(g) for g in grouped]}
         _FN["fn"] = load_function(KV_UTILS, GROUPING_FN, namespace=ns)
     return _FN["fn"]

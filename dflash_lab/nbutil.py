@@ -19,6 +19,23 @@ class ParameterError(LabError):
     """A notebook parameter with a wrong value."""
 
 
+class ClaimError(LabError):
+    """A sentence of a notebook's narrative that the data no longer supports."""
+
+
+def claim(enforce: bool, holds: bool, sentence: str) -> None:
+    """Guard a sentence of the narrative with the data it rests on: the render fails when it stops holding.
+
+    ``enforce`` False (a notebook run on other data) prints the verdict instead of failing.
+    """
+    if not holds and not enforce:
+        print(f"NOT supported by this data: {sentence}")
+        return
+    if not holds:
+        raise ClaimError(f"the data no longer supports: {sentence!r} (update the narrative with the data)")
+    print(f"supported by the data: {sentence}")
+
+
 def repo_root() -> Path:
     here = Path.cwd()
     for p in [here, *here.parents]:

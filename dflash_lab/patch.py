@@ -53,6 +53,12 @@ from .errors import LabError
 from .kernels import KernelSource, vllm_kernel
 
 
+#: the parts ``apply()`` installs, recorded in every run line made with the fix (``fix_parts``);
+#: lines of runs made before part 1 existed carry no ``fix_parts`` (see ``analysis.fix_label``)
+FIX_PARTS = ("fa3_schedule_refresh", "dflash_kernel_edits", "dflash_lookahead_k_plus_1")
+FIX_PARTS_BEFORE_ROOT_CAUSE = ("dflash_kernel_edits", "dflash_lookahead_k_plus_1")
+
+
 def dflash_lookahead(k: int) -> int:
     """Lookahead slots the fixed scheduler allocates for DFlash: queries reach position seq_len + k."""
     return k + 1

@@ -43,6 +43,7 @@ from pathlib import Path
 from . import coredump, provenance
 from .errors import LabError
 from .models import REPORT_PROMPT, describe
+from .patch import FIX_PARTS
 
 ENGINE_DEFAULTS = {
     "target": "qwen36-35b-a3b",
@@ -190,6 +191,10 @@ def _tail(path: Path, n=40) -> list[str]:
 
 
 def crash_signature(log_lines: list[str]) -> str | None:
+    for line in log_lines:  # a canary names the first wrong value: it outranks what followed it
+        m = re.search(r"CanaryError: [^\n]*", line)
+        if m:
+            return m.group(0).strip()[:500]
     for line in log_lines:
         m = CUDA_ERR.search(line)
         if m and ("CUDA" in m.group(0) or "illegal" in m.group(0) or "cudaError" in m.group(0)):
@@ -242,6 +247,7 @@ class Runner:
             "tensor_parallel_size": e["tensor_parallel_size"], "moe_backend": e["moe_backend"],
             "max_num_seqs": e["max_num_seqs"], "max_model_len": e["max_model_len"],
             "max_num_batched_tokens": e["max_num_batched_tokens"], "mode": e["mode"], "fix": e["fix"],
+            "fix_parts": list(FIX_PARTS) if e["fix"] else None,
             "engine_args": e["engine_args"], "cudagraph_capture_sizes": e["cudagraph_capture_sizes"],
             "probe": e["probe"], "canary": e["canary"], "coredump": e["coredump"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,

@@ -101,3 +101,13 @@ def test_mtp_under_a_models_dir_vllm_would_misread_is_refused():
         validate_matrix(bad)
     bad["models_dir"] = "/tmp/lab-models"
     assert validate_matrix(bad)["engines"][0]["engine"]["spec_method"] == "mtp"
+
+
+def test_a_canary_error_is_the_crash_signature():
+    from dflash_lab.runner import crash_signature
+
+    tail = ["(EngineCore pid=1) dflash_lab.probe.CanaryError: dflash-lab canary: step 1, attn.scheduler_metadata, "
+            "row 1, value 0 (KV-cache group 7's FULL graphs read a stale FA3 schedule)",
+            "RuntimeError: CUDA error: an illegal memory access was encountered", "EngineDeadError: EngineCore died"]
+    assert crash_signature(tail).startswith("CanaryError: dflash-lab canary: step 1, attn.scheduler_metadata")
+    assert crash_signature(tail[1:]) == "CUDA error: an illegal memory access was encountered"
