@@ -9,12 +9,12 @@ and layer where the two passes differ, the first non-finite values, the violatio
 from __future__ import annotations
 
 import glob
-import json
 import math
 import os
 import re
 
 from .errors import LabError
+from .runner import json_lines
 
 PROBE_GLOB = "data/gpu/*/*.probe/probe-*.jsonl"
 
@@ -26,18 +26,8 @@ def probe_files(pattern: str = PROBE_GLOB) -> list[str]:
 def load_probe(path: str) -> dict:
     """{'steps': [...], 'samples': {step: line}, 'layout': line | None, 'session', 'engine', 'path'}."""
     steps, samples, layout = [], {}, None
-    try:
-        lines = open(path).read().splitlines()
-    except OSError as e:
-        raise LabError(f"{path}: {e}") from None
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            d = json.loads(raw)
-        except ValueError as e:
-            raise LabError(f"{path}:{i}: not a JSON line ({e})") from None
-        if not isinstance(d, dict) or "step" not in d and d.get("kind") != "layout":
+    for i, d in json_lines(path):
+        if "step" not in d and d.get("kind") != "layout":
             raise LabError(f"{path}:{i}: not a probe line")
         kind = d.get("kind")
         if kind == "sample":

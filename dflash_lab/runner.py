@@ -487,9 +487,8 @@ class _EventReader:
         return self.queue.pop(0) if self.queue else None
 
 
-def read_lines(path: str | os.PathLike) -> list[dict]:
-    """Read a runs/bench JSONL file; a line that is not a JSON object is an error naming its line."""
-    out = []
+def json_lines(path: str | os.PathLike):
+    """(line number, object) of each non-blank line of a JSONL file; a bad line is an error naming it."""
     p = Path(path)
     if not p.is_file():
         raise LabError(f"{path}: no such file")
@@ -500,7 +499,16 @@ def read_lines(path: str | os.PathLike) -> list[dict]:
             obj = json.loads(line)
         except ValueError as e:
             raise LabError(f"{path}:{i}: not a JSON line ({e})") from None
-        if not isinstance(obj, dict) or "outcome" not in obj:
+        if not isinstance(obj, dict):
+            raise LabError(f"{path}:{i}: not a JSON object")
+        yield i, obj
+
+
+def read_lines(path: str | os.PathLike) -> list[dict]:
+    """Read a runs/bench JSONL file; a line that is not a run record is an error naming its line."""
+    out = []
+    for i, obj in json_lines(path):
+        if "outcome" not in obj:
             raise LabError(f"{path}:{i}: not a run record (no 'outcome')")
         if obj["outcome"] not in OUTCOMES:
             raise LabError(f"{path}:{i}: unknown outcome {obj['outcome']!r}")

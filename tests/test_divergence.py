@@ -1,0 +1,47 @@
+"""Reading the step probe's logs: the recorded H200 run, and bad files."""
+
+import math
+
+import pytest
+
+from dflash_lab import divergence as D
+from dflash_lab.errors import LabError
+
+
+@pytest.fixture(scope="module")
+def stock():
+    files = [f for f in D.probe_files() if "root-probe-tp1/stock-probe" in f]
+    assert files, "the recorded stock probe run must be in data/"
+    return D.load_probe(files[0])
+
+
+def test_first_divergence_and_nan_onset_of_the_recorded_run(stock):
+    fd = D.first_divergence(stock)
+    assert fd["step"] == next(s["step"] for s in stock["steps"] if s["mode"] == "FULL")
+    assert D.short(fd["last_layer_before"]) == "L7 attn" and D.short(fd["first_layer_written_differently"]) == "L8 gdn"
+    assert fd["all_before_bit_identical"] and fd["layers_written_identically_before"] == 8
+    nan = D.nan_onset(stock)
+    assert nan["num_tokens"] == 480 and nan["rows_nonfinite_reference"] == 0 and nan["rows_nonfinite_graph"] == 480
+
+
+def test_divergence_matrix_marks_graph_only_and_shared_nan(stock):
+    steps, layers, vals = D.divergence_matrix(stock)
+    assert len(layers) == 40 and vals.shape == (len(steps), 40)
+    i = steps.index(D.nan_onset(stock)["step"])
+    assert math.isinf(vals[i, 8]) and vals[i, :8].max() == 0.0
+    assert any(math.isnan(v) for v in vals[-1])  # later steps: NaN in both passes
+
+
+@pytest.mark.parametrize("text,msg", [('{"step": 1}\n{oops\n', r":2: not a JSON line"),
+                                      ('{"step": 1}\n[1, 2]\n', r":2: not a JSON object"),
+                                      ('{"kind": "engine"}\n', r":1: not a probe line")])
+def test_bad_probe_file_names_its_line(tmp_path, text, msg):
+    p = tmp_path / "probe-1.jsonl"
+    p.write_text(text)
+    with pytest.raises(LabError, match=msg):
+        D.load_probe(str(p))
+
+
+def test_missing_probe_file(tmp_path):
+    with pytest.raises(LabError, match="no such file"):
+        D.load_probe(str(tmp_path / "nope.jsonl"))
