@@ -41,4 +41,4 @@ def register() -> None:
         _done.add("probe")
         p = probe.install()
         log_once(f"step probe active: canaries {'raise' if p.raise_on_violation else 'record'}, "
-                       f"reference pass {'on' if p.reference else 'off'}, log {p.path}")
+                 f"reference pass {'on' if p.reference else 'off'}, log {p.path}")
