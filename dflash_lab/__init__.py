@@ -9,7 +9,14 @@ The library holds every piece of logic the notebooks use, so tests reach it:
 - :mod:`dflash_lab.records`       launch records (``.npz``) of ``copy_and_expand_dflash_inputs_kernel``
 - :mod:`dflash_lab.replay`        replay of launch records, stock or patched kernel
 - :mod:`dflash_lab.runner`        the GPU experiment runner (crash matrix and benchmarks)
-- :mod:`dflash_lab.patch`         the fix, as a vLLM general plugin
+- :mod:`dflash_lab.coredump`      CUDA core dumps read with cuda-gdb: the faulting kernel of a crash
+- :mod:`dflash_lab.probe`         per-step canaries and the FULL-graph-vs-reference divergence probe (in the engine)
+- :mod:`dflash_lab.divergence`    reading the probe's logs for the notebooks
+- :mod:`dflash_lab.vllm_code`     running small pieces of vLLM's own Python verbatim on the CPU
+- :mod:`dflash_lab.kvgroups`      vLLM's KV-cache grouping of hybrid models, and which groups reuse metadata
+- :mod:`dflash_lab.rootcause`     the root mechanism replayed on vLLM's own code
+- :mod:`dflash_lab.patch`         the fix, as a vLLM general plugin (:mod:`dflash_lab.engine_state`: what it
+                                  shares with the launch hook)
 """
 
 __version__ = "0.1.0"
