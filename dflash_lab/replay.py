@@ -10,6 +10,7 @@ with wild values cannot crash the replaying process.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -71,17 +72,24 @@ def kernel_for(name: str):
     raise LabError(f"unknown kernel {name!r}: choose one of {', '.join(KERNELS)}")
 
 
+@functools.lru_cache(maxsize=1)
+def _code_digest() -> bytes:
+    """The instrumenter's and this module's source: a change to either invalidates cached replays."""
+    import hashlib
+
+    from . import instrument
+
+    return hashlib.sha256(open(instrument.__file__, "rb").read() + open(__file__, "rb").read()).digest()
+
+
 def _cache_key(rec: Record, ks, kernel: str) -> str:
     """Content hash of everything a CPU replay's result depends on."""
     import hashlib
     import json
 
-    from . import instrument
-
     h = hashlib.sha256()
     h.update(f"{kernel}|{GUARD}|{ks.text}|{sorted(ks.constants.items())}".encode())
-    h.update(open(instrument.__file__, "rb").read())
-    h.update(open(__file__, "rb").read())
+    h.update(_code_digest())
     for p in sorted(rec.arrays):
         a = rec.arrays[p]
         h.update(p.encode())

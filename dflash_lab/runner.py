@@ -340,6 +340,15 @@ class Runner:
                      + (f" [{f['error']}]" if f.get("error") else ""))
             return {"fault": f}
 
+        def crash_line(run, since: float, fallback) -> None:
+            """The crash line of a run whose engine died: after its core dump (if any) is read, and the engine is gone."""
+            wall = round(time.time() - since, 3)
+            found = fault()
+            kill()  # engine children that outlived the worker, or an engine hung after its dump
+            tail = _tail(log_path)
+            err = crash_signature(tail) or extra.get("error_event") or fallback(tail)
+            self.line(eng, run, "crash", attempt, error=err, log_tail=tail, wall_s=wall, **found, **extra)
+
         def kill():
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -414,23 +423,13 @@ class Runner:
                         if ev["event"] == "error":
                             extra["error_event"] = ev["error"]
                         ev = reader.next()
-                    wall = round(time.time() - (started["t"] if started else t_run), 3)
-                    found = fault()
-                    kill()  # engine children that outlived the worker
-                    tail = _tail(log_path)
-                    err = (crash_signature(tail) or extra.get("error_event") or last_error_line(tail)
-                           or f"engine exited with code {proc.returncode}")
-                    self.line(eng, run, "crash", attempt, error=err, log_tail=tail, wall_s=wall, **found, **extra)
+                    crash_line(run, started["t"] if started else t_run,
+                               lambda tail: last_error_line(tail) or f"engine exited with code {proc.returncode}")
                     remaining.pop(0)
                     return remaining
                 if core_dir is not None and coredump.cores(core_dir) and self.time_left() > 0:
                     # the driver is writing a core dump: the engine crashed; wait for the dump
-                    wall = round(time.time() - (started["t"] if started else t_run), 3)
-                    found = fault()
-                    kill()
-                    tail = _tail(log_path)
-                    err = crash_signature(tail) or extra.get("error_event") or "CUDA exception (core dump written)"
-                    self.line(eng, run, "crash", attempt, error=err, log_tail=tail, wall_s=wall, **found, **extra)
+                    crash_line(run, started["t"] if started else t_run, lambda tail: "CUDA exception (core dump written)")
                     remaining.pop(0)
                     return remaining
                 if time.time() - t_run > self.m["run_timeout_s"] or self.time_left() < 0:
