@@ -90,7 +90,8 @@ def _make_records(a) -> int:
 def _ingest(a) -> int:
     from .ingest import ingest
 
-    meta = ingest(a.folder, a.name, data_dir=a.data, matrix=a.matrix, device_command=a.device_command)
+    meta = ingest(a.folder, a.name, data_dir=a.data, matrix=a.matrix, device_command=a.device_command,
+                  gpu_session=a.gpu_session)
     print(json.dumps({k: meta[k] for k in ("name", "lines", "outcomes")}))
     return 0
 
@@ -137,6 +138,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", default="data")
     p.add_argument("--matrix")
     p.add_argument("--device-command")
+    p.add_argument("--gpu-session", help="label of the GPU session (one lease) the lines came from")
     p.set_defaults(fn=_ingest)
     p = sub.add_parser("models", help="write a target/draft config folder")
     p.add_argument("target")

@@ -70,6 +70,18 @@ def cell_label(r: dict) -> str:
     return f"{spec}, {graphs}" + (f" ({', '.join(extra)})" if extra else "")
 
 
+def _meta_session(runs_file: str) -> str | None:
+    """The GPU session label that ``ingest`` wrote next to a runs file (None when not recorded)."""
+    meta = runs_file[: -len(".jsonl")] + ".meta.json" if runs_file.endswith(".jsonl") else None
+    if not meta or not os.path.exists(meta):
+        return None
+    try:
+        with open(meta) as fh:
+            return json.load(fh).get("gpu_session")
+    except (OSError, ValueError) as e:
+        raise LabError(f"{meta}: unreadable ({e})") from None
+
+
 def load_runs(pattern: str = "data/runs/*.jsonl"):
     """All run lines matching ``pattern`` as a DataFrame (one row per run), with their file."""
     import pandas as pd
@@ -79,8 +91,10 @@ def load_runs(pattern: str = "data/runs/*.jsonl"):
         raise LabError(f"no run files match {pattern}")
     rows = []
     for f in files:
+        session = _meta_session(f)
         for r in read_lines(f):
             r = dict(r)
+            r["gpu_session"] = r.get("gpu_session") or session
             r["file"] = os.path.basename(f)
             r["cell"] = cell_label(r)
             r["target_name"] = r["target"]["name"] if isinstance(r.get("target"), dict) else r.get("target")

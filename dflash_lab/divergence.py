@@ -1,4 +1,4 @@
-"""Reading the step probe's logs (``data/gpu/<session>/<engine>.probe/probe-<pid>.jsonl``).
+"""Reading the step probe's logs (``data/gpu/<session>/<engine>.probe/probe-<pid>.jsonl[.gz]``).
 
 The probe (:mod:`dflash_lab.probe`) writes, per target step, the canaries' violations and, on
 FULL-graph steps, a layer-by-layer comparison of the graph replay with a no-graph reference pass
@@ -16,7 +16,7 @@ import re
 from .errors import LabError
 from .runner import json_lines
 
-PROBE_GLOB = "data/gpu/*/*.probe/probe-*.jsonl"
+PROBE_GLOB = "data/gpu/*/*.probe/probe-*.jsonl*"
 
 
 def probe_files(pattern: str = PROBE_GLOB) -> list[str]:

@@ -1,13 +1,14 @@
 """Bring what a GPU session step returned (``$OUT``) into ``data/``, checked, never overwriting.
 
-``python -m dflash_lab ingest FOLDER NAME [--matrix MATRIX.yaml] [--device-command CMD]``
+``python -m dflash_lab ingest FOLDER NAME [--matrix MATRIX.yaml] [--device-command CMD] [--gpu-session LABEL]``
 
 FOLDER is what one ``scripts/gpu/session.sh`` call wrote under ``$OUT``: ``runs.jsonl``,
 ``logs.tgz`` (engine logs and launch-hook output), optionally ``gpu_replay.jsonl`` and
 ``capture_sizes.json``. It becomes:
 
 - ``data/runs/NAME.jsonl``: the run lines, byte for byte (every line validated first);
-- ``data/runs/NAME.meta.json``: which matrix and device command produced them;
+- ``data/runs/NAME.meta.json``: which matrix and device command produced them, and the GPU
+  session (one lease of one host: ratios are only taken between lines of the same session);
 - ``data/gpu/NAME/``: engine logs, the hook's statistics, findings and launch records,
   the resolved engine configuration (capture sizes), GPU replay results.
 
@@ -17,6 +18,7 @@ existing NAME is refused, so nothing already recorded is lost or half-written.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -28,10 +30,11 @@ from .errors import LabError
 from .runner import read_lines
 
 KEEP_SUFFIXES = (".log", ".json", ".jsonl", ".npz")
+GZIP_ABOVE = 1 << 20  # bytes: a JSONL log larger than this is stored gzipped
 
 
 def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = None,
-           device_command: str | None = None) -> dict:
+           device_command: str | None = None, gpu_session: str | None = None) -> dict:
     src = Path(folder)
     if not src.is_dir():
         raise LabError(f"{folder}: no such folder")
@@ -45,6 +48,10 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
     for p in (runs_dst, gpu_dst):
         if p.exists():
             raise LabError(f"{p} already exists: choose another name (recorded results are never overwritten)")
+    sessions = {l.get("gpu_session") for l in lines} - {None}
+    if gpu_session and sessions and sessions != {gpu_session}:
+        raise LabError(f"{runs_src}: lines say GPU session {sorted(sessions)}, --gpu-session says {gpu_session!r}")
+    gpu_session = gpu_session or (sessions.pop() if len(sessions) == 1 else None)
     if matrix and not Path(matrix).is_file():
         raise LabError(f"{matrix}: no such matrix file")
     stage = Path(tempfile.mkdtemp(prefix=".ingest-", dir=data))
@@ -67,12 +74,20 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
                             continue  # the runner's temporary spec files
                         out = stage / "gpu" / rel
                         out.parent.mkdir(parents=True, exist_ok=True)
-                        with tf.extractfile(m) as fsrc, open(out, "wb") as fdst:
-                            shutil.copyfileobj(fsrc, fdst)
+                        if m.name.endswith(".jsonl") and m.size > GZIP_ABOVE:
+                            # large probe logs: kept gzipped (lossless; the readers take .gz)
+                            out = out.with_name(out.name + ".gz")
+                            rel = Path(str(rel) + ".gz")
+                            with tf.extractfile(m) as fsrc, gzip.open(out, "wb", compresslevel=9) as fdst:
+                                shutil.copyfileobj(fsrc, fdst)
+                        else:
+                            with tf.extractfile(m) as fsrc, open(out, "wb") as fdst:
+                                shutil.copyfileobj(fsrc, fdst)
                         kept.append(str(rel))
             except (tarfile.TarError, EOFError) as e:
                 raise LabError(f"{logs}: not a readable tar.gz ({e})") from None
-        for extra in ("gpu_replay.jsonl", "capture_sizes.json", "blocking_trace.txt", "setup.log"):
+        for extra in ("gpu_replay.jsonl", "capture_sizes.json", "blocking_trace.txt", "setup.log",
+                      "repro_min.json", "repro_min.log"):
             if (src / extra).exists():
                 shutil.copy2(src / extra, stage / "gpu" / extra)
                 kept.append(extra)
@@ -80,6 +95,7 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
             "name": name,
             "matrix": matrix,
             "device_command": device_command,
+            "gpu_session": gpu_session,
             "lines": len(lines),
             "outcomes": {o: sum(1 for l in lines if l["outcome"] == o) for o in sorted({l["outcome"] for l in lines})},
             "provenance": {k: lines[0].get(k) for k in ("gpu", "driver", "vllm_version", "torch_version",

@@ -574,7 +574,10 @@ class StepProbe:
         if violations and self.raise_on_violation:
             v = violations[0]
             raise CanaryError(f"dflash-lab canary: step {step}, {v['field']}, row {v.get('row')}, "
-                              f"value {v.get('value')}" + (f" ({v['why']})" if v.get("why") else "")
+                              f"value {v.get('value')}"
+                              + (f", expected {v['expected']}" if "expected" in v else "")
+                              + (f", {v['entries_differ']} entries differ" if "entries_differ" in v else "")
+                              + (f" ({v['why']})" if v.get("why") else "")
                               + (f", layer {v['layer']}" if v.get("layer") else ""))
         return out
 

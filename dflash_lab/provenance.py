@@ -47,8 +47,19 @@ def collect(command: list[str] | str | None = None) -> dict:
         "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": cmd,
         "git_commit": os.environ.get("DFLASH_LAB_COMMIT") or _git_commit(),
+        "gpu_session": os.environ.get("DFLASH_LAB_GPU_SESSION") or None,
+        "host_boot_id": _boot_id(),
     }
     return info
+
+
+def _boot_id() -> str | None:
+    """The kernel's boot id: two lines with different ids did not run on the same host boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def _git_commit() -> str | None:

@@ -257,7 +257,8 @@ class Runner:
         }
         obj.update(fields)
         obj.update({k: self.prov.get(k) for k in ("gpu", "gpu_count", "driver", "vllm_version", "torch_version",
-                                                  "triton_version", "started_at", "command", "git_commit")})
+                                                  "triton_version", "started_at", "command", "git_commit",
+                                                  "gpu_session", "host_boot_id")})
         obj["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         assert outcome in OUTCOMES
         append_line(self.out, obj)
@@ -487,11 +488,21 @@ class _EventReader:
 
 
 def json_lines(path: str | os.PathLike):
-    """(line number, object) of each non-blank line of a JSONL file; a bad line is an error naming it."""
+    """(line number, object) of each non-blank line of a JSONL file (``.gz`` read as gzip); a bad
+    line is an error naming it."""
     p = Path(path)
     if not p.is_file():
         raise LabError(f"{path}: no such file")
-    for i, line in enumerate(p.read_text().splitlines(), 1):
+    if p.suffix == ".gz":
+        import gzip
+
+        try:
+            text = gzip.decompress(p.read_bytes()).decode()
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            raise LabError(f"{path}: not a readable gzip file ({e})") from None
+    else:
+        text = p.read_text()
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

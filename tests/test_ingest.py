@@ -39,3 +39,61 @@ def test_corrupt_runs_write_nothing(tmp_path):
         ingest(str(out), "s2", data_dir=str(data))
     assert not (data / "runs").exists() and not (data / "gpu").exists()
     assert list(data.iterdir()) == []
+
+
+def test_large_probe_log_kept_gzipped_and_readable(tmp_path):
+    from dflash_lab.divergence import load_probe
+    from dflash_lab.ingest import GZIP_ABOVE
+
+    out = tmp_path / "OUT"
+    out.mkdir()
+    (out / "runs.jsonl").write_text(json.dumps({"run_id": "a", "outcome": "ok", "gpu_session": "S"}) + "\n")
+    probe = tmp_path / "runlogs" / "e.a1.probe"
+    probe.mkdir(parents=True)
+    step = {"step": 1, "mode": "FULL", "pad": "x" * 2000}
+    n = GZIP_ABOVE // 2000 + 10
+    (probe / "probe-7.jsonl").write_text("".join(json.dumps({**step, "step": i}) + "\n" for i in range(n)))
+    with tarfile.open(out / "logs.tgz", "w:gz") as tf:
+        tf.add(tmp_path / "runlogs", arcname="runlogs")
+    data = tmp_path / "data"
+    data.mkdir()
+    meta = ingest(str(out), "s3", data_dir=str(data))
+    kept = data / "gpu" / "s3" / "e.a1.probe" / "probe-7.jsonl.gz"
+    assert kept.exists() and kept.stat().st_size < GZIP_ABOVE // 10
+    assert "e.a1.probe/probe-7.jsonl.gz" in meta["files"]
+    assert meta["gpu_session"] == "S"  # taken from the lines
+    assert [s["step"] for s in load_probe(str(kept))["steps"]] == list(range(n))
+
+
+def test_gpu_session_label_must_agree_with_the_lines(tmp_path):
+    out = make_out(tmp_path, json.dumps({"run_id": "a", "outcome": "ok", "gpu_session": "S1"}) + "\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    with pytest.raises(LabError, match="GPU session"):
+        ingest(str(out), "s4", data_dir=str(data), gpu_session="S2")
+    assert list(data.iterdir()) == []
+    meta = ingest(str(out), "s4", data_dir=str(data), gpu_session="S1")
+    assert json.loads((data / "runs" / "s4.meta.json").read_text())["gpu_session"] == "S1" == meta["gpu_session"]
+
+
+def test_load_runs_takes_the_session_from_meta(tmp_path):
+    from dflash_lab.analysis import load_runs
+
+    with open("data/runs/2026-11-30_h200_verify-fix-b-tp1.jsonl") as f:  # a recorded line, session unset
+        line = json.loads(f.readline())
+    line.pop("gpu_session", None)
+    out = make_out(tmp_path, json.dumps(line) + "\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    ingest(str(out), "s5", data_dir=str(data), gpu_session="L")
+    df = load_runs(str(data / "runs" / "*.jsonl"))
+    assert list(df["gpu_session"]) == ["L"]
+
+
+def test_corrupt_gzip_log_is_named(tmp_path):
+    from dflash_lab.runner import json_lines
+
+    bad = tmp_path / "probe-1.jsonl.gz"
+    bad.write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(LabError, match="probe-1.jsonl.gz: not a readable gzip"):
+        list(json_lines(bad))
