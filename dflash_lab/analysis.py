@@ -104,14 +104,23 @@ def load_runs(pattern: str = "data/runs/*.jsonl"):
     return df
 
 
+def is_deadline_cut(r) -> bool:
+    """A run stopped by the runner's session deadline (not by the engine): it measured nothing."""
+    return r.get("outcome") == "timeout" and "runner deadline" in str(r.get("error") or "")
+
+
 def crash_table(df):
     """Per (target, TP, acceptance, cell, concurrency): crashed runs / runs, with files.
 
     A run counts once its engine started; engines that never started are counted apart
-    (``startup_errors``)."""
+    (``startup_errors``), and so are runs the runner's session deadline cut short (``cut_by_deadline``:
+    they measured nothing, so they are neither crashes nor runs that survived)."""
+    df = df.assign(_cut=[is_deadline_cut(r) for _, r in df.iterrows()])
     g = df.groupby(["target_name", "tensor_parallel_size", "acceptance", "cell", "concurrency"], dropna=False)
-    out = g.agg(runs=("outcome", lambda s: int((s != "startup_error").sum())), crashed=("crashed", "sum"),
-                timeouts=("outcome", lambda s: int((s == "timeout").sum())),
+    out = g.agg(runs=("outcome", lambda s: int(((s != "startup_error") & ~df.loc[s.index, "_cut"]).sum())),
+                crashed=("crashed", "sum"),
+                cut_by_deadline=("_cut", "sum"),
+                timeouts=("outcome", lambda s: int(((s == "timeout") & ~df.loc[s.index, "_cut"]).sum())),
                 startup_errors=("outcome", lambda s: int((s == "startup_error").sum())),
                 files=("file", lambda s: ", ".join(sorted(set(s))))).reset_index()
     out["crashed / runs"] = out["crashed"].astype(int).astype(str) + " / " + out["runs"].astype(str)

@@ -31,7 +31,7 @@ def _rows(df, cols) -> str:
 
 
 def write_findings(root: Path, out: Path) -> Path:
-    from . import divergence, kvgroups
+    from . import divergence, kvgroups, verification
 
     os.chdir(root)
     df = analysis.load_runs()
@@ -77,26 +77,51 @@ def write_findings(root: Path, out: Path) -> Path:
             f"{divergence.short(fd['first_layer_written_differently'])}: the output of attention layer 7 diverged."
             + (f" The first {nan['num_tokens']}-token replay (step {nan['step']}, {nan['num_reqs']} requests) is NaN in "
                f"{nan['rows_nonfinite_graph']} rows, the reference pass in {nan['rows_nonfinite_reference']}." if nan else ""))
+    can = verification.canary_table(df)
+    stock_can = can[(can["fix"] == "stock") & (can["field"] == "attn.scheduler_metadata")]
     summary.append(
-        "Root cause (from the probe and vLLM's own code run on the CPU; the canary that reads the stale field on the "
-        "GPU and the fixed runs are the next GPU session's): the DFlash draft's 5 layers make vLLM split the target's 10 "
-        "attention layers into two KV-cache groups of the same spec; at run time the second group "
+        "Root cause: the DFlash draft's 5 layers make vLLM split the target's 10 attention layers into two KV-cache "
+        "groups of the same spec; at run time the second group "
         f"({', '.join(str(kvgroups.layer_index(x)) for r in reuse for x in r['layers'])}) reuses the first group's "
         "FlashAttention metadata (update_block_table), while its FULL graphs were captured reading its own builder's "
         "persistent FA3 scheduler_metadata, which nothing refreshes after capture. Eager and PIECEWISE read the metadata "
-        "object and are right. Without DFlash (or with MTP) the target's attention layers form one group.")
-    summary.append(
-        f"Fix: the plugin copies the reused schedule into the group's own buffer (patches/vllm-0.22.1-dflash.diff, hunk 1), "
-        f"proven on vLLM's own update_block_table/build code (tests/test_root_cause.py fails without it). GPU runs with it: "
-        f"{len(fix2)} so far" + (f", {int(fix2['crashed'].sum())} crashed" if len(fix2) else " (verification matrices ready)")
-        + f". The earlier kernel-only fix crashed {int(fix1['crashed'].sum())}/{len(fix1)}.")
+        "object and are right. Without DFlash (or with MTP) the target's attention layers form one group (vLLM's own "
+        "grouping code, run on the CPU)."
+        + (f" On the GPU the synchronous canary names it: stock at concurrency {int(stock_can['concurrency'].iloc[0])} "
+           f"stopped at step {int(stock_can['step'].iloc[0])} on attn.scheduler_metadata of KV-cache group "
+           f"{int(stock_can['group'].iloc[0])}." if len(stock_can) else " The canary naming the stale field has not run on the GPU."))
+    sessions = verification.sessions_with_fix2(df)
+    fix_line = (f"Fix: the plugin copies the reused schedule into the group's own buffer (patches/vllm-0.22.1-dflash.diff, "
+                f"hunk 1); on vLLM's own update_block_table/build code it makes the graph read the step's schedule "
+                f"(tests/test_root_cause.py fails without it). The earlier kernel-only fix crashed "
+                f"{int(fix1['crashed'].sum())}/{len(fix1)}.")
+    if sessions:
+        v = verification.verdict(verification.session_table(df, sessions[-1]))
+        pt = verification.probe_table(df)
+        fp = pt[pt["fix"].str.startswith("fix 2")]
+        tp = verification.throughput_table(df, sessions[-1]).set_index("mode")
+        fx, pw = tp.loc["fix 2, FULL_AND_PIECEWISE"], tp.loc["stock, PIECEWISE"]
+        fix_line += (f" GPU session {sessions[-1]}: stock control crashed {v['stock_crashed']}/{v['stock_runs']}; with the fix "
+                     + ", ".join(f"concurrency {c}: {v['fix_runs'][c] - v['fix_not_ok'][c]}/{v['fix_runs'][c]} completed"
+                                 for c in (32, 16, 64))
+                     + (f"; the step probe with the fix: {int(fp['FULL steps diverging'].sum())} of "
+                        f"{int(fp['FULL steps'].sum())} FULL-graph steps differ from the no-graph reference "
+                        f"(max |difference| {fp['max |output diff|'].max()})" if len(fp) else "")
+                     + (f"; output tokens/s at concurrency 32: fix {fx['median tok/s']:.0f} (median of {int(fx['warm runs'])} warm "
+                        f"runs) vs PIECEWISE {pw['median tok/s']:.0f} ({int(pw['warm runs'])} warm run"
+                        f"{'s' if pw['warm runs'] != 1 else ''}: the ratio "
+                        f"{fx['median tok/s'] / pw['median tok/s']:.2f} has no spread yet)." if pw["warm runs"] else "."))
+    else:
+        fix_line += f" GPU runs with it: {len(fix2)}."
+    summary.append(fix_line)
     summary.append(
         "Ruled out as the cause: the report's buffer-vs-capture-size suspicion (no drafter batch pads for its "
         "configuration, notebook 01); the DFlash input kernel's unmasked last_pos load is a real out-of-bounds read "
         "(notebook 02) but it is reached only after the wrong values exist.")
     evidence = ct[["cell", "concurrency", "acceptance", "tensor_parallel_size", "crashed / runs", "files"]]
     cmds = [
-        ("Minimal reproducer (vLLM 0.22.1 only; written, not yet run on a GPU)", "python scripts/repro_min.py"),
+        ("Minimal reproducer (vLLM 0.22.1 only; its first GPU run crashed before printing a verdict, see "
+         "data/gpu/2026-11-30_h200_repro-min-first)", "python scripts/repro_min.py"),
         ("Reproduce (GPU host, after scripts/gpu/setup.sh)", "python -m dflash_lab run matrices/repro-tp1.yaml --out data/runs/NEW.jsonl"),
         ("The step probe and the core dumps", "matrices/root-probe-tp1.yaml; matrices/root-coredump-tp1.yaml"),
         ("Fix verification", "matrices/verify-fix-a-tp1.yaml, -b-, -c- (one GPU session)"),

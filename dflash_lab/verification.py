@@ -1,0 +1,156 @@
+"""The fix's GPU verification, read from ``data/``: the tables notebook 04 and the findings page show.
+
+A fix claim (the project's standard) needs, in one GPU session: a stock control that crashes; the
+fix at concurrency 32 (>= 10 runs) and 16 and 64 (>= 3 each), all completing; the step probe with
+the fix showing FULL-graph outputs equal to the no-graph reference; throughput not below PIECEWISE.
+Each function here answers one of those from the recorded lines and probe logs, per GPU session
+(the label ``ingest --gpu-session`` wrote; lines of unlabelled sessions are never paired).
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import analysis, divergence
+
+FULL = "FULL_AND_PIECEWISE"
+
+
+def is_fix2(r) -> bool:
+    return (analysis.fix_label(dict(r)) or "").startswith("fix 2")
+
+
+def _natural(df):
+    """Runs that measure the engine, not an instrument: no step probe, no raising canaries."""
+    return df[(df["probe"] != True) & (df["canary"] != True)]
+
+
+def stock_controls(df):
+    """Natural stock DFlash runs with FULL_AND_PIECEWISE graphs (the crash configuration)."""
+    d = _natural(df)
+    return d[(d["fix"] != True) & (d["spec_method"] == "dflash") & (d["cudagraph_mode"] == FULL)
+             & (d["enforce_eager"] != True)]
+
+
+def sessions_with_fix2(df) -> list[str]:
+    s = df[[is_fix2(r) for _, r in df.iterrows()]]["gpu_session"].dropna()
+    return sorted(set(s))
+
+
+def session_table(df, session: str):
+    """One row per (what, concurrency) in a session: runs, ok, crashed, other outcomes, files."""
+    import pandas as pd
+
+    d = df[df["gpu_session"] == session]
+    rows = []
+
+    def add(what, sel):
+        for c, g in sel.groupby("concurrency"):
+            rows.append({"session": session, "what": what, "concurrency": int(c), "runs": len(g),
+                         "ok": int((g["outcome"] == "ok").sum()), "crashed": int(g["crashed"].sum()),
+                         "other": ", ".join(f"{o} {n}" for o, n in g["outcome"].value_counts().items()
+                                            if o not in ("ok", "crash")) or "-",
+                         "files": ", ".join(sorted(set(g["file"])))})
+
+    add("stock control (FULL_AND_PIECEWISE)", stock_controls(d))
+    nat = _natural(d)
+    add("fix 2 (FULL_AND_PIECEWISE)", nat[[is_fix2(r) for _, r in nat.iterrows()]])
+    pw = nat[(nat["cudagraph_mode"] == "PIECEWISE") & (nat["fix"] != True) & (nat["spec_method"] == "dflash")]
+    add("stock PIECEWISE (workaround)", pw)
+    return pd.DataFrame(rows)
+
+
+def verdict(table) -> dict:
+    """Whether a session's counts meet the fix standard, and the counts behind each condition."""
+    def pick(what, c=None):
+        t = table[table["what"].str.startswith(what)]
+        return t if c is None else t[t["concurrency"] == c]
+
+    stock = pick("stock control")
+    fx = {c: pick("fix 2", c) for c in (16, 32, 64)}
+    n = {c: int(fx[c]["runs"].sum()) for c in fx}
+    bad = {c: int(fx[c]["runs"].sum() - fx[c]["ok"].sum()) for c in fx}
+    return {"stock_crashed": int(stock["crashed"].sum()), "stock_runs": int(stock["runs"].sum()),
+            "fix_runs": n, "fix_not_ok": bad,
+            "meets_counts": int(stock["crashed"].sum()) > 0 and n[32] >= 10 and n[16] >= 3 and n[64] >= 3
+            and sum(bad.values()) == 0}
+
+
+def probe_table(df, pattern: str = divergence.PROBE_GLOB):
+    """Every step-probe log, matched to its run lines: fix or stock, FULL steps, diverging steps,
+    largest output difference, first divergence and first NaN (None when there is none)."""
+    import pandas as pd
+
+    rows = []
+    for path in divergence.probe_files(pattern):
+        p = divergence.load_probe(path)
+        runs = df[(df["file"] == f"{p['session']}.jsonl")
+                  & ((df["engine_id"] + ".a" + df["attempt"].astype(str)) == p["engine"])]
+        full = [s for s in p["steps"] if s["mode"] == "FULL"]
+        diffs = [s.get("diverge", {}).get("outputs", {}).get("hidden", {}).get("max_abs") for s in full]
+        diffs = [x for x in diffs if x is not None]
+        fd, nan = divergence.first_divergence(p), divergence.nan_onset(p)
+        rows.append({
+            "session": p["session"], "engine": p["engine"],
+            "fix": (analysis.fix_label(dict(runs.iloc[0])) or "stock") if len(runs) else "unmatched",
+            "gpu_session": runs["gpu_session"].iloc[0] if len(runs) else None,
+            "concurrencies": ", ".join(str(int(c)) for c in sorted(runs["concurrency"])) if len(runs) else "",
+            "runs ok / runs": f"{int((runs['outcome'] == 'ok').sum())}/{len(runs)}",
+            "steps": len(p["steps"]), "FULL steps": len(full),
+            "max requests in a FULL step": max((s.get("num_reqs") or 0 for s in full), default=0),
+            "FULL steps diverging": sum(bool(s.get("diverge", {}).get("diverged")) for s in full),
+            "max |output diff|": max(diffs) if diffs else None,
+            "first diverging step": fd["step"] if fd else None,
+            "layers written identically before it": fd["layers_written_identically_before"] if fd else None,
+            "last layer written identically": divergence.short(fd["last_layer_before"]) if fd and fd["last_layer_before"] else None,
+            "first layer written differently": divergence.short(fd["first_layer_written_differently"]) if fd else None,
+            "first NaN step": nan["step"] if nan else None,
+            "NaN rows graph / reference": f"{nan['rows_nonfinite_graph']} / {nan['rows_nonfinite_reference']} "
+                                          f"({nan['num_reqs']} req, {nan['num_tokens']} tokens)" if nan else None,
+            "violations": sum(s.get("n_violations", 0) for s in p["steps"]),
+        })
+    return pd.DataFrame(rows)
+
+
+CANARY_RE = re.compile(r"canary: step (\d+), ([\w.]+), row (\S+), value (\S+?)(?:,|\s|$)")
+
+
+def canary_table(df):
+    """Runs with the canaries raising: the first violation they named (step, field, row, value)."""
+    import pandas as pd
+
+    rows = []
+    for _, r in df[df["canary"] == True].iterrows():
+        m = CANARY_RE.search(r["error"] or "")
+        grp = re.search(r"KV-cache group (\d+)", r["error"] or "")
+        rows.append({"run": r["run_id"], "fix": analysis.fix_label(dict(r)) or "stock", "concurrency": r["concurrency"],
+                     "outcome": r["outcome"], "step": int(m.group(1)) if m else None,
+                     "field": m.group(2) if m else None, "row": m.group(3) if m else None,
+                     "value": m.group(4) if m else None, "group": int(grp.group(1)) if grp else None,
+                     "error": r["error"], "gpu_session": r["gpu_session"], "file": r["file"]})
+    return pd.DataFrame(rows)
+
+
+def warm_runs(df):
+    """Natural runs that completed, minus the first run of each engine start (it pays for warm-up:
+    lazy compilation, allocator growth). Throughput ratios use these only."""
+    d = _natural(df)
+    d = d[d["outcome"] == "ok"].copy()
+    d["_order"] = range(len(d))
+    first = d.groupby(["file", "engine_id", "attempt"])["_order"].transform("min")
+    return d[d["_order"] != first].drop(columns="_order")
+
+
+def throughput_table(df, session: str, concurrency: int = 32):
+    """Output tokens/s per mode in one session at one concurrency (warm runs): median, min, max, n."""
+    import pandas as pd
+
+    w = warm_runs(df[(df["gpu_session"] == session) & (df["concurrency"] == concurrency)])
+    rows = []
+    for label, sel in (("fix 2, FULL_AND_PIECEWISE", w[[is_fix2(r) for _, r in w.iterrows()]]),
+                       ("stock, PIECEWISE", w[(w["fix"] != True) & (w["cudagraph_mode"] == "PIECEWISE")])):
+        x = sel["output_tok_s"].dropna()
+        rows.append({"mode": label, "concurrency": concurrency, "warm runs": len(x),
+                     "median tok/s": float(x.median()) if len(x) else None,
+                     "min": float(x.min()) if len(x) else None, "max": float(x.max()) if len(x) else None})
+    return pd.DataFrame(rows)

@@ -1,0 +1,71 @@
+"""The fix-verification tables, on the recorded GPU data and on small hand-made frames."""
+
+import pandas as pd
+import pytest
+
+from dflash_lab import analysis, verification as V
+
+SESSION = "2026-11-30-s14"
+
+
+@pytest.fixture(scope="module")
+def df():
+    return analysis.load_runs()
+
+
+def test_session_counts_and_verdict(df):
+    t = V.session_table(df, SESSION)
+    v = V.verdict(t)
+    assert v["stock_crashed"] >= 1 and v["fix_runs"] == {16: 3, 32: 10, 64: 3} and v["meets_counts"]
+    # the canary run and the probe runs are instruments, not controls or fix runs
+    assert t[t["what"].str.startswith("stock control")]["runs"].sum() == 1
+
+
+def test_verdict_fails_without_a_crashing_control():
+    t = pd.DataFrame([{"what": "stock control (FULL_AND_PIECEWISE)", "concurrency": 32, "runs": 3, "ok": 3, "crashed": 0},
+                      *({"what": "fix 2 (FULL_AND_PIECEWISE)", "concurrency": c, "runs": n, "ok": n, "crashed": 0}
+                        for c, n in ((16, 3), (32, 10), (64, 3)))])
+    assert not V.verdict(t)["meets_counts"]
+    t.loc[0, ["ok", "crashed"]] = [0, 3]
+    assert V.verdict(t)["meets_counts"]
+    t.loc[2, ["ok", "crashed"]] = [9, 1]
+    assert not V.verdict(t)["meets_counts"]
+
+
+def test_probe_table_stock_vs_fix(df):
+    pt = V.probe_table(df).set_index("engine")
+    stock, fix = pt.loc["stock-probe.a1"], pt.loc["fix2-probe.a1"]
+    assert stock["fix"] == "stock" and stock["FULL steps diverging"] == stock["FULL steps"] > 0
+    assert stock["first layer written differently"] == "L8 gdn" and stock["last layer written identically"] == "L7 attn"
+    assert fix["fix"].startswith("fix 2") and fix["FULL steps"] > 800 and fix["FULL steps diverging"] == 0
+    assert fix["max |output diff|"] == 0.0 and fix["concurrencies"] == "2, 16, 32"
+
+
+def test_canary_table_names_group_7(df):
+    c = V.canary_table(df)
+    row = c[c["fix"] == "stock"].iloc[0]
+    assert (row["field"], row["group"], row["step"], row["concurrency"]) == ("attn.scheduler_metadata", 7, 2, 2)
+
+
+def test_canary_regex_reads_the_longer_message():
+    m = V.CANARY_RE.search("CanaryError: dflash-lab canary: step 5, attn.scheduler_metadata, row 3, value 0, "
+                           "expected 7, 12 entries differ (KV-cache group 7's ...)")
+    assert m.groups() == ("5", "attn.scheduler_metadata", "3", "0")
+
+
+def test_warm_runs_drop_the_first_run_of_each_engine_start(df):
+    w = V.warm_runs(df[df["gpu_session"] == SESSION])
+    fix32 = w[(w["concurrency"] == 32).to_numpy() & [V.is_fix2(r) for _, r in w.iterrows()]]
+    assert len(fix32) == 9 and "fix2-b/c32/r0" not in set(fix32["run_id"])
+    tp = V.throughput_table(df, SESSION).set_index("mode")
+    assert tp.loc["stock, PIECEWISE", "warm runs"] == 1
+
+
+def test_deadline_cut_runs_are_not_counted_as_runs():
+    base = {"target_name": "t", "tensor_parallel_size": 1, "acceptance": 1.86, "cell": "c", "concurrency": 32,
+            "file": "f", "crashed": False}
+    df = pd.DataFrame([{**base, "outcome": "ok", "error": None},
+                       {**base, "outcome": "timeout", "error": "runner deadline reached during the run"},
+                       {**base, "outcome": "timeout", "error": "run exceeded 240 s"}])
+    row = analysis.crash_table(df).iloc[0]
+    assert (row["runs"], row["cut_by_deadline"], row["timeouts"]) == (2, 1, 1)
