@@ -12,17 +12,20 @@ metadata every step, group "layer 7" reuses it (``update_block_table``). Its FUL
 captured reading *its own* builder's persistent FA3 ``scheduler_metadata``, which nothing
 refreshes after capture.
 
-What it checks, in one engine (``cudagraph_mode=FULL_AND_PIECEWISE``, DFlash k=15, greedy):
-  1. after a generation, the FA3 schedule the reusing group's FULL graphs read vs the schedule
-     the step computed (the first group's buffer): ``stale`` if they differ;
-  2. the same prompts again with the one-function fix applied in the worker (the reused schedule
-     is copied into the group's own buffer): ``fresh`` expected;
-  3. unless ``--no-reference``: a second engine with ``cudagraph_mode=PIECEWISE`` (never replays
-     a FULL graph) as the reference; greedy tokens and their log-probabilities of stock FULL and
-     fixed FULL are compared with it.
+Each engine runs in its own child process (a crashing engine cannot take the others with it),
+one after the other, DFlash k=15, greedy, the same prompts:
+  1. ``stock``: ``cudagraph_mode=FULL_AND_PIECEWISE``. A synchronous check in the worker compares,
+     at every ``update_block_table`` call, the schedule the reusing group's FULL graphs read (its
+     builder's buffer) with the step's schedule, and appends the first mismatches to a file at
+     once, so they survive a crash of the engine;
+  2. ``fixed``: the same engine with the one-function fix applied in the worker before the first
+     request (the reused schedule is copied into the group's own buffer), same check;
+  3. ``reference`` (unless ``--no-reference``): ``cudagraph_mode=PIECEWISE`` (never replays a FULL
+     graph); greedy tokens and log-probabilities of stock and fixed are compared with it.
 
 Last line: a one-line verdict, e.g.
-  ``REPRODUCED: group of layer 7 replays a stale FA3 schedule (stock: 30 entries differ); ...``
+  ``REPRODUCED: stock: group 7's FULL graphs read a stale FA3 schedule (first at call 1, 30 entries
+  differ), then the engine crashed (CUDA error: an illegal memory access ...); fixed: ...``
 Exit 0 when the bug reproduced and the fix removed it, 1 otherwise, 2 on a setup error.
 """
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -73,58 +77,86 @@ def write_models(root: str) -> tuple[str, str]:
     return tdir, ddir
 
 
-# ---- run inside the worker process (collective_rpc): no closure over outer state
+# ---- run inside the engine's worker process (collective_rpc; cloudpickled, no outer state)
 
-def _schedules(worker):
-    """Per FlashAttention group: its layers, spec and the persistent FA3 schedule its FULL graphs read."""
-    out = []
-    runner = worker.model_runner
-    for gid, ags in enumerate(runner.attn_groups):
-        for ag in ags:
-            b = ag.get_metadata_builder(0)
-            buf = getattr(b, "scheduler_metadata", None)
-            if buf is None or not getattr(b, "use_full_cuda_graph", False):
-                continue
-            out.append({"gid": gid, "layers": list(ag.layer_names), "spec": repr(ag.kv_cache_spec),
-                        "schedule": buf.cpu().tolist()})
-    return out
+def _install(worker, fix: bool, checks_path: str):
+    """Optionally apply the fix, then wrap update_block_table with the synchronous schedule check."""
+    import json as _json
 
-
-def _apply_fix(worker):
-    """The fix: FULL graphs of a group that reuses another group's metadata read the current schedule."""
+    import torch
     from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder as B
 
-    if getattr(B.update_block_table, "_repro_fix", False):
+    if getattr(B.update_block_table, "_repro_checked", False):
         return True
     stock = B.update_block_table
+    if fix:
+        def fixed(self, metadata, blk_table, slot_mapping):
+            new = stock(self, metadata, blk_table, slot_mapping)
+            own, cur = getattr(self, "scheduler_metadata", None), new.scheduler_metadata
+            if self.use_full_cuda_graph and own is not None and cur is not None and cur.data_ptr() != own.data_ptr():
+                n = cur.shape[0]
+                own[:n].copy_(cur)
+                own[n:].zero_()
+                new.scheduler_metadata = own[:n]
+            return new
+        inner = fixed
+    else:
+        inner = stock
+    counts = {"calls": 0, "stale": 0}
 
-    def update_block_table(self, metadata, blk_table, slot_mapping):
-        new = stock(self, metadata, blk_table, slot_mapping)
-        own, cur = getattr(self, "scheduler_metadata", None), new.scheduler_metadata
-        if self.use_full_cuda_graph and own is not None and cur is not None and cur.data_ptr() != own.data_ptr():
-            n = cur.shape[0]
-            own[:n].copy_(cur)
-            own[n:].zero_()
-            new.scheduler_metadata = own[:n]
+    def checked(self, metadata, blk_table, slot_mapping):
+        new = inner(self, metadata, blk_table, slot_mapping)
+        own, src = getattr(self, "scheduler_metadata", None), getattr(metadata, "scheduler_metadata", None)
+        if self.use_full_cuda_graph and own is not None and src is not None and src.data_ptr() != own.data_ptr():
+            counts["calls"] += 1
+            n = src.shape[0]
+            if not torch.equal(own[:n], src):  # synchronises: the check is exact, at the call
+                counts["stale"] += 1
+                if counts["stale"] <= 5:
+                    d = torch.nonzero(own[:n] != src).flatten()
+                    i = int(d[0])
+                    with open(checks_path, "a") as f:
+                        f.write(_json.dumps({"call": counts["calls"], "entries_differ": int(d.numel()), "of": n,
+                                             "first_index": i, "graph_reads": int(own[i]), "step_has": int(src[i])})
+                                + "\n")
+                        f.flush()
         return new
 
-    update_block_table._repro_fix = True
-    B.update_block_table = update_block_table
+    checked._repro_checked = True
+    checked._counts = counts
+    B.update_block_table = checked
     return True
 
 
-def stale_groups(schedules: list[dict]) -> list[dict]:
-    """Groups whose graph-read schedule differs from the first group of the same spec (which builds)."""
-    first, out = {}, []
-    for s in schedules:
-        if s["spec"] not in first:
-            first[s["spec"]] = s
-            continue
-        ref = first[s["spec"]]["schedule"]
-        diff = [i for i, (a, b) in enumerate(zip(ref, s["schedule"])) if a != b]
-        out.append({"gid": s["gid"], "layers": s["layers"], "reuses_gid": first[s["spec"]]["gid"],
-                    "entries_differ": len(diff), "first_diff": diff[:4]})
+def _counts(worker):
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder as B
+
+    return dict(getattr(B.update_block_table, "_counts", {}))
+
+
+def _groups(worker):
+    """FlashAttention KV-cache groups with full-graph builders: gid and layer names."""
+    out = []
+    for gid, ags in enumerate(worker.model_runner.attn_groups):
+        for ag in ags:
+            b = ag.get_metadata_builder(0)
+            if getattr(b, "scheduler_metadata", None) is not None and getattr(b, "use_full_cuda_graph", False):
+                out.append({"gid": gid, "layers": list(ag.layer_names)})
     return out
+
+
+# ---- child process: one engine
+
+def engine(tdir, ddir, mode, concurrency):
+    from vllm import LLM
+
+    t0 = time.time()
+    llm = LLM(model=tdir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+              max_model_len=4096, max_num_seqs=max(8, concurrency), max_num_batched_tokens=4096,
+              gpu_memory_utilization=0.3, language_model_only=True, gdn_prefill_backend="triton",
+              moe_backend="triton", compilation_config={"cudagraph_mode": mode},
+              speculative_config={"method": "dflash", "model": ddir, "num_speculative_tokens": 15})
+    return llm, round(time.time() - t0, 1)
 
 
 def generate(llm, prompts, tokens):
@@ -137,6 +169,112 @@ def generate(llm, prompts, tokens):
         c = o.outputs[0]
         lps = [next(iter(d.values())).logprob if d else None for d in (c.logprobs or [])]
         res.append({"tokens": list(c.token_ids), "logprobs": lps})
+    return res
+
+
+def prompts_for(concurrency: int) -> list[list[int]]:
+    return [[11 + 7 * i + j for j in range(24 + 5 * i)] for i in range(concurrency)]
+
+
+ROLES = {"stock": ("FULL_AND_PIECEWISE", False), "fixed": ("FULL_AND_PIECEWISE", True), "reference": ("PIECEWISE", False)}
+
+
+def child(role: str, workdir: str, concurrency: int, tokens: int) -> int:
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a function (our check)
+    mode, fix = ROLES[role]
+    tdir, ddir = os.path.join(workdir, "target"), os.path.join(workdir, "draft")
+    checks = os.path.join(workdir, f"{role}.checks.jsonl")
+    res = {"role": role, "mode": mode, "fix": fix}
+    llm, res["startup_s"] = engine(tdir, ddir, mode, concurrency)
+    _write(os.path.join(workdir, f"{role}.started.json"), res)
+    if mode != "PIECEWISE":
+        llm.collective_rpc(_install, args=(fix, checks))
+        res["groups"] = llm.collective_rpc(_groups)[0]
+    t0 = time.time()
+    res["outputs"] = generate(llm, prompts_for(concurrency), tokens)
+    res["generate_s"] = round(time.time() - t0, 1)
+    if mode != "PIECEWISE":
+        res["check_counts"] = llm.collective_rpc(_counts)[0]
+    import torch
+
+    res["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    _write(os.path.join(workdir, f"{role}.json"), res)
+    return 0
+
+
+# ---- parent process: no CUDA; runs the children and judges
+
+def _write(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_checks(path: str) -> list[dict]:
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass  # a line cut by a dying process
+    except OSError:
+        pass
+    return out
+
+
+ERROR_PATTERNS = ("CUDA error: ", "AcceleratorError", "EngineDeadError", "RuntimeError: ", "Error: ")
+
+
+def crash_reason(text: str) -> str | None:
+    """The most specific error line of a child's output (CUDA errors first), or None."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    for pat in ERROR_PATTERNS:
+        hit = [l for l in lines if pat in l]
+        if hit:
+            line = hit[0]
+            return line[line.index(pat):][:200] if pat == "CUDA error: " else line[-200:]
+    return None
+
+
+def child_cmd(role: str, workdir: str, concurrency: int, tokens: int) -> list[str]:
+    return [sys.executable, os.path.abspath(__file__), "--child", role, "--workdir", workdir,
+            "--concurrency", str(concurrency), "--tokens", str(tokens)]
+
+
+def run_role(role: str, workdir: str, concurrency: int, tokens: int, timeout_s: float) -> dict:
+    """Run one engine in a child process; what it wrote survives its crash."""
+    log_path = os.path.join(workdir, f"{role}.log")
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        try:
+            rc = subprocess.run(child_cmd(role, workdir, concurrency, tokens), stdout=log, stderr=subprocess.STDOUT,
+                                timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    with open(log_path, errors="replace") as f:
+        text = f.read()
+    res = _read_json(os.path.join(workdir, f"{role}.json")) or {"role": role}
+    started = _read_json(os.path.join(workdir, f"{role}.started.json"))
+    if started and "startup_s" not in res:
+        res["startup_s"] = started["startup_s"]
+    res["returncode"] = rc
+    res["wall_s"] = round(time.time() - t0, 1)
+    res["completed"] = rc == 0 and "outputs" in res
+    res["error"] = None if res["completed"] else ("timeout" if rc is None else crash_reason(text) or f"exit code {rc}")
+    res["engine_started"] = started is not None
+    res["checks"] = _read_checks(os.path.join(workdir, f"{role}.checks.jsonl"))
+    res["log"] = log_path
     return res
 
 
@@ -154,16 +292,54 @@ def compare(a, b):
     return differ, worst
 
 
-def engine(tdir, ddir, mode, concurrency):
-    from vllm import LLM
+def _reusing_group(res: dict) -> str:
+    g = res.get("groups") or []
+    if len(g) < 2:
+        return "the reusing group"
+    layers = [l.split("layers.")[1].split(".")[0] for l in g[1]["layers"] if "layers." in l]
+    return f"group {g[1]['gid']} (layer{'s' if len(layers) > 1 else ''} {', '.join(layers)})"
 
-    t0 = time.time()
-    llm = LLM(model=tdir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
-              max_model_len=4096, max_num_seqs=max(8, concurrency), max_num_batched_tokens=4096,
-              gpu_memory_utilization=0.3, language_model_only=True, gdn_prefill_backend="triton",
-              moe_backend="triton", compilation_config={"cudagraph_mode": mode},
-              speculative_config={"method": "dflash", "model": ddir, "num_speculative_tokens": 15})
-    return llm, round(time.time() - t0, 1)
+
+def judge(stock: dict, fixed: dict, reference: dict | None, concurrency: int) -> tuple[dict, str]:
+    """The verdict and its one-line text from the three children's results."""
+    stale = stock.get("checks") or []
+    stock_crashed = stock.get("engine_started") and not stock.get("completed")
+    reproduced = bool(stale) or bool(stock_crashed and stock.get("error") and "illegal" in stock["error"].lower())
+    fixed_stale = fixed.get("checks") or []
+    cmp = {}
+    if reference and reference.get("completed"):
+        for name, r in (("stock", stock), ("fixed", fixed)):
+            if r.get("completed"):
+                cmp[name] = compare(r["outputs"], reference["outputs"])
+    fixed_ok = fixed.get("completed") and not fixed_stale and cmp.get("fixed", (0, 0.0))[0] == 0
+    v = {"reproduced": reproduced, "fix_removes_it": bool(fixed_ok), "stock_stale_checks": len(stale),
+         "stock_crashed": bool(stock_crashed), "fixed_stale_checks": len(fixed_stale),
+         "reference_compared": bool(cmp), "vs_reference": cmp}
+    grp = _reusing_group(stock if stock.get("groups") else fixed)
+    if stale:
+        s = (f"stock: {grp}'s FULL graphs read a stale FA3 schedule (first at call {stale[0]['call']}, "
+             f"{stale[0]['entries_differ']} of {stale[0]['of']} entries differ)")
+    else:
+        s = f"stock: no stale schedule seen ({(stock.get('check_counts') or {}).get('calls', 0)} checked calls)"
+    if not stock.get("engine_started"):
+        s += f"; the engine did not start ({stock.get('error')})"
+    elif stock_crashed:
+        s += f", then the engine crashed ({stock.get('error')})"
+    elif "stock" in cmp:
+        s += f"; {cmp['stock'][0]}/{concurrency} requests differ from the PIECEWISE reference (max |dlogprob| {cmp['stock'][1]:.3g})"
+    if fixed.get("completed"):
+        n = (fixed.get("check_counts") or {}).get("calls", 0)
+        f = (f"fixed: {'schedule current at all' if not fixed_stale else f'{len(fixed_stale)} stale of'} {n} checked calls, "
+             "completed")
+        if "fixed" in cmp:
+            f += f", {concurrency - cmp['fixed'][0]}/{concurrency} requests identical to the PIECEWISE reference (max |dlogprob| {cmp['fixed'][1]:.3g})"
+    else:
+        f = f"fixed: did not complete ({fixed.get('error')})"
+    ref = "" if reference is None else ("; reference: " + ("completed" if reference.get("completed") else f"did not complete ({reference.get('error')})"))
+    ups = [f"{r['role']} {r['startup_s']} s" for r in (stock, fixed, reference) if r and r.get("startup_s") is not None]
+    line = (("REPRODUCED" if reproduced else "NOT REPRODUCED") + ": " + s + "; " + f + ref
+            + ("; start-up " + ", ".join(ups) if ups else ""))
+    return v, line
 
 
 def main(argv=None) -> int:
@@ -172,7 +348,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--no-reference", action="store_true", help="skip the PIECEWISE reference engine")
     ap.add_argument("--json", help="write the detailed result here")
+    ap.add_argument("--timeout-s", type=float, default=420, help="per engine (start-up included)")
     ap.add_argument("--write-configs-only", metavar="DIR", help="write the two config.json files and stop")
+    ap.add_argument("--child", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.concurrency < 2 or a.tokens < 2:
         print("repro_min: --concurrency and --tokens must be >= 2", file=sys.stderr)
@@ -180,56 +359,38 @@ def main(argv=None) -> int:
     if a.write_configs_only:
         print(json.dumps(write_models(a.write_configs_only)))
         return 0
-    try:
-        import vllm
-    except ImportError as e:
-        print(f"repro_min: vLLM is not importable ({e})", file=sys.stderr)
+    if a.child:
+        return child(a.child, a.workdir, a.concurrency, a.tokens)
+    if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
+        print(f"repro_min: --json {a.json}: its folder does not exist", file=sys.stderr)
         return 2
-    if vllm.__version__ != "0.22.1":
-        print(f"repro_min: written for vLLM 0.22.1, this is {vllm.__version__}", file=sys.stderr)
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        have = version("vllm")
+    except PackageNotFoundError:
+        print("repro_min: vLLM is not installed", file=sys.stderr)
+        return 2
+    if have != "0.22.1":
+        print(f"repro_min: written for vLLM 0.22.1, this is {have}", file=sys.stderr)
         return 2
     root = tempfile.mkdtemp(prefix="repro-min-")
-    tdir, ddir = write_models(root)
-    prompts = [[11 + 7 * i + j for j in range(24 + 5 * i)] for i in range(a.concurrency)]
-    res = {"vllm": vllm.__version__, "concurrency": a.concurrency, "tokens": a.tokens}
-
-    llm, res["startup_full_s"] = engine(tdir, ddir, "FULL_AND_PIECEWISE", a.concurrency)
-    res["stock"] = generate(llm, prompts, a.tokens)
-    res["stale_stock"] = stale_groups(llm.collective_rpc(_schedules)[0])
-    llm.collective_rpc(_apply_fix)
-    res["fixed"] = generate(llm, prompts, a.tokens)
-    res["stale_fixed"] = stale_groups(llm.collective_rpc(_schedules)[0])
-    del llm
-    import gc
-
-    gc.collect()
-    if not a.no_reference:
-        ref, res["startup_piecewise_s"] = engine(tdir, ddir, "PIECEWISE", a.concurrency)
-        res["reference"] = generate(ref, prompts, a.tokens)
-        res["stock_vs_reference"] = compare(res["stock"], res["reference"])
-        res["fixed_vs_reference"] = compare(res["fixed"], res["reference"])
-    stale = [s for s in res["stale_stock"] if s["entries_differ"]]
-    still = [s for s in res["stale_fixed"] if s["entries_differ"]]
-    reproduced = bool(stale)
-    fixed = not still and ("fixed_vs_reference" not in res or res["fixed_vs_reference"][0] == 0)
-    res["verdict"] = {"reproduced": reproduced, "fix_removes_it": fixed}
+    write_models(root)
+    t0 = time.time()
+    res = {"vllm": have, "concurrency": a.concurrency, "tokens": a.tokens, "workdir": root,
+           "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    for role in ("stock", "fixed") + (() if a.no_reference else ("reference",)):
+        res[role] = run_role(role, root, a.concurrency, a.tokens, a.timeout_s)
+        print(f"repro_min: {role}: " + ("completed" if res[role]["completed"] else f"failed ({res[role]['error']})")
+              + f" in {res[role]['wall_s']} s", file=sys.stderr, flush=True)
+    res["verdict"], line = judge(res["stock"], res["fixed"], res.get("reference"), a.concurrency)
+    res["verdict_line"] = line
+    res["wall_s"] = round(time.time() - t0, 1)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f)
-    groups = ", ".join(f"group {s['gid']} (layers {[l.split('layers.')[1].split('.')[0] for l in s['layers']]}) "
-                       f"{s['entries_differ']} entries" for s in stale) or "none"
-    line = (("REPRODUCED" if reproduced else "NOT REPRODUCED")
-            + f": FULL graphs replaying a stale FA3 schedule: stock {groups}; with the fix "
-            + (f"{len(still)} group(s)" if still else "none"))
-    if "stock_vs_reference" in res:
-        sd, sw = res["stock_vs_reference"]
-        fd, fw = res["fixed_vs_reference"]
-        line += (f"; greedy vs PIECEWISE reference: stock {sd}/{a.concurrency} requests differ "
-                 f"(max |dlogprob| {sw:.3g}), fixed {fd}/{a.concurrency} (max {fw:.3g})")
-    line += f"; start-up {res['startup_full_s']} s" + (
-        f" + {res['startup_piecewise_s']} s" if "startup_piecewise_s" in res else "")
+        _write(a.json, res)
     print(line, flush=True)
-    return 0 if reproduced and fixed else 1
+    return 0 if res["verdict"]["reproduced"] and res["verdict"]["fix_removes_it"] else 1
 
 
 if __name__ == "__main__":

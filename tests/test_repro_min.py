@@ -26,3 +26,84 @@ def test_repro_refuses_bad_arguments(root):
     r = subprocess.run([sys.executable, str(root / "scripts" / "repro_min.py"), "--concurrency", "1"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "must be >= 2" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _load(root):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("repro_min", root / "scripts" / "repro_min.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_crash_reason_on_the_recorded_gpu_log(root):
+    rm = _load(root)
+    text = (root / "data" / "gpu" / "2026-11-30_h200_repro-min-first" / "repro_min.log").read_text(errors="replace")
+    assert rm.crash_reason(text) == "CUDA error: an illegal memory access was encountered"
+    assert rm.crash_reason("all good\n") is None
+
+
+# Fake children: real subprocesses that behave like the engines did (or should), so the parent's
+# handling of a crashing child, of partial files and of the verdict is exercised for real.
+OUT = [{"tokens": [5, 6, 7], "logprobs": [-0.1, -0.2, -0.3]}, {"tokens": [8, 9, 1], "logprobs": [-0.5, -0.1, -0.2]}]
+STOCK_CRASH = f"""
+import json, os, sys
+w = sys.argv[1]
+json.dump({{"startup_s": 12.5}}, open(os.path.join(w, "stock.started.json"), "w"))
+open(os.path.join(w, "stock.checks.jsonl"), "a").write(json.dumps({{"call": 1, "entries_differ": 30, "of": 33,
+    "first_index": 1, "graph_reads": 0, "step_has": 4}}) + "\\n" + '{{"call": 2, "entr')
+print("(EngineCore pid=1) ERROR torch.AcceleratorError: CUDA error: an illegal memory access was encountered")
+sys.exit(1)
+"""
+
+
+def _done(role, stale=0, out=OUT):
+    return f"""
+import json, os, sys
+w = sys.argv[1]
+json.dump({{"startup_s": 10.0}}, open(os.path.join(w, "{role}.started.json"), "w"))
+if {stale}:
+    open(os.path.join(w, "{role}.checks.jsonl"), "a").write(json.dumps({{"call": 3, "entries_differ": 2, "of": 33,
+        "first_index": 5, "graph_reads": 1, "step_has": 2}}) + "\\n")
+json.dump({{"role": "{role}", "startup_s": 10.0, "outputs": {out!r}, "check_counts": {{"calls": 40, "stale": {stale}}},
+           "groups": [{{"gid": 2, "layers": ["language_model.model.layers.3.self_attn.attn"]}},
+                      {{"gid": 3, "layers": ["language_model.model.layers.7.self_attn.attn"]}}]}},
+          open(os.path.join(w, "{role}.json"), "w"))
+"""
+
+
+def _run(rm, tmp_path, monkeypatch, scripts):
+    monkeypatch.setattr(rm, "child_cmd", lambda role, w, c, t: [sys.executable, "-c", scripts[role], w])
+    return {role: rm.run_role(role, str(tmp_path), 2, 3, 60) for role in scripts}
+
+
+def test_a_crashing_stock_child_still_gives_a_verdict(root, tmp_path, monkeypatch):
+    rm = _load(root)
+    r = _run(rm, tmp_path, monkeypatch, {"stock": STOCK_CRASH, "fixed": _done("fixed"), "reference": _done("reference")})
+    assert not r["stock"]["completed"] and r["stock"]["engine_started"] and r["stock"]["startup_s"] == 12.5
+    assert r["stock"]["error"] == "CUDA error: an illegal memory access was encountered"
+    assert len(r["stock"]["checks"]) == 1  # the line cut by the dying process is dropped
+    v, line = rm.judge(r["stock"], r["fixed"], r["reference"], 2)
+    assert v["reproduced"] and v["stock_crashed"] and v["fix_removes_it"]
+    assert line.startswith("REPRODUCED: stock: group 3 (layer 7)'s FULL graphs read a stale FA3 schedule (first at call 1")
+    assert "then the engine crashed (CUDA error: an illegal memory access" in line
+    assert "fixed: schedule current at all 40 checked calls, completed, 2/2 requests identical" in line
+
+
+def test_the_fix_is_not_credited_when_its_check_or_outputs_disagree(root, tmp_path, monkeypatch):
+    rm = _load(root)
+    other = [dict(OUT[0]), {"tokens": [8, 9, 2], "logprobs": [-0.5, -0.1, -0.9]}]
+    r = _run(rm, tmp_path, monkeypatch, {"stock": STOCK_CRASH, "fixed": _done("fixed", stale=1), "reference": _done("reference")})
+    assert not rm.judge(r["stock"], r["fixed"], r["reference"], 2)[0]["fix_removes_it"]
+    (tmp_path / "b").mkdir()
+    r2 = _run(rm, tmp_path / "b", monkeypatch, {"fixed": _done("fixed", out=other), "reference": _done("reference")})
+    v, line = rm.judge(r["stock"], r2["fixed"], r2["reference"], 2)
+    assert not v["fix_removes_it"] and "1/2 requests identical" in line
+
+
+def test_no_stale_schedule_and_no_crash_is_not_reproduced(root, tmp_path, monkeypatch):
+    rm = _load(root)
+    r = _run(rm, tmp_path, monkeypatch, {"stock": _done("stock"), "fixed": _done("fixed")})
+    v, line = rm.judge(r["stock"], r["fixed"], None, 2)
+    assert not v["reproduced"] and line.startswith("NOT REPRODUCED: stock: no stale schedule seen (40 checked calls)")
