@@ -10,16 +10,18 @@ was in flight from the last ``run_start``.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
 import urllib.request
+
+from . import servebench
+
 
 class Events:
     def __init__(self, path):
@@ -241,31 +243,43 @@ def server_cli(kw: dict, port: int, name: str) -> list[str]:
     return args
 
 
-def _request(url, body, stream, timeout):
-    hdr = {"Authorization": "Bearer sk-local", "Content-Type": "application/json"}
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=hdr)
-    t0 = time.time()
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            if not stream:
-                data = json.loads(r.read())
-                return {"status": r.status, "latency": time.time() - t0,
-                        "tokens": data.get("usage", {}).get("completion_tokens", 0), "ttft": None}
-            ttft, ntok = None, 0
-            for raw in r:
-                line = raw.decode().strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content") and ttft is None:
-                    ttft = time.time() - t0
-                if chunk.get("usage"):
-                    ntok = chunk["usage"].get("completion_tokens", ntok)
-            return {"status": r.status, "latency": time.time() - t0, "tokens": ntok, "ttft": ttft}
-    except urllib.error.HTTPError as e:
-        return {"status": e.code, "latency": time.time() - t0, "tokens": 0, "ttft": None}
-    except (OSError, ValueError) as e:
-        return {"status": 0, "latency": time.time() - t0, "tokens": 0, "ttft": None, "error": str(e)}
+def serve_run(base: str, name: str, prompt: str, run: dict, alive, scrape, hook_dir=None,
+              timeout: float = 300.0) -> dict:
+    """One server-mode run: ``run["concurrency"]`` concurrent chat requests, measured by
+    :mod:`dflash_lab.servebench`; returns the ``run_end`` fields, ``outcome`` included.
+
+    ``alive()`` says whether the server process still runs; ``scrape()`` reads its spec-decode
+    counters. Outcome: ``ok`` when every request completed (status 200, a full stream, no
+    in-stream error) and the server is alive, else ``crash``. ``serve_metrics`` holds the
+    run's metrics under ``vllm bench serve``'s names, ``request_errors`` how requests failed.
+    """
+    before = scrape()
+    body = {"model": name, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": run["max_tokens"], "temperature": run["temperature"],
+            "stream": run["stream"], "ignore_eos": run["ignore_eos"]}
+    if run["stream"]:
+        body["stream_options"] = {"include_usage": True}
+    n = run["concurrency"]
+    results, wall = servebench.run_requests(base + "/v1/chat/completions", body, n, n, timeout=timeout)
+    dead = not alive()
+    after = scrape() if not dead else before
+    ok = [r for r in results if r.success]
+    ntok = sum(servebench.output_len(r) for r in ok)
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    tpot = [(r.latency - r.ttft) / (servebench.output_len(r) - 1) for r in ok
+            if r.ttft is not None and servebench.output_len(r) > 1]
+    outcome = "ok" if len(ok) == n and not dead else "crash"
+    return dict(outcome=outcome, requests_completed=len(ok), requests_failed=n - len(ok),
+                http_statuses=[r.status if r.status is not None else 0 for r in results],
+                output_tokens=ntok, wall_s=round(wall, 3),
+                output_tok_s=round(ntok / wall, 1) if wall else None,
+                request_throughput=round(len(ok) / wall, 3) if wall else None,
+                ttft_p50_s=pct(ttft, 50), ttft_p99_s=pct(ttft, 99),
+                tpot_p50_s=pct(tpot, 50), tpot_p99_s=pct(tpot, 99),
+                serve_metrics=servebench.calculate_metrics(results, wall),
+                request_errors=servebench.summarize_failures(results),
+                spec_decode_metrics=spec_delta(before, after), hook=hook_stats(hook_dir),
+                server_alive=not dead)
 
 
 def run_server(spec, paths, events):
@@ -303,48 +317,16 @@ def run_server(spec, paths, events):
         try:
             with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
                 return spec_metrics_from_prometheus(r.read().decode())
-        except OSError:
+        except (OSError, http.client.HTTPException, ValueError):  # a server dying mid-answer too
             return {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": None}
 
     try:
         for run in spec["runs"]:
             events.emit(event="run_start", run=run["id"])
-            before = scrape()
-            body = {"model": name, "messages": [{"role": "user", "content": spec["prompt"]}],
-                    "max_tokens": run["max_tokens"], "temperature": run["temperature"],
-                    "stream": run["stream"], "ignore_eos": run["ignore_eos"]}
-            if run["stream"]:
-                body["stream_options"] = {"include_usage": True}
-            results = [None] * run["concurrency"]
-
-            def one(i):
-                results[i] = _request(base + "/v1/chat/completions", body, run["stream"], 300)
-
-            t1 = time.time()
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(run["concurrency"])]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            wall = time.time() - t1
-            ok = [r for r in results if r and r["status"] == 200]
-            statuses = [r["status"] if r else None for r in results]
-            dead = proc.poll() is not None
-            after = scrape() if not dead else before
-            ntok = sum(r["tokens"] for r in ok)
-            tpot = [(r["latency"] - r["ttft"]) / (r["tokens"] - 1) for r in ok
-                    if r["ttft"] is not None and r["tokens"] > 1]
-            ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
-            outcome = "ok" if len(ok) == run["concurrency"] and not dead else "crash"
-            events.emit(event="run_end", run=run["id"], outcome=outcome, requests_completed=len(ok),
-                        requests_failed=run["concurrency"] - len(ok), http_statuses=statuses,
-                        output_tokens=ntok, wall_s=round(wall, 3),
-                        output_tok_s=round(ntok / wall, 1) if wall else None,
-                        request_throughput=round(len(ok) / wall, 3) if wall else None,
-                        ttft_p50_s=pct(ttft, 50), ttft_p99_s=pct(ttft, 99),
-                        tpot_p50_s=pct(tpot, 50), tpot_p99_s=pct(tpot, 99),
-                        spec_decode_metrics=spec_delta(before, after), hook=hook_stats(spec.get("hook_dir")),
-                        server_alive=not dead)
+            fields = serve_run(base, name, spec["prompt"], run, lambda: proc.poll() is None, scrape,
+                               hook_dir=spec.get("hook_dir"))
+            outcome = fields["outcome"]
+            events.emit(event="run_end", run=run["id"], **fields)
             if outcome == "crash":
                 time.sleep(5)  # let the server write its last log lines
                 if os.environ.get("CUDA_ENABLE_COREDUMP_ON_EXCEPTION") == "1":
