@@ -91,7 +91,7 @@ def _ingest(a) -> int:
     from .ingest import ingest
 
     meta = ingest(a.folder, a.name, data_dir=a.data, matrix=a.matrix, device_command=a.device_command,
-                  gpu_session=a.gpu_session)
+                  gpu_session=a.gpu_session, kind=a.kind)
     print(json.dumps({k: meta[k] for k in ("name", "lines", "outcomes")}))
     return 0
 
@@ -139,6 +139,8 @@ def main(argv=None) -> int:
     p.add_argument("--matrix")
     p.add_argument("--device-command")
     p.add_argument("--gpu-session", help="label of the GPU session (one lease) the lines came from")
+    p.add_argument("--kind", choices=("runs", "bench"), default="runs",
+                   help="bench: server-mode benchmark lines, into data/bench/")
     p.set_defaults(fn=_ingest)
     p = sub.add_parser("models", help="write a target/draft config folder")
     p.add_argument("target")

@@ -6,7 +6,8 @@ FOLDER is what one ``scripts/gpu/session.sh`` call wrote under ``$OUT``: ``runs.
 ``logs.tgz`` (engine logs and launch-hook output), optionally ``gpu_replay.jsonl`` and
 ``capture_sizes.json``. It becomes:
 
-- ``data/runs/NAME.jsonl``: the run lines, byte for byte (every line validated first);
+- ``data/runs/NAME.jsonl`` (``--kind bench``: ``data/bench/NAME.jsonl``, server-mode lines with a
+  GPU session label only): the run lines, byte for byte (every line validated first);
 - ``data/runs/NAME.meta.json``: which matrix and device command produced them, and the GPU
   session (one lease of one host: ratios are only taken between lines of the same session);
 - ``data/gpu/NAME/``: engine logs, the hook's statistics, findings and launch records,
@@ -34,7 +35,7 @@ GZIP_ABOVE = 1 << 20  # bytes: a JSONL log larger than this is stored gzipped
 
 
 def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = None,
-           device_command: str | None = None, gpu_session: str | None = None) -> dict:
+           device_command: str | None = None, gpu_session: str | None = None, kind: str = "runs") -> dict:
     src = Path(folder)
     if not src.is_dir():
         raise LabError(f"{folder}: no such folder")
@@ -42,8 +43,16 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
         raise LabError(f"name {name!r} may hold only letters, digits, '-', '_' and '.'")
     runs_src = src / "runs.jsonl"
     lines = read_lines(runs_src) if runs_src.exists() else []
+    if kind not in ("runs", "bench"):
+        raise LabError(f"kind {kind!r}: must be 'runs' or 'bench'")
+    if kind == "bench":
+        bad = [l.get("run_id") for l in lines if l.get("mode") != "server"]
+        if bad:
+            raise LabError(f"{runs_src}: bench lines must come from server-mode runs; not: {bad[:5]}")
+        if not gpu_session and not all(l.get("gpu_session") for l in lines):
+            raise LabError("bench lines need a GPU session label (--gpu-session): ratios are taken within a session only")
     data = Path(data_dir)
-    runs_dst = data / "runs" / f"{name}.jsonl"
+    runs_dst = data / kind / f"{name}.jsonl"
     gpu_dst = data / "gpu" / name
     for p in (runs_dst, gpu_dst):
         if p.exists():

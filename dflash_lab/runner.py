@@ -190,6 +190,17 @@ def _tail(path: Path, n=40) -> list[str]:
     return lines[-n:]
 
 
+def first_request_error(summary) -> str | None:
+    """'requests failed: <kind> (HTTP <status>): <text>' from a server run's failure summary."""
+    first = (summary or {}).get("first_error") or {}
+    if not first:
+        return None
+    kind, e = next(iter(first.items()))
+    status = f" (HTTP {e['status']})" if e.get("status") is not None else ""
+    text = f": {str(e.get('error'))[:300]}" if e.get("error") else ""
+    return f"requests failed: {summary.get('failed')} x, first {kind}{status}{text}"
+
+
 def crash_signature(log_lines: list[str]) -> str | None:
     for line in log_lines:  # a canary names the first wrong value: it outranks what followed it
         m = re.search(r"CanaryError: [^\n]*", line)
@@ -409,7 +420,8 @@ class Runner:
                         time.sleep(3)
                         fields.update(fault())
                         tail = _tail(log_path)
-                        fields["error"] = crash_signature(tail) or extra.get("error_event") or "requests failed"
+                        fields["error"] = (crash_signature(tail) or extra.get("error_event")
+                                           or first_request_error(fields.get("request_errors")) or "requests failed")
                         fields["log_tail"] = tail
                     self.line(eng, run, done["outcome"], attempt, **extra, **fields)
                     remaining.pop(0)

@@ -97,3 +97,19 @@ def test_corrupt_gzip_log_is_named(tmp_path):
     bad.write_bytes(b"\x1f\x8b not really gzip")
     with pytest.raises(LabError, match="probe-1.jsonl.gz: not a readable gzip"):
         list(json_lines(bad))
+
+
+def test_bench_ingest_needs_server_lines_and_a_session(tmp_path):
+    srv = {"run_id": "a", "outcome": "ok", "mode": "server"}
+    out = make_out(tmp_path, json.dumps(srv) + "\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    with pytest.raises(LabError, match="GPU session label"):
+        ingest(str(out), "b1", data_dir=str(data), kind="bench")
+    ingest(str(out), "b1", data_dir=str(data), kind="bench", gpu_session="S")
+    assert (data / "bench" / "b1.jsonl").exists() and not (data / "runs").exists()
+    out2 = tmp_path / "o2"
+    out2.mkdir()
+    (out2 / "runs.jsonl").write_text(json.dumps({"run_id": "b", "outcome": "ok", "mode": "offline"}) + "\n")
+    with pytest.raises(LabError, match="server-mode"):
+        ingest(str(out2), "b2", data_dir=str(data), kind="bench", gpu_session="S")

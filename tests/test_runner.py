@@ -111,3 +111,12 @@ def test_a_canary_error_is_the_crash_signature():
             "RuntimeError: CUDA error: an illegal memory access was encountered", "EngineDeadError: EngineCore died"]
     assert crash_signature(tail).startswith("CanaryError: dflash-lab canary: step 1, attn.scheduler_metadata")
     assert crash_signature(tail[1:]) == "CUDA error: an illegal memory access was encountered"
+
+
+def test_first_request_error_names_kind_status_and_text():
+    from dflash_lab.runner import first_request_error
+
+    s = {"failed": 3, "by_kind": {"http_error": 3}, "by_status": {"500": 3},
+         "first_error": {"http_error": {"index": 0, "status": 500, "error": '{"error": "EngineDeadError"}'}}}
+    assert first_request_error(s) == 'requests failed: 3 x, first http_error (HTTP 500): {"error": "EngineDeadError"}'
+    assert first_request_error({"failed": 0, "first_error": {}}) is None and first_request_error(None) is None

@@ -1,0 +1,111 @@
+"""dflash_lab.bench on hand-made lines (test inputs, never shown as measurements)."""
+
+import json
+
+import pytest
+
+from dflash_lab import bench, models
+from dflash_lab.errors import LabError
+
+
+def line(run_id, mode, conc, tput, tpot, session="S", outcome="ok", acc=1.86, L=1.8):
+    spec, cg, fix, eager = {"fixed": ("dflash", "FULL_AND_PIECEWISE", True, False),
+                            "stock": ("dflash", "FULL_AND_PIECEWISE", False, False),
+                            "piecewise": ("dflash", "PIECEWISE", False, False),
+                            "eager": ("dflash", None, False, True),
+                            "nospec": ("none", "FULL_AND_PIECEWISE", False, False)}[mode]
+    return {"run_id": run_id, "mode": "server", "spec_method": spec, "num_speculative_tokens": 15,
+            "cudagraph_mode": cg, "enforce_eager": eager, "fix": fix,
+            "fix_parts": ["fa3_schedule_refresh", "dflash_kernel_edits"] if fix else None,
+            "concurrency": conc, "acceptance": acc, "outcome": outcome, "gpu_session": session,
+            "engine_id": mode, "attempt": 1, "round": 0, "target": {"name": "qwen36-35b-a3b"}, "weights": "dummy",
+            "serve_metrics": None if outcome != "ok" else {"output_throughput": tput, "mean_tpot_ms": tpot},
+            "spec_decode_metrics": {"acceptance_length": L} if spec != "none" and outcome == "ok" else None}
+
+
+def write(tmp_path, lines, name="b1"):
+    d = tmp_path / "bench"
+    d.mkdir(exist_ok=True)
+    (d / f"{name}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    return str(d / "*.jsonl")
+
+
+def test_mode_names():
+    assert bench.mode_of(line("a", "fixed", 1, 1, 1)) == "DFlash FULL (fixed)"
+    assert bench.mode_of(line("a", "stock", 1, 1, 1)) == "DFlash FULL (stock)"
+    assert bench.mode_of(line("a", "piecewise", 1, 1, 1)) == "DFlash PIECEWISE"
+    assert bench.mode_of(line("a", "eager", 1, 1, 1)) == "DFlash eager"
+    assert bench.mode_of(line("a", "nospec", 1, 1, 1)) == "no speculation"
+
+
+def test_cells_and_same_session_ratios(tmp_path):
+    lines = [line(f"f{i}", "fixed", 32, t, 10) for i, t in enumerate((100, 110, 120))]
+    lines += [line(f"p{i}", "piecewise", 32, t, 12) for i, t in enumerate((90, 100))]
+    lines += [line("p-other", "piecewise", 32, 10, 50, session="T")]  # another session: never paired
+    lines += [line("s0", "stock", 32, None, None, outcome="crash"), line("s1", "stock", 32, 80, 11)]
+    c = bench.cells(bench.load_bench(write(tmp_path, lines)))
+    fx = c[(c["mode"] == "DFlash FULL (fixed)")].iloc[0]
+    assert fx["runs"] == 3 and fx["output_throughput"] == pytest.approx(110) and fx["output_throughput_std"] == pytest.approx(10)
+    r = bench.speedup(c, "DFlash FULL (fixed)", "DFlash PIECEWISE")
+    assert list(r["gpu_session"]) == ["S"]
+    assert r.iloc[0]["ratio"] == pytest.approx(110 / 95) and r.iloc[0]["low"] == pytest.approx(100 / 100)
+    assert r.iloc[0]["high"] == pytest.approx(120 / 90)
+    s = bench.speedup(c, "DFlash FULL (stock)", "DFlash PIECEWISE").iloc[0]
+    assert s["ratio"] is None and "crashed 1/2" in s["note"]
+
+
+def test_recommend_skips_crashing_modes_and_merges_ranges(tmp_path):
+    lines = []
+    for conc, fixed, pw, stock in ((1, 50, 40, 55), (4, 150, 120, 160), (16, 400, 420, 410), (32, 700, 600, None)):
+        lines += [line(f"f{conc}", "fixed", conc, fixed, 5), line(f"p{conc}", "piecewise", conc, pw, 5)]
+        lines += [line(f"s{conc}", "stock", conc, stock, 5) if stock else line(f"s{conc}", "stock", conc, None, None, outcome="crash")]
+    c = bench.cells(bench.load_bench(write(tmp_path, lines)))
+    rec = bench.recommend(c, 1.86)
+    assert [(r["concurrency"], r["mode"]) for r in rec] == [
+        ("1-4", "DFlash FULL (stock)"), ("16", "DFlash PIECEWISE"), ("32", "DFlash FULL (fixed)")]
+    assert rec[2]["margin over runner-up"] == "1.17-1.17x"
+
+
+def test_recommend_refuses_mixed_sessions_and_load_refuses_unlabelled(tmp_path):
+    c = bench.cells(bench.load_bench(write(tmp_path, [line("a", "fixed", 1, 1, 1, session="S"),
+                                                         line("b", "fixed", 4, 1, 1, session="T")])))
+    with pytest.raises(LabError, match="several GPU sessions"):
+        bench.recommend(c, 1.86)
+    assert bench.recommend(c, 1.86, session="T")[0]["concurrency"] == "4"
+    with pytest.raises(LabError, match="without a GPU session label"):
+        bench.load_bench(write(tmp_path, [line("c", "fixed", 1, 1, 1, session=None)], name="b2"))
+    bad = dict(line("d", "fixed", 1, 1, 1), mode="offline")
+    with pytest.raises(LabError, match="not a server-mode run"):
+        bench.load_bench(write(tmp_path, [bad], name="b3").replace("*.jsonl", "b3.jsonl"))
+
+
+def test_step_model_fit_prediction_and_break_even():
+    spec = bench.fit_step_model([(16 * c, 10 + 0.02 * 16 * c) for c in (1, 4, 16, 32)])
+    base = bench.fit_step_model([(c, 8 + 0.05 * c) for c in (1, 4, 16, 32)])
+    assert spec["a_ms"] == pytest.approx(10) and spec["b_ms_per_token"] == pytest.approx(0.02) and spec["r2"] == pytest.approx(1)
+    # c=1: spec step 10.32 ms for L tokens, plain step 8.05 ms for 1 token
+    assert bench.predict_speedup(spec, base, 3.0, 1, 15) == pytest.approx(3 * 8.05 / 10.32)
+    assert bench.break_even_acceptance(spec, base, 1, 15) == pytest.approx(10.32 / 8.05)
+    with pytest.raises(LabError, match="two or more token counts"):
+        bench.fit_step_model([(16, 10.0), (16, 11.0)])
+
+
+def test_step_time_from_tpot():
+    assert bench.step_time_ms({"mean_tpot_ms": 5.0, "num_speculative_tokens": 15, "acceptance_length": 2.0}) == 10.0
+    assert bench.step_time_ms({"mean_tpot_ms": 5.0, "num_speculative_tokens": 0, "acceptance_length": None}) == 5.0
+    assert bench.step_time_ms({"mean_tpot_ms": None, "num_speculative_tokens": 0}) is None
+
+
+def test_active_params_by_hand_and_the_real_size_floor():
+    t = dict(hidden_size=4, num_hidden_layers=4, full_attention_interval=4, num_attention_heads=2, head_dim=2,
+             attn_output_gate=True, num_key_value_heads=1, linear_num_key_heads=1, linear_key_head_dim=2,
+             linear_num_value_heads=2, linear_value_head_dim=2, linear_conv_kernel_dim=4, moe_intermediate_size=3,
+             num_experts=5, num_experts_per_tok=2, shared_expert_intermediate_size=3, vocab_size=10)
+    p = bench.active_params(t)["parts"]
+    assert p["full attention (x1)"] == 4 * 8 + 2 * 4 * 2 + 4 * 4          # q+gate, k, v, o
+    assert p["Gated DeltaNet (x3)"] == 3 * (4 * 12 + 4 * 4 + 8 * 4 + 4 * 4)  # qkvz, ba, conv, out
+    assert p["MoE, top-2 + shared (x4)"] == 4 * (4 * 5 + 2 * 36 + 36 + 4)  # router, 2 experts, shared, its gate
+    assert p["LM head"] == 40
+    real = bench.active_params(models.QWEN36_TEXT)["total"]
+    assert 2.8e9 < real < 3.1e9  # "about 3B active"
+    assert bench.bandwidth_floor_ms(real) == pytest.approx(real * 2 / 4.8e12 * 1e3) and 1.1 < bench.bandwidth_floor_ms(real) < 1.35
