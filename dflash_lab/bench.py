@@ -134,25 +134,34 @@ def speedup(cells_df, num: str, den: str, metric: str = "output_throughput"):
     return pd.DataFrame(rows)
 
 
-def recommend(cells_df, acceptance, session=None, metric: str = "output_throughput"):
-    """Per concurrency: the mode with the highest mean ``metric`` among modes that never crashed in
-    that cell; consecutive concurrencies with the same choice are merged into one range.
-    Returns rows: concurrency range, mode, margin over the runner-up (ratio of means), runner-up."""
+def recommend(cells_df, acceptance, session=None, metric: str = "output_throughput", allow_crash_prone: bool = False):
+    """Per concurrency: the mode with the highest mean ``metric``; consecutive concurrencies with the
+    same choice are merged into one range.
+
+    A mode that crashed in *any* cell of the slice is crash-prone and left out (unless
+    ``allow_crash_prone``): a user picks one setting for all loads. When the best mode's slowest repeat
+    is not faster than the runner-up's fastest, the two are a tie within the spread and both are named.
+    Returns rows: concurrency range, mode, margin over the runner-up (ratio of means), runner-up,
+    and the crash-prone modes that were left out."""
     c = cells_df[cells_df["acceptance"] == acceptance]
     if session is not None:
         c = c[c["gpu_session"] == session]
     if c["gpu_session"].nunique() > 1:
         raise LabError(f"acceptance {acceptance}: cells from several GPU sessions {sorted(c['gpu_session'].unique())}: "
                        "choose one (ratios are never taken across sessions)")
+    prone = sorted(set(c.loc[c["crashed"] > 0, "mode"])) if not allow_crash_prone else []
     picks = []
     for conc, g in c.groupby("concurrency"):
-        g = g[(g["crashed"] == 0) & (g["ok"] > 0)].sort_values(metric, ascending=False)
+        g = g[(g["crashed"] == 0) & (g["ok"] > 0) & ~g["mode"].isin(prone)].sort_values(metric, ascending=False)
         if g.empty:
             picks.append((conc, None, None, None))
             continue
         best = g.iloc[0]
         second = g.iloc[1] if len(g) > 1 else None
-        picks.append((conc, best["mode"], best[metric] / second[metric] if second is not None else None,
+        label = best["mode"]
+        if second is not None and best[metric + "_min"] <= second[metric + "_max"]:
+            label = " or ".join(sorted((best["mode"], second["mode"]))) + " (tie within the spread)"
+        picks.append((conc, label, best[metric] / second[metric] if second is not None else None,
                       second["mode"] if second is not None else None))
     rows = []
     for conc, mode, margin, second in picks:
@@ -165,6 +174,7 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
         m = [x for x in r.pop("margins") if x is not None]
         r["margin over runner-up"] = f"{min(m):.2f}-{max(m):.2f}x" if m else "-"
         r["concurrency"] = f"{r['from']}" if r["from"] == r["to"] else f"{r['from']}-{r['to']}"
+        r["left out (crashed in this slice)"] = ", ".join(prone) or "-"
     return rows
 
 
@@ -247,3 +257,102 @@ def active_params(text: dict) -> dict:
 def bandwidth_floor_ms(params: float, bytes_per_param: float = 2.0, bandwidth_bytes_s: float = 4.8e12) -> float:
     """Time to stream the weights once from HBM: the floor of a batch-1 decode step."""
     return params * bytes_per_param / bandwidth_bytes_s * 1e3
+
+
+# ----------------------------------------------------------------------------- views for notebooks 05/06
+
+def session_for(cells_df, acceptance, session=None) -> str:
+    """The GPU session whose cells a view of one acceptance uses: ``session`` if given (it must have
+    cells at that acceptance), else the latest label that has any."""
+    have = sorted(set(cells_df.loc[cells_df["acceptance"] == acceptance, "gpu_session"]))
+    if not have:
+        raise LabError(f"no bench cells at acceptance {acceptance}")
+    if session is not None:
+        if session not in have:
+            raise LabError(f"GPU session {session!r} has no cells at acceptance {acceptance} (sessions: {have})")
+        return session
+    return have[-1]
+
+
+def one_session(cells_df, session=None):
+    """Per acceptance, the cells of one session (see :func:`session_for`)."""
+    import pandas as pd
+
+    parts = [cells_df[(cells_df["acceptance"] == a) & (cells_df["gpu_session"] == session_for(cells_df, a, session))]
+             for a in sorted(cells_df["acceptance"].unique())]
+    return pd.concat(parts, ignore_index=True)
+
+
+def plot_vs_concurrency(cells_df, metric: str, modes=None, ylabel: str | None = None):
+    """One panel per acceptance: ``metric`` vs concurrency, a line per mode, bars from the smallest to
+    the largest repeat; cells with a crash are marked with an x and their crashed/runs count."""
+    import matplotlib.pyplot as plt
+
+    accs = sorted(cells_df["acceptance"].unique())
+    modes = [m for m in (modes or MODES) if m in set(cells_df["mode"])]
+    fig, axes = plt.subplots(1, len(accs), figsize=(5.2 * len(accs), 4), squeeze=False, sharey=True)
+    for ax, acc in zip(axes[0], accs):
+        c = cells_df[cells_df["acceptance"] == acc]
+        for m in modes:
+            g = c[c["mode"] == m].sort_values("concurrency")
+            ok = g[g[metric].notna()]
+            if len(ok):
+                lo = ok[metric] - ok[metric + "_min"]
+                hi = ok[metric + "_max"] - ok[metric]
+                ax.errorbar(ok["concurrency"], ok[metric], yerr=[lo, hi], marker="o", ms=4, capsize=3, label=m)
+            for _, r in g[g["crashed"] > 0].iterrows():
+                # at the foot of the panel (x in data, y in axes fraction): a crash has no value to plot
+                ax.plot([r["concurrency"]], [0.04], "x", color="crimson", ms=9, mew=2, transform=ax.get_xaxis_transform())
+                ax.annotate(f"{m}: crash {r['crashed / runs']}", (r["concurrency"], 0.04), fontsize=7, color="crimson",
+                            xycoords=ax.get_xaxis_transform(), xytext=(-4, 6), textcoords="offset points", ha="right")
+        sess = ", ".join(sorted(set(c["gpu_session"])))
+        ax.set(xscale="log", xlabel="concurrency", title=f"acceptance {acc} (session {sess})")
+        ax.set_xticks(sorted(c["concurrency"].unique()), labels=[str(x) for x in sorted(c["concurrency"].unique())])
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel or metric)
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def speedup_grid(cells_df, mode: str = "DFlash FULL (fixed)", base: str = "no speculation"):
+    """acceptance x concurrency table of mode/base output throughput, each acceptance's ratios inside
+    one session (None where either side crashed or was not measured)."""
+    s = speedup(cells_df, mode, base)
+    if s.empty:
+        raise LabError(f"no cells where both {mode!r} and {base!r} were measured in the same session")
+    return s.pivot_table(index="acceptance", columns="concurrency", values="ratio", aggfunc="first", dropna=False)
+
+
+def step_points(cells_df, mode: str) -> list[tuple[float, float, float, int]]:
+    """(tokens per step, step ms, acceptance, concurrency) of every completed cell of ``mode``."""
+    out = []
+    for _, r in cells_df[(cells_df["mode"] == mode) & (cells_df["ok"] > 0)].iterrows():
+        k = 15 if mode.startswith("DFlash") else 0
+        t = step_time_ms({"mean_tpot_ms": r["mean_tpot_ms"], "num_speculative_tokens": k,
+                          "acceptance_length": r["acceptance_length"]})
+        if t is not None:
+            out.append((tokens_per_step(int(r["concurrency"]), k), t, r["acceptance"], int(r["concurrency"])))
+    return out
+
+
+def holdout_check(cells_df, held_acceptance, mode: str = "DFlash FULL (fixed)", base: str = "no speculation",
+                  k: int = 15):
+    """Fit the step-time models without the cells at ``held_acceptance``, predict the speedup there
+    (with the acceptance length measured in those cells), and put it beside the measured ratio."""
+    import pandas as pd
+
+    train = cells_df[cells_df["acceptance"] != held_acceptance]
+    spec_m = fit_step_model([(p[0], p[1]) for p in step_points(train, mode)])
+    base_m = fit_step_model([(p[0], p[1]) for p in step_points(cells_df, base)])
+    meas = speedup(cells_df[cells_df["acceptance"] == held_acceptance], mode, base)
+    held = cells_df[(cells_df["acceptance"] == held_acceptance) & (cells_df["mode"] == mode)].set_index("concurrency")
+    rows = []
+    for _, r in meas.iterrows():
+        c = int(r["concurrency"])
+        L = held.loc[c, "acceptance_length"] if c in held.index else None
+        pred = predict_speedup(spec_m, base_m, L, c, k) if L is not None and L == L else None
+        rows.append({"concurrency": c, "acceptance length (measured)": L, "speedup predicted": pred,
+                     "speedup measured": r["ratio"], "measured range": (r["low"], r["high"]),
+                     "error": (pred / r["ratio"] - 1) if pred is not None and r["ratio"] else None})
+    return {"spec_model": spec_m, "base_model": base_m, "table": pd.DataFrame(rows)}

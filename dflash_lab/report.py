@@ -2,6 +2,10 @@
 
 ``python -m dflash_lab.report [--out reports] [--only 01_buffer_vs_capture] [-p NAME VALUE ...]``
 
+A notebook whose metadata declares the data it needs (``dflash_lab.requires``: a glob such as
+``data/bench/*.jsonl``) is listed as not rendered while nothing matches it (the GPU runs it reads
+have not been recorded yet); named with ``--only``, it runs and fails with its own error.
+
 Each notebook in ``notebooks/`` runs in a fresh kernel with the repository root as working
 directory; the executed copy is rendered to ``reports/<name>.html`` and ``reports/index.html``
 links them. A notebook that fails (a bad parameter, a missing data file) is reported in one
@@ -31,6 +35,15 @@ def notebooks(root: Path, only: list[str] | None = None) -> list[Path]:
         if missing:
             raise SystemExit(f"dflash-lab: error: no notebook named {', '.join(sorted(missing))}")
     return nbs
+
+
+def missing_inputs(nb_path: Path, root: Path) -> str | None:
+    """The data glob a notebook declares it needs (metadata ``dflash_lab.requires``) when nothing
+    matches it yet, else None. Such a notebook is listed in the index as not rendered, with why."""
+    req = json.loads(nb_path.read_text()).get("metadata", {}).get("dflash_lab", {}).get("requires")
+    if req and not list(root.glob(req)):
+        return req
+    return None
 
 
 def title_of(nb_path: Path) -> str:
@@ -79,7 +92,8 @@ def write_index(out_dir: Path, entries: list[tuple[Path, bool, str]]) -> None:
             link = f'<a href="{nb.stem}.html">{name}</a>'
         else:
             link = name
-        status = "" if ok else f' <span style="color:#b00">(failed: {html.escape(info)})</span>'
+        status = "" if ok else (f' <span style="color:#555">({html.escape(info)})</span>' if info.startswith("not rendered")
+                                else f' <span style="color:#b00">(failed: {html.escape(info)})</span>')
         items.append(f"<li>{link} <code>{nb.stem}</code>{status}</li>")
     extra = ""
     if (out_dir / "findings.html").exists():
@@ -114,6 +128,11 @@ def main(argv=None) -> int:
     entries, failed = [], 0
     for nb in notebooks(root, a.only):
         t0 = time.time()
+        missing = missing_inputs(nb, root)
+        if missing and not a.only:  # asked for by name, it runs and fails with its own clear error
+            entries.append((nb, False, f"not rendered: needs {missing}, not recorded yet"))
+            print(f"{nb.stem}: not rendered: its data ({missing}) is not recorded yet", flush=True)
+            continue
         ok, info = run_one(nb, out, params, a.kernel)
         entries.append((nb, ok, info))
         if ok:

@@ -60,10 +60,19 @@ def test_recommend_skips_crashing_modes_and_merges_ranges(tmp_path):
         lines += [line(f"f{conc}", "fixed", conc, fixed, 5), line(f"p{conc}", "piecewise", conc, pw, 5)]
         lines += [line(f"s{conc}", "stock", conc, stock, 5) if stock else line(f"s{conc}", "stock", conc, None, None, outcome="crash")]
     c = bench.cells(bench.load_bench(write(tmp_path, lines)))
-    rec = bench.recommend(c, 1.86)
+    rec = bench.recommend(c, 1.86)  # stock crashed at 32: crash-prone, left out everywhere
     assert [(r["concurrency"], r["mode"]) for r in rec] == [
-        ("1-4", "DFlash FULL (stock)"), ("16", "DFlash PIECEWISE"), ("32", "DFlash FULL (fixed)")]
-    assert rec[2]["margin over runner-up"] == "1.17-1.17x"
+        ("1-4", "DFlash FULL (fixed)"), ("16", "DFlash PIECEWISE"), ("32", "DFlash FULL (fixed)")]
+    assert rec[2]["margin over runner-up"] == "1.17-1.17x" and rec[0]["left out (crashed in this slice)"] == "DFlash FULL (stock)"
+    rec = bench.recommend(c, 1.86, allow_crash_prone=True)
+    assert [(r["concurrency"], r["mode"]) for r in rec][:2] == [("1-4", "DFlash FULL (stock)"), ("16", "DFlash PIECEWISE")]
+
+
+def test_recommend_names_a_tie_within_the_spread(tmp_path):
+    lines = [line(f"f{i}", "fixed", 8, t, 5) for i, t in enumerate((100, 104, 108))]
+    lines += [line(f"p{i}", "piecewise", 8, t, 5) for i, t in enumerate((95, 101, 103))]
+    c = bench.cells(bench.load_bench(write(tmp_path, lines)))
+    assert bench.recommend(c, 1.86)[0]["mode"] == "DFlash FULL (fixed) or DFlash PIECEWISE (tie within the spread)"
 
 
 def test_recommend_refuses_mixed_sessions_and_load_refuses_unlabelled(tmp_path):

@@ -49,3 +49,51 @@ def test_report_command_fails_cleanly_on_a_bad_parameter(tmp_path):
     err = [l for l in r.stderr.splitlines() if l.startswith("dflash-lab: error:")]
     assert len(err) == 1 and "cudagraph_mode" in err[0] and "SIDEWAYS" in err[0]
     assert not (tmp_path / "01_buffer_vs_capture.html").exists()
+
+
+# Notebooks 05/06 read data/bench/, which the GPU benchmark fills; here they run on hand-made lines
+# (tests/bench_fixture.py, sessions labelled 'fixture-*'), figures into a temporary folder.
+def _bench_nb(name, tmp_path, **params):
+    from bench_fixture import write_fixture
+
+    glob_ = write_fixture(tmp_path / "bench")
+    res = tmp_path / "r.json"
+    pm.execute_notebook(str(ROOT / f"notebooks/{name}.ipynb"), str(tmp_path / "o.ipynb"),
+                        parameters={"bench_glob": glob_, "results_json": str(res), "figures_dir": str(tmp_path / "fig"),
+                                    **params}, cwd=str(ROOT), progress_bar=False)
+    return json.loads(res.read_text())
+
+
+def test_notebook05_on_fixture_lines(tmp_path):
+    d = _bench_nb("05_benchmark", tmp_path, acceptances=[1.86, 6.0])
+    assert d["sessions"] == ["fixture-a", "fixture-c"]
+    rec = d["recommendations"]["1.86"]
+    assert rec[0]["mode"] == "DFlash FULL (fixed)" and "DFlash FULL (stock)" in rec[0]["left out (crashed in this slice)"]
+    fx_pw = d["speedups"]["DFlash FULL (fixed) / DFlash PIECEWISE"]
+    assert all(1.0 < r["ratio"] < 1.2 for r in fx_pw)  # the fixture's PIECEWISE is 8% slower
+    assert sorted((tmp_path / "fig").glob("05-*.png"))
+
+
+def test_notebook06_on_fixture_lines(tmp_path):
+    d = _bench_nb("06_tradeoffs", tmp_path, held_out=3.6)
+    assert d["held_out"] == 3.6 and all(abs(r["error"]) < 0.1 for r in d["holdout"])
+    assert 1.1 < d["floor_ms"] < 1.35
+    assert all(1.0 < r["break-even acceptance length"] < 2.0 for r in d["break_even"])
+
+
+def test_notebook05_bad_parameter_is_one_clear_error(tmp_path):
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        _bench_nb("05_benchmark", tmp_path, modes=["DFlash warp speed"])
+    assert e.value.ename == "ParameterError" and "modes=['DFlash warp speed']" in e.value.evalue
+
+
+def test_report_lists_a_notebook_without_its_data_as_not_rendered(tmp_path):
+    from dflash_lab.report import missing_inputs
+
+    nb = tmp_path / "notebooks" / "05_benchmark.ipynb"
+    nb.parent.mkdir()
+    nb.write_text((ROOT / "notebooks" / "05_benchmark.ipynb").read_text())
+    assert missing_inputs(nb, tmp_path) == "data/bench/*.jsonl"
+    (tmp_path / "data" / "bench").mkdir(parents=True)
+    (tmp_path / "data" / "bench" / "s.jsonl").write_text("{}\n")
+    assert missing_inputs(nb, tmp_path) is None
