@@ -1,5 +1,6 @@
 #!/bin/bash
-# GPU host: one full session step. usage: session.sh MATRIX DEADLINE_S [quick]
+# GPU host: one full session step. usage: [DFLASH_LAB_GPU_SESSION=LABEL] session.sh MATRIX DEADLINE_S [quick]
+#   DFLASH_LAB_GPU_SESSION labels every line with the GPU session (one lease): ratios pair lines of one session.
 #   quick: also record vLLM's capture sizes and replay the synthetic launch records compiled on the GPU.
 # DEADLINE_S counts from the start of this script (setup included).
 # Everything that matters is written under $OUT as it is produced.

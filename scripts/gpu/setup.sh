@@ -4,7 +4,9 @@
 set -euo pipefail
 if [ ! -f /tmp/vllm-site/.dflash-lab-ready ]; then
   ls /tmp/parts/p[0-9] >/dev/null
-  bash .gpu-parts/assemble.sh /tmp/parts /tmp/vllm-site
+  ASM=$(ls .gpu-parts-fit/assemble.sh .gpu-parts/assemble.sh 2>/dev/null | head -1)
+  [ -n "$ASM" ] || { echo "setup: carry .gpu-parts-fit/assemble.sh and SHA256 (or .gpu-parts/...) with the last part" >&2; exit 2; }
+  bash "$ASM" /tmp/parts /tmp/vllm-site
   touch /tmp/vllm-site/.dflash-lab-ready
 fi
 export PYTHONPATH=/tmp/vllm-site
