@@ -1,0 +1,150 @@
+"""Is our crash the reporter's? The report's two crash states beside ours, and the crash rate per path.
+
+The report (``../shared/seed-report.md``, "State at crash time") quotes vLLM's fatal-error dump of two
+crashes; :data:`REPORT_STATES` transcribes those numbers (nothing else is taken from the report).
+Ours come from the same dump in the engine logs of ``data/gpu/`` (:func:`analysis.scheduler_dumps`),
+matched to their run lines for the configuration.
+
+The crash rate per path (offline/server x TP=1/TP=2) counts natural stock DFlash runs with
+FULL_AND_PIECEWISE graphs (no fix, no probe, no raising canaries); a path without runs says so.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from . import analysis
+
+# The report's numbers, as printed in seed-report.md ("State at crash time (from dump_input.py)").
+REPORT_STATES = {
+    "report crash A": {"cell": "dflash (k=15), CUDA graphs on (vLLM default)", "concurrency": 32, "tensor_parallel_size": 4, "path": "server", "weights": "real",
+                       "acceptance (mean length)": 8.80, "num_running_reqs": 32, "num_waiting_reqs": 0,
+                       "kv_cache_usage": 0.199, "total_num_scheduled_tokens": 512,
+                       "num_computed_tokens": "117..144", "num_output_tokens": None, "finished this step": None,
+                       "phase": "early (still prefilling, generation just started)"},
+    "report crash B": {"cell": "dflash (k=15), CUDA graphs on (vLLM default)", "concurrency": 16, "tensor_parallel_size": 4, "path": "server", "weights": "real",
+                       "acceptance (mean length)": 1.86, "num_running_reqs": 7, "num_waiting_reqs": 0,
+                       "kv_cache_usage": 0.0437, "total_num_scheduled_tokens": 112,
+                       "num_computed_tokens": "365..574", "num_output_tokens": "317..526", "finished this step": None,
+                       "phase": "tail (9 of 16 requests finished)"},
+}
+FIELDS = ("cell", "path", "tensor_parallel_size", "weights", "concurrency", "acceptance (mean length)", "num_running_reqs",
+          "num_waiting_reqs", "kv_cache_usage", "total_num_scheduled_tokens", "num_computed_tokens",
+          "num_output_tokens", "finished this step", "phase")
+
+
+def _span(xs):
+    return f"{min(xs)}..{max(xs)}" if xs else None
+
+
+def our_states(df, data_dir: str = "data/gpu") -> list[dict]:
+    """One state per crashed run whose engine log holds vLLM's dump: the dump's fields plus the run's
+    configuration. Instrumented runs (probe, raising canaries) and the fix are left out."""
+    out = []
+    for log in sorted(glob.glob(os.path.join(data_dir, "*", "*.log"))):
+        session, name = os.path.basename(os.path.dirname(log)), os.path.basename(log)[: -len(".log")]
+        if "." not in name:
+            continue
+        engine, att = name.rsplit(".", 1)
+        if not att.startswith("a") or not att[1:].isdigit():
+            continue
+        runs = df[(df["file"] == f"{session}.jsonl") & (df["engine_id"] == engine)
+                  & (df["attempt"] == int(att[1:])) & df["crashed"]]
+        runs = runs[(runs["fix"] != True) & (runs["probe"] != True) & (runs["canary"] != True)]
+        dumps = analysis.scheduler_dumps(log)
+        if runs.empty or not dumps:
+            continue
+        r, d = runs.iloc[0], dumps[-1]
+        n_req = r["concurrency"]
+        running = d.get("num_running_reqs")
+        sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
+        out.append({
+            "name": f"{session.replace('2026-11-30_h200_', '')}/{name}", "run": r["run_id"],
+            "cell": r["cell"] + (", CUDA_LAUNCH_BLOCKING=1" if "blocking" in name else ""),
+            "path": r.get("mode"), "tensor_parallel_size": r.get("tensor_parallel_size"), "weights": r.get("weights"),
+            "concurrency": n_req,
+            "acceptance (mean length)": sd.get("acceptance_length") or r.get("acceptance"),
+            "num_running_reqs": running, "num_waiting_reqs": d.get("num_waiting_reqs"),
+            "kv_cache_usage": round(d["kv_cache_usage"], 4) if d.get("kv_cache_usage") is not None else None,
+            "total_num_scheduled_tokens": d.get("total_num_scheduled_tokens"),
+            "num_computed_tokens": _span(d.get("num_computed_tokens", [])),
+            "num_output_tokens": _span(d.get("num_output_tokens", [])),
+            "finished this step": len(d.get("finished_req_ids", [])),
+            "phase": (f"tail ({n_req - running} of {n_req} requests finished)" if running is not None and running < n_req
+                      else "all requests running"),
+        })
+    return out
+
+
+def side_by_side(df, data_dir: str = "data/gpu"):
+    """Fields as rows; the report's crash A and B, then each of ours (identical dumps merged)."""
+    import pandas as pd
+
+    cols, seen = dict(REPORT_STATES), {}
+    for s in our_states(df, data_dir):
+        key = tuple(s[f] for f in FIELDS if f != "cell")
+        if key in seen:
+            seen[key]["runs"].append(s["run"])
+            seen[key]["states"].append(s)
+            continue
+        seen[key] = {"state": s, "runs": [s["run"]], "states": [s]}
+    for i, v in enumerate(seen.values(), 1):
+        s = v["state"]
+        label = f"ours {i}: {s['name']}" + (f" (+{len(v['runs']) - 1} identical)" if len(v["runs"]) > 1 else "")
+        cols[label] = {f: s[f] for f in FIELDS}
+        cols[label]["cell"] = "; ".join(sorted({x["cell"] for x in v["states"]}))
+    return pd.DataFrame({k: [c.get(f) for f in FIELDS] for k, c in cols.items()}, index=list(FIELDS))
+
+
+PATHS = (("offline", 1), ("server", 1), ("offline", 2), ("server", 2))
+
+
+def path_rates(df, concurrencies=(1, 8, 16, 20, 24, 28, 32, 64)):
+    """Crash rate of stock DFlash FULL_AND_PIECEWISE per path and concurrency, with the faulting kernels
+    the core dumps named on that path."""
+    import pandas as pd
+
+    d = df[(df["spec_method"] == "dflash") & (df["cudagraph_mode"] == "FULL_AND_PIECEWISE") & (df["fix"] != True)
+           & (df["probe"] != True) & (df["canary"] != True) & (df["enforce_eager"] != True)
+           & (df["outcome"] != "startup_error") & ~df.apply(analysis.is_deadline_cut, axis=1)]
+    d = d[d["cell"].str.fullmatch(r"dflash k=15, FULL_AND_PIECEWISE(, drafter eager)?")]
+    ft = analysis.fault_table(d) if d["crashed"].any() else pd.DataFrame(columns=["run", "faulting kernel"])
+    rows = []
+    for mode, tp in PATHS:
+        p = d[(d["mode"].fillna("offline") == mode) & (d["tensor_parallel_size"] == tp)]
+        row = {"path": f"{mode}, TP={tp}"}
+        for c in concurrencies:
+            g = p[p["concurrency"] == c]
+            row[c] = f"{int(g['crashed'].sum())}/{len(g)}" if len(g) else "not run"
+        runs_here = set(p["run_id"])
+        k = ft[ft["run"].isin(runs_here) & (ft["faulting kernel"] != "no core dump")]["faulting kernel"]
+        row["faulting kernel (core dump)"] = ", ".join(sorted(set(k))) or ("no core dump" if len(p) else "-")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_path_rates(rates):
+    """The crash-rate table as a figure: a row per path, a column per concurrency, crashed/runs in each
+    cell (red: all crashed, green: none, grey: not run)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    concs = [c for c in rates.columns if isinstance(c, (int, np.integer))]
+    frac = np.full((len(rates), len(concs)), np.nan)
+    for i, (_, r) in enumerate(rates.iterrows()):
+        for j, c in enumerate(concs):
+            if r[c] != "not run":
+                k, n = (int(x) for x in r[c].split("/"))
+                frac[i, j] = k / n
+    fig, ax = plt.subplots(figsize=(1.0 * len(concs) + 3.5, 0.6 * len(rates) + 1.4))
+    ax.imshow(np.where(np.isnan(frac), -1, frac), cmap=plt.matplotlib.colors.ListedColormap(
+        ["#dddddd"] + [plt.cm.RdYlGn_r(x) for x in np.linspace(0, 1, 10)]), vmin=-0.1, vmax=1, aspect="auto")
+    for i, (_, r) in enumerate(rates.iterrows()):
+        for j, c in enumerate(concs):
+            ax.text(j, i, r[c], ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(concs)), [str(c) for c in concs])
+    ax.set_yticks(range(len(rates)), list(rates["path"]))
+    ax.set(xlabel="concurrency", title="stock DFlash k=15 + FULL_AND_PIECEWISE: crashed runs / runs")
+    fig.tight_layout()
+    return fig
