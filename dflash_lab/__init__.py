@@ -9,6 +9,7 @@ The library holds every piece of logic the notebooks use, so tests reach it:
 - :mod:`dflash_lab.records`       launch records (``.npz``) of ``copy_and_expand_dflash_inputs_kernel``
 - :mod:`dflash_lab.replay`        replay of launch records, stock or patched kernel
 - :mod:`dflash_lab.runner`        the GPU experiment runner (crash matrix and benchmarks)
+- :mod:`dflash_lab.servebench`    the streamed-server client; metrics named and defined as ``vllm bench serve``
 - :mod:`dflash_lab.coredump`      CUDA core dumps read with cuda-gdb: the faulting kernel of a crash
 - :mod:`dflash_lab.probe`         per-step canaries and the FULL-graph-vs-reference divergence probe (in the engine)
 - :mod:`dflash_lab.divergence`    reading the probe's logs for the notebooks
@@ -17,6 +18,9 @@ The library holds every piece of logic the notebooks use, so tests reach it:
 - :mod:`dflash_lab.rootcause`     the root mechanism replayed on vLLM's own code
 - :mod:`dflash_lab.patch`         the fix, as a vLLM general plugin (:mod:`dflash_lab.engine_state`: what it
                                   shares with the launch hook)
+- :mod:`dflash_lab.verification`  the fix's GPU verification per session: counts, probe verdicts, canaries
+- :mod:`dflash_lab.crashstates`   the report's crash states beside ours; crash rate per serving path
+- :mod:`dflash_lab.bench`         the benchmark: cells, same-session ratios, recommendations, step-time model
 """
 
 __version__ = "0.1.0"
