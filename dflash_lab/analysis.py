@@ -82,23 +82,30 @@ def _meta_session(runs_file: str) -> str | None:
         raise LabError(f"{meta}: unreadable ({e})") from None
 
 
+def recorded_lines(pattern: str, what: str = "run"):
+    """(file, line number, line) of every recorded line matching ``pattern``, each line's
+    ``gpu_session`` taken from its runs file's meta when the line lacks it."""
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise LabError(f"no {what} files match {pattern}")
+    for f in files:
+        session = _meta_session(f)
+        for i, r in enumerate(read_lines(f), 1):
+            r = dict(r)
+            r["gpu_session"] = r.get("gpu_session") or session
+            yield f, i, r
+
+
 def load_runs(pattern: str = "data/runs/*.jsonl"):
     """All run lines matching ``pattern`` as a DataFrame (one row per run), with their file."""
     import pandas as pd
 
-    files = sorted(glob.glob(pattern))
-    if not files:
-        raise LabError(f"no run files match {pattern}")
     rows = []
-    for f in files:
-        session = _meta_session(f)
-        for r in read_lines(f):
-            r = dict(r)
-            r["gpu_session"] = r.get("gpu_session") or session
-            r["file"] = os.path.basename(f)
-            r["cell"] = cell_label(r)
-            r["target_name"] = r["target"]["name"] if isinstance(r.get("target"), dict) else r.get("target")
-            rows.append(r)
+    for f, _, r in recorded_lines(pattern):
+        r["file"] = os.path.basename(f)
+        r["cell"] = cell_label(r)
+        r["target_name"] = r["target"]["name"] if isinstance(r.get("target"), dict) else r.get("target")
+        rows.append(r)
     df = pd.DataFrame(rows)
     df["crashed"] = df["outcome"] == "crash"
     return df

@@ -54,31 +54,25 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
     """All bench lines as a DataFrame: one row per run, metrics flattened, mode and session set."""
     import pandas as pd
 
-    from .analysis import _meta_session
-    from .runner import read_lines
+    from .analysis import recorded_lines
 
-    files = sorted(glob.glob(pattern))
-    if not files:
-        raise LabError(f"no bench files match {pattern}")
     rows = []
-    for f in files:
-        session = _meta_session(f)
-        for i, r in enumerate(read_lines(f), 1):
-            if r.get("mode") != "server":
-                raise LabError(f"{f}:{i}: not a server-mode run (bench lines come from the streamed server workload)")
-            sm = r.get("serve_metrics") or {}
-            sd = r.get("spec_decode_metrics") or {}
-            row = {"file": os.path.basename(f), "run_id": r["run_id"], "gpu_session": r.get("gpu_session") or session,
-                   "mode": mode_of(r), "concurrency": r["concurrency"], "acceptance": r.get("acceptance"),
-                   "outcome": r["outcome"], "crashed": r["outcome"] == "crash",
-                   "acceptance_length": sd.get("acceptance_length"),
-                   "num_speculative_tokens": r.get("num_speculative_tokens") if r.get("spec_method") not in (None, "none") else 0,
-                   "engine_id": r.get("engine_id"), "attempt": r.get("attempt"), "round": r.get("round"),
-                   "target": (r.get("target") or {}).get("name") if isinstance(r.get("target"), dict) else r.get("target"),
-                   "weights": r.get("weights"), "started_at": r.get("started_at")}
-            for m in METRICS:
-                row[m] = sm.get(m)
-            rows.append(row)
+    for f, i, r in recorded_lines(pattern, "bench"):
+        if r.get("mode") != "server":
+            raise LabError(f"{f}:{i}: not a server-mode run (bench lines come from the streamed server workload)")
+        sm = r.get("serve_metrics") or {}
+        sd = r.get("spec_decode_metrics") or {}
+        row = {"file": os.path.basename(f), "run_id": r["run_id"], "gpu_session": r["gpu_session"],
+               "mode": mode_of(r), "concurrency": r["concurrency"], "acceptance": r.get("acceptance"),
+               "outcome": r["outcome"], "crashed": r["outcome"] == "crash",
+               "acceptance_length": sd.get("acceptance_length"),
+               "num_speculative_tokens": r.get("num_speculative_tokens") if r.get("spec_method") not in (None, "none") else 0,
+               "engine_id": r.get("engine_id"), "attempt": r.get("attempt"), "round": r.get("round"),
+               "target": (r.get("target") or {}).get("name") if isinstance(r.get("target"), dict) else r.get("target"),
+               "weights": r.get("weights"), "started_at": r.get("started_at")}
+        for m in METRICS:
+            row[m] = sm.get(m)
+        rows.append(row)
     df = pd.DataFrame(rows)
     if df["gpu_session"].isna().any():
         bad = sorted(set(df.loc[df["gpu_session"].isna(), "file"]))
