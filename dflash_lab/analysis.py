@@ -67,32 +67,88 @@ def cell_label(r: dict) -> str:
         extra.append("async_scheduling off")
     if r.get("prefix_caching") is False:
         extra.append("prefix caching off")
+    extra += instruments(r)
     return f"{spec}, {graphs}" + (f" ({', '.join(extra)})" if extra else "")
 
 
-def _meta_session(runs_file: str) -> str | None:
-    """The GPU session label that ``ingest`` wrote next to a runs file (None when not recorded)."""
+def instruments(r: dict) -> list[str]:
+    """What else was attached to a run's engine: the launch hook, CUDA core dumps on exception,
+    extra environment (e.g. CUDA_LAUNCH_BLOCKING=1). A run with none of these is a plain run."""
+    out = []
+    if isinstance(r.get("hook_dir"), str) and r.get("hook_dir"):  # (a DataFrame row holds NaN when absent)
+        out.append("launch hook")
+    if r.get("coredump") is True:
+        out.append("core dump on")
+    env = r.get("env")
+    if isinstance(env, dict):
+        out += [f"{k}={v}" for k, v in sorted(env.items())]
+    return out
+
+
+def stock_full(df):
+    """Stock DFlash runs with the target's FULL_AND_PIECEWISE graphs (the crash configuration; drafter
+    graphs on or off): no fix, no engine-argument variant, no probe or raising canary. Launch hook,
+    core dumps and extra environment may be attached: see the ``instruments`` column."""
+    ea = df["engine_args"].apply(lambda x: not x if isinstance(x, dict) else True)
+    return df[(df["spec_method"] == "dflash") & (df["cudagraph_mode"] == "FULL_AND_PIECEWISE")
+              & (df["enforce_eager"] != True) & (df["fix"] != True) & (df["probe"] != True)
+              & (df["canary"] != True) & ea]
+
+
+def breakdown(runs) -> str:
+    """'8/8 crashed: 1 plain, 4 launch hook, ...': crashed/runs of a set of runs, by instruments."""
+    parts = [f"{int(g['crashed'].sum())}/{len(g)} {'plain' if k == 'none' else 'with ' + k}"
+             for k, g in runs.groupby("instruments")]
+    return f"{int(runs['crashed'].sum())}/{len(runs)} crashed ({'; '.join(parts)})"
+
+
+def is_canary_stop(r) -> bool:
+    """A run stopped on purpose by a raising canary (it named a wrong value): not a crash of the product."""
+    return str(r.get("error") or "").startswith("CanaryError")
+
+
+def _meta(runs_file: str) -> dict:
+    """What ``ingest`` wrote next to a runs file (empty when nothing was)."""
     meta = runs_file[: -len(".jsonl")] + ".meta.json" if runs_file.endswith(".jsonl") else None
     if not meta or not os.path.exists(meta):
-        return None
+        return {}
     try:
         with open(meta) as fh:
-            return json.load(fh).get("gpu_session")
+            return json.load(fh)
     except (OSError, ValueError) as e:
         raise LabError(f"{meta}: unreadable ({e})") from None
 
 
+def matrix_env(matrix_path: str | None) -> dict:
+    """{engine id: extra environment} of a committed matrix (lines written before the runner
+    recorded ``env`` get theirs from the matrix that produced them; the meta names it)."""
+    import yaml
+
+    if not matrix_path or not os.path.isfile(matrix_path):
+        return {}
+    try:
+        m = yaml.safe_load(open(matrix_path)) or {}
+    except yaml.YAMLError as e:
+        raise LabError(f"{matrix_path}: not valid YAML ({e})") from None
+    base = dict((m.get("defaults") or {}).get("env") or {})
+    return {e["id"]: {**base, **(e.get("env") or {})} for e in m.get("engines", []) if isinstance(e, dict) and "id" in e}
+
+
 def recorded_lines(pattern: str, what: str = "run"):
     """(file, line number, line) of every recorded line matching ``pattern``, each line's
-    ``gpu_session`` taken from its runs file's meta when the line lacks it."""
+    ``gpu_session`` taken from its runs file's meta when the line lacks it, and its ``env`` from
+    the matrix the meta names (lines before the runner recorded it)."""
     files = sorted(glob.glob(pattern))
     if not files:
         raise LabError(f"no {what} files match {pattern}")
     for f in files:
-        session = _meta_session(f)
+        meta = _meta(f)
+        envs = matrix_env(meta.get("matrix"))
         for i, r in enumerate(read_lines(f), 1):
             r = dict(r)
-            r["gpu_session"] = r.get("gpu_session") or session
+            r["gpu_session"] = r.get("gpu_session") or meta.get("gpu_session")
+            if "env" not in r and r.get("engine_id") in envs:
+                r["env"] = envs[r["engine_id"]]
             yield f, i, r
 
 
@@ -107,7 +163,9 @@ def load_runs(pattern: str = "data/runs/*.jsonl"):
         r["target_name"] = r["target"]["name"] if isinstance(r.get("target"), dict) else r.get("target")
         rows.append(r)
     df = pd.DataFrame(rows)
-    df["crashed"] = df["outcome"] == "crash"
+    df["stopped_by_canary"] = df.apply(is_canary_stop, axis=1)
+    df["crashed"] = (df["outcome"] == "crash") & ~df["stopped_by_canary"]
+    df["instruments"] = df.apply(lambda r: ", ".join(instruments(r)) or "none", axis=1)
     return df
 
 
@@ -121,12 +179,16 @@ def crash_table(df):
 
     A run counts once its engine started; engines that never started are counted apart
     (``startup_errors``), and so are runs the runner's session deadline cut short (``cut_by_deadline``:
-    they measured nothing, so they are neither crashes nor runs that survived)."""
-    df = df.assign(_cut=[is_deadline_cut(r) for _, r in df.iterrows()])
+    they measured nothing, so they are neither crashes nor runs that survived) and runs a raising
+    canary stopped on purpose (``stopped_by_canary``)."""
+    df = df.assign(_cut=[is_deadline_cut(r) for _, r in df.iterrows()],
+                   _stop=[is_canary_stop(r) for _, r in df.iterrows()])
     g = df.groupby(["target_name", "tensor_parallel_size", "acceptance", "cell", "concurrency"], dropna=False)
-    out = g.agg(runs=("outcome", lambda s: int(((s != "startup_error") & ~df.loc[s.index, "_cut"]).sum())),
+    out = g.agg(runs=("outcome", lambda s: int(((s != "startup_error") & ~df.loc[s.index, "_cut"]
+                                                & ~df.loc[s.index, "_stop"]).sum())),
                 crashed=("crashed", "sum"),
                 cut_by_deadline=("_cut", "sum"),
+                stopped_by_canary=("_stop", "sum"),
                 timeouts=("outcome", lambda s: int(((s == "timeout") & ~df.loc[s.index, "_cut"]).sum())),
                 startup_errors=("outcome", lambda s: int((s == "startup_error").sum())),
                 files=("file", lambda s: ", ".join(sorted(set(s))))).reset_index()

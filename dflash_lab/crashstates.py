@@ -5,8 +5,9 @@ crashes; :data:`REPORT_STATES` transcribes those numbers (nothing else is taken 
 Ours come from the same dump in the engine logs of ``data/gpu/`` (:func:`analysis.scheduler_dumps`),
 matched to their run lines for the configuration.
 
-The crash rate per path (offline/server x TP=1/TP=2) counts natural stock DFlash runs with
-FULL_AND_PIECEWISE graphs (no fix, no probe, no raising canaries); a path without runs says so.
+The crash rate per path (offline/server x TP=1/TP=2) counts stock DFlash runs with the target's
+FULL_AND_PIECEWISE graphs (:func:`analysis.stock_full`: no fix, no probe, no raising canaries; the launch
+hook, core dumps or extra environment attached to a run are listed); a path without runs says so.
 """
 
 from __future__ import annotations
@@ -105,10 +106,8 @@ def path_rates(df, concurrencies=(1, 8, 16, 20, 24, 28, 32, 64)):
     the core dumps named on that path."""
     import pandas as pd
 
-    d = df[(df["spec_method"] == "dflash") & (df["cudagraph_mode"] == "FULL_AND_PIECEWISE") & (df["fix"] != True)
-           & (df["probe"] != True) & (df["canary"] != True) & (df["enforce_eager"] != True)
-           & (df["outcome"] != "startup_error") & ~df.apply(analysis.is_deadline_cut, axis=1)]
-    d = d[d["cell"].str.fullmatch(r"dflash k=15, FULL_AND_PIECEWISE(, drafter eager)?")]
+    d = analysis.stock_full(df)
+    d = d[(d["outcome"] != "startup_error") & ~d.apply(analysis.is_deadline_cut, axis=1)]
     ft = analysis.fault_table(d) if d["crashed"].any() else pd.DataFrame(columns=["run", "faulting kernel"])
     rows = []
     for mode, tp in PATHS:
@@ -120,6 +119,8 @@ def path_rates(df, concurrencies=(1, 8, 16, 20, 24, 28, 32, 64)):
         runs_here = set(p["run_id"])
         k = ft[ft["run"].isin(runs_here) & (ft["faulting kernel"] != "no core dump")]["faulting kernel"]
         row["faulting kernel (core dump)"] = ", ".join(sorted(set(k))) or ("no core dump" if len(p) else "-")
+        row["instruments attached"] = "; ".join(f"{n} {'plain' if i == 'none' else 'with ' + i}"
+                                                 for i, n in p["instruments"].value_counts().sort_index().items()) or "-"
         rows.append(row)
     return pd.DataFrame(rows)
 

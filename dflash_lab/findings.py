@@ -56,20 +56,25 @@ def write_findings(root: Path, out: Path) -> Path:
     fixed = df[df["fix"] == True]
     fix2 = fixed[[analysis.fix_label(r).startswith("fix 2") for _, r in fixed.iterrows()]] if len(fixed) else fixed
     fix1 = fixed[[analysis.fix_label(r).startswith("fix 1") for _, r in fixed.iterrows()]] if len(fixed) else fixed
+    stock = analysis.stock_full(df)
+    stock = stock[~stock.apply(analysis.is_deadline_cut, axis=1)]
+    eager = df[(df["spec_method"] == "dflash") & (df["enforce_eager"] == True)]
     summary = [
         f"Workaround today: cudagraph_mode=PIECEWISE (--compilation-config '{{\"cudagraph_mode\": \"PIECEWISE\"}}'): "
-        f"{cell('dflash k=15, PIECEWISE', 32)} runs crashed at concurrency 32, against {cell(full, 32)} for the default "
-        f"FULL_AND_PIECEWISE in the same kind of run.",
+        f"{cell('dflash k=15, PIECEWISE', 32, exact=False)} runs crashed at concurrency 32, against "
+        f"{int(stock[stock.concurrency == 32]['crashed'].sum())}/{len(stock[stock.concurrency == 32])} for the default "
+        f"FULL_AND_PIECEWISE.",
         f"Reproduced: DFlash k=15 + FULL_AND_PIECEWISE graphs on the real-size Qwen3.6-35B-A3B architecture (dummy weights, "
-        f"synthetic acceptance 1.86, TP=1, H200) crashes with cudaErrorIllegalAddress at concurrency 32 "
-        f"(stock {cell(full, 32)}, drafter eager {cell(full + ', drafter eager', 32)}); concurrency 16: {cell(full, 16)}; "
-        f"--enforce-eager {cell('dflash k=15, --enforce-eager', 32)}.",
+        f"synthetic acceptance 1.86, TP=1, H200) crashes with cudaErrorIllegalAddress at concurrency 32: "
+        f"{analysis.breakdown(stock[stock.concurrency == 32])}; concurrency 16: {analysis.breakdown(stock[stock.concurrency == 16])}; "
+        f"--enforce-eager {int(eager['crashed'].sum())}/{len(eager)} at 32.",
         f"Faulting kernels, named from CUDA core dumps: {faults or 'none recorded'}. Both are consumers of values that "
         "were already wrong.",
     ]
     if fd:
         summary.append(
-            f"First wrong value (step probe, every FULL-graph step replayed against a no-graph pass of the same step): "
+            f"First wrong value (step probe, one run at concurrency 32, every FULL-graph step replayed against a no-graph "
+            f"pass of the same step): "
             f"from the first FULL step (step {fd['step']}, {fd['num_reqs']} requests) on, {fd['hidden_rows_differ']} of "
             f"{fd['num_tokens']} output rows differ; "
             + ("layers 0-7 write bit-identically, " if fd["all_before_bit_identical"] else "")
@@ -80,7 +85,7 @@ def write_findings(root: Path, out: Path) -> Path:
     can = verification.canary_table(df)
     stock_can = can[(can["fix"] == "stock") & (can["field"] == "attn.scheduler_metadata")]
     summary.append(
-        "Root cause: the DFlash draft's 5 layers make vLLM split the target's 10 attention layers into two KV-cache "
+        "Root cause: the (assumed) 5-layer DFlash draft makes vLLM split the target's 10 attention layers into two KV-cache "
         "groups of the same spec; at run time the second group "
         f"({', '.join(str(kvgroups.layer_index(x)) for r in reuse for x in r['layers'])}) reuses the first group's "
         "FlashAttention metadata (update_block_table), while its FULL graphs were captured reading its own builder's "
@@ -92,25 +97,29 @@ def write_findings(root: Path, out: Path) -> Path:
            f"{int(stock_can['group'].iloc[0])}." if len(stock_can) else " The canary naming the stale field has not run on the GPU."))
     sessions = verification.sessions_with_fix2(df)
     fix_line = (f"Fix: the plugin copies the reused schedule into the group's own buffer (patches/vllm-0.22.1-dflash.diff, "
-                f"hunk 1); on vLLM's own update_block_table/build code it makes the graph read the step's schedule "
-                f"(tests/test_root_cause.py fails without it). The earlier kernel-only fix crashed "
+                f"hunk 1, is the same change for upstream); on vLLM's own update_block_table/build code, with the one modelled "
+                f"fact that a FULL graph reads its builder's buffer, the graph then reads the step's schedule, for the plugin and "
+                f"for the diff's own code (tests/test_root_cause.py fails without it). The earlier kernel-only fix crashed "
                 f"{int(fix1['crashed'].sum())}/{len(fix1)}.")
     if sessions:
         v = verification.verdict(verification.session_table(df, sessions[-1]))
         pt = verification.probe_table(df)
         fp = pt[pt["fix"].str.startswith("fix 2")]
+        pm_ = verification.position_matched(df, sessions[-1])
+        warm = pm_[pm_["position after engine start"] > 0]
         tp = verification.throughput_table(df, sessions[-1]).set_index("mode")
         fx, pw = tp.loc["fix 2, FULL_AND_PIECEWISE"], tp.loc["stock, PIECEWISE"]
-        fix_line += (f" GPU session {sessions[-1]}: stock control crashed {v['stock_crashed']}/{v['stock_runs']}; with the fix "
+        ratios = ([fx["median tok/s"] / pw["median tok/s"]] if pw["warm runs"] else []) + list(warm["ratio"])
+        fix_line += (f" GPU session {sessions[-1]}, through the plugin: stock control crashed {v['stock_crashed']}/{v['stock_runs']}; "
+                     "with the fix "
                      + ", ".join(f"concurrency {c}: {v['fix_runs'][c] - v['fix_not_ok'][c]}/{v['fix_runs'][c]} completed"
                                  for c in (32, 16, 64))
-                     + (f"; the step probe with the fix: {int(fp['FULL steps diverging'].sum())} of "
-                        f"{int(fp['FULL steps'].sum())} FULL-graph steps differ from the no-graph reference "
-                        f"(max |difference| {fp['max |output diff|'].max()})" if len(fp) else "")
-                     + (f"; output tokens/s at concurrency 32: fix {fx['median tok/s']:.0f} (median of {int(fx['warm runs'])} warm "
-                        f"runs) vs PIECEWISE {pw['median tok/s']:.0f} ({int(pw['warm runs'])} warm run"
-                        f"{'s' if pw['warm runs'] != 1 else ''}: the ratio "
-                        f"{fx['median tok/s'] / pw['median tok/s']:.2f} has no spread yet)." if pw["warm runs"] else "."))
+                     + (f"; the step probe with the fix (one engine, concurrency 2, 16, 32): the target's outputs on all "
+                        f"{int(fp['FULL steps'].sum())} FULL-graph steps identical to a no-graph pass of the same step with the "
+                        f"same metadata ({int(fp['FULL steps diverging'].sum())} differ); the drafter and end-to-end tokens were "
+                        f"not compared" if len(fp) else "")
+                     + (f"; throughput against PIECEWISE not measured (one warm PIECEWISE run: {min(ratios):.2f}x to "
+                        f"{max(ratios):.2f}x depending on run position)." if ratios else "."))
     else:
         fix_line += f" GPU runs with it: {len(fix2)}."
     summary.append(fix_line)

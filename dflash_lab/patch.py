@@ -320,11 +320,16 @@ Hunk 2, vllm/v1/spec_decode/utils.py (copy_and_expand_dflash_inputs_kernel):
 Hunk 3, vllm/v1/spec_decode/dflash.py: pass seq_lens, the lookahead and max_model_len to the kernel.
 Hunk 4, vllm/v1/core/sched/scheduler.py: DFlash needs k + 1 lookahead slots (notebook 02,
   all_accepted_block_edge: the last query slot of a fully accepted block lands outside the allocation).
-Hunks 2-4 are defence in depth: alone they did not stop the crash (5 of 5 runs crashed on the H200).
+Hunks 2-4 are defence in depth: alone they did not stop the crash (the recorded run with them crashed,
+  1/1, the core dump then naming the GDN kernel: data/runs/2026-11-30_h200_root-coredump-tp1.jsonl).
 
-Not yet claimed: that hunk 1 removes the cudaErrorIllegalAddress of the report. The GPU verification
-(>= 10 runs at concurrency 32 against a crashing stock control, zero divergence in the step probe)
-has not run yet; see notebooks/04_fix.
+Verified on one H200 in one GPU session (data/runs/2026-11-30_h200_verify-fix-*-tp1.jsonl; the same
+change applied through the dflash_lab plugin, not by this diff): the stock control crashed at
+concurrency 32; with the change, 10/10 runs at concurrency 32 and 3/3 each at 16 and 64 completed; a
+step probe over 837 FULL-graph steps (1-32 requests) found the target's outputs identical to a
+no-graph pass of the same step. Hunk 1's own update_block_table is run on the CPU by
+tests/test_root_cause.py. Not measured yet: throughput against PIECEWISE with repeats, an end-to-end
+token comparison against a PIECEWISE engine (scripts/repro_min.py), TP > 1, real weights.
 """
 
 
@@ -334,18 +339,30 @@ def upstream_diff() -> str:
     from .vllm_sources import read_source
 
     out = [RATIONALE]
-    edits = [("vllm/v1/attention/backends/flash_attn.py", (FA_OLD, FA_NEW)),
-             ("vllm/v1/spec_decode/utils.py", None),
-             ("vllm/v1/spec_decode/dflash.py", (CALL_OLD, CALL_NEW)),
-             ("vllm/v1/core/sched/scheduler.py", (SCHED_OLD, SCHED_NEW))]
-    for rel, edit in edits:
+    for rel in UPSTREAM_FILES:
         old = read_source(rel)
-        if edit is None:
-            stock = vllm_kernel().text
-            new = old.replace(stock, patch_text(stock))
-        else:
-            if old.count(edit[0]) != 1:
-                raise LabError(f"anchor not found exactly once in {rel}")
-            new = old.replace(edit[0], edit[1])
+        new = patched_source(rel)
         out += difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}", n=3)
     return "".join(out)
+
+
+UPSTREAM_FILES = ("vllm/v1/attention/backends/flash_attn.py", "vllm/v1/spec_decode/utils.py",
+                  "vllm/v1/spec_decode/dflash.py", "vllm/v1/core/sched/scheduler.py")
+
+
+def patched_source(rel: str) -> str:
+    """The text of one vLLM 0.22.1 file with the upstream change applied (what the diff turns it into)."""
+    from .vllm_sources import read_source
+
+    old = read_source(rel)
+    if rel == "vllm/v1/spec_decode/utils.py":
+        stock = vllm_kernel().text
+        return old.replace(stock, patch_text(stock))
+    edit = {"vllm/v1/attention/backends/flash_attn.py": (FA_OLD, FA_NEW),
+            "vllm/v1/spec_decode/dflash.py": (CALL_OLD, CALL_NEW),
+            "vllm/v1/core/sched/scheduler.py": (SCHED_OLD, SCHED_NEW)}.get(rel)
+    if edit is None:
+        raise LabError(f"{rel}: not a file of the upstream change")
+    if old.count(edit[0]) != 1:
+        raise LabError(f"anchor not found exactly once in {rel}")
+    return old.replace(edit[0], edit[1])

@@ -79,11 +79,12 @@ class Builder:
 
     use_full_cuda_graph = True
 
-    def __init__(self, refresh=None, max_num_seqs: int = 64):
+    def __init__(self, refresh=None, max_num_seqs: int = 64, update=None):
         import torch
 
         self.scheduler_metadata = torch.zeros(1 + max_num_seqs * 4, dtype=torch.int32)
         self.refresh = refresh  # the fix (patch.refresh_graph_scheduler_metadata) or None (stock)
+        self.update = update    # another update_block_table (the upstream patch's), or None (0.22.1's)
 
     def build(self, schedule, gid: int) -> Meta:
         import torch
@@ -93,12 +94,21 @@ class Builder:
 
     def update_block_table(self, metadata, blk_table, slot_mapping):
         update, _persist = vllm_pieces()
-        new = update(self, metadata, blk_table, slot_mapping)
+        new = (self.update or update)(self, metadata, blk_table, slot_mapping)
         return self.refresh(self, new) if self.refresh else new
 
 
-def simulate(refresh=None, steps: int = 1) -> dict:
+def patched_update_block_table(fa_text: str):
+    """``update_block_table`` compiled from another text of flash_attn.py (e.g. the upstream patch applied)."""
+    return load_function(FA, "update_block_table", cls="FlashAttentionMetadataBuilder",
+                         namespace={"copy": copy}, text=fa_text)
+
+
+def simulate(refresh=None, steps: int = 1, update=None) -> dict:
     """Capture both attention groups' graphs, run ``steps`` steps; what each group's graph and eager path read.
+
+    ``refresh`` is the plugin's fix (applied after vLLM's ``update_block_table``); ``update`` replaces
+    ``update_block_table`` itself (:func:`patched_update_block_table` of the upstream diff's file).
 
     Group 6 builds at run time; group 7 reuses its metadata (as in the H200 runs: layers 3, 11, ...
     and 7, 15, ...). Returns, per group, the schedule its FULL graph reads and the one the metadata
@@ -106,7 +116,7 @@ def simulate(refresh=None, steps: int = 1) -> dict:
     """
     import torch
 
-    b6, b7 = Builder(refresh), Builder(refresh)
+    b6, b7 = Builder(refresh, update=update), Builder(refresh, update=update)
     for gid, b in ((6, b6), (7, b7)):  # graph capture: every group built by its own builder
         b.build(torch.tensor(CAPTURE_SCHEDULE, dtype=torch.int32), gid)
     captured = {6: b6.scheduler_metadata, 7: b7.scheduler_metadata}  # the addresses the graphs hold

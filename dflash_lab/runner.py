@@ -260,7 +260,7 @@ class Runner:
             "max_num_batched_tokens": e["max_num_batched_tokens"], "mode": e["mode"], "fix": e["fix"],
             "fix_parts": list(FIX_PARTS) if e["fix"] else None,
             "engine_args": e["engine_args"], "cudagraph_capture_sizes": e["cudagraph_capture_sizes"],
-            "probe": e["probe"], "canary": e["canary"], "coredump": e["coredump"],
+            "probe": e["probe"], "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
             "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
             "rounds": run.rounds, "outcome": outcome, "error": None, "requests_completed": 0,

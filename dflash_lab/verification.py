@@ -26,10 +26,8 @@ def _natural(df):
 
 
 def stock_controls(df):
-    """Natural stock DFlash runs with FULL_AND_PIECEWISE graphs (the crash configuration)."""
-    d = _natural(df)
-    return d[(d["fix"] != True) & (d["spec_method"] == "dflash") & (d["cudagraph_mode"] == FULL)
-             & (d["enforce_eager"] != True)]
+    """Stock DFlash runs with FULL_AND_PIECEWISE graphs (the crash configuration), see analysis.stock_full."""
+    return analysis.stock_full(df)
 
 
 def sessions_with_fix2(df) -> list[str]:
@@ -153,4 +151,19 @@ def throughput_table(df, session: str, concurrency: int = 32):
         rows.append({"mode": label, "concurrency": concurrency, "warm runs": len(x),
                      "median tok/s": float(x.median()) if len(x) else None,
                      "min": float(x.min()) if len(x) else None, "max": float(x.max()) if len(x) else None})
+    return pd.DataFrame(rows)
+
+
+def position_matched(df, session: str, concurrency: int = 32):
+    """Fix 2 FULL against stock PIECEWISE run by run at the same position after their engine's start
+    (position 0 is the warm-up run): throughput grows over an engine's first runs, so a ratio of runs
+    at different positions measures warm-up, not the mode."""
+    import pandas as pd
+
+    d = _natural(df[(df["gpu_session"] == session) & (df["concurrency"] == concurrency) & (df["outcome"] == "ok")])
+    d = d.assign(_pos=d.groupby(["file", "engine_id", "attempt"]).cumcount())
+    fx = d[[is_fix2(r) for _, r in d.iterrows()]].set_index("_pos")["output_tok_s"]
+    pw = d[(d["fix"] != True) & (d["cudagraph_mode"] == "PIECEWISE")].set_index("_pos")["output_tok_s"]
+    rows = [{"position after engine start": int(p), "fix 2 FULL tok/s": float(fx[p]), "PIECEWISE tok/s": float(pw[p]),
+             "ratio": float(fx[p] / pw[p])} for p in sorted(set(fx.index) & set(pw.index))]
     return pd.DataFrame(rows)

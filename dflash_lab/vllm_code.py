@@ -34,9 +34,10 @@ def _find_def(tree: ast.Module, name: str, cls: str | None):
     return fn
 
 
-def function_source(relpath: str, name: str, cls: str | None = None) -> tuple[str, int]:
-    """(text, first line) of a top-level function or a method, exactly as in ``relpath``."""
-    src = read_source(relpath)
+def function_source(relpath: str, name: str, cls: str | None = None, text: str | None = None) -> tuple[str, int]:
+    """(text, first line) of a top-level function or a method, exactly as in ``relpath`` (or in
+    ``text``, another version of that file: e.g. the file with the upstream patch applied)."""
+    src = read_source(relpath) if text is None else text
     try:
         fn = _find_def(ast.parse(src), name, cls)
     except LabError as e:
@@ -59,9 +60,10 @@ def statement_source(relpath: str, name: str, cls: str | None, startswith: str) 
     raise LabError(f"{relpath}: no statement starting with {startswith!r} in {name}")
 
 
-def load_function(relpath: str, name: str, cls: str | None = None, namespace: dict | None = None):
-    """The function (or method, unbound) ``name`` of ``relpath``, executed in ``namespace``."""
-    text, _ = function_source(relpath, name, cls)
+def load_function(relpath: str, name: str, cls: str | None = None, namespace: dict | None = None,
+                  text: str | None = None):
+    """The function (or method, unbound) ``name`` of ``relpath`` (or of ``text``), executed in ``namespace``."""
+    text, _ = function_source(relpath, name, cls, text)
     ns = dict(namespace or {})
     exec(compile(_FUTURE + text, f"<vllm 0.22.1 {relpath}:{name}>", "exec"), ns)  # noqa: S102
     return ns[name]

@@ -2,6 +2,7 @@
 """Minimal reproducer for the vLLM 0.22.1 DFlash + FULL CUDA graph bug (needs only vLLM 0.22.1 and a GPU).
 
     python scripts/repro_min.py [--concurrency 4] [--tokens 48] [--no-reference] [--json OUT.json]
+                                [--coredump-dir DIR] [--timeout-s 420]
 
 What it builds: a tiny random Qwen3.5-MoE target (8 layers: 6 Gated-DeltaNet + 2 full attention,
 layers 3 and 7) and a 1-layer DFlash draft whose attention shape differs from the target's, both
@@ -252,14 +253,25 @@ def child_cmd(role: str, workdir: str, concurrency: int, tokens: int) -> list[st
             "--concurrency", str(concurrency), "--tokens", str(tokens)]
 
 
-def run_role(role: str, workdir: str, concurrency: int, tokens: int, timeout_s: float) -> dict:
+def coredump_env(folder: str | None) -> dict:
+    """Environment that makes the CUDA driver write a core dump on a GPU exception into ``folder``."""
+    if not folder:
+        return {}
+    os.makedirs(folder, exist_ok=True)
+    return {"CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1", "CUDA_COREDUMP_SHOW_PROGRESS": "1",
+            "CUDA_COREDUMP_FILE": os.path.join(os.path.abspath(folder), "core_%h_%p.nvcudmp")}
+
+
+def run_role(role: str, workdir: str, concurrency: int, tokens: int, timeout_s: float,
+             coredump_dir: str | None = None) -> dict:
     """Run one engine in a child process; what it wrote survives its crash."""
     log_path = os.path.join(workdir, f"{role}.log")
     t0 = time.time()
+    env = dict(os.environ, **coredump_env(coredump_dir and os.path.join(coredump_dir, role)))
     with open(log_path, "w") as log:
         try:
             rc = subprocess.run(child_cmd(role, workdir, concurrency, tokens), stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout_s).returncode
+                                timeout=timeout_s, env=env).returncode
         except subprocess.TimeoutExpired:
             rc = None
     with open(log_path, errors="replace") as f:
@@ -275,6 +287,9 @@ def run_role(role: str, workdir: str, concurrency: int, tokens: int, timeout_s: 
     res["engine_started"] = started is not None
     res["checks"] = _read_checks(os.path.join(workdir, f"{role}.checks.jsonl"))
     res["log"] = log_path
+    if coredump_dir:
+        d = os.path.join(coredump_dir, role)
+        res["core_dumps"] = sorted(os.path.join(d, f) for f in os.listdir(d)) if os.path.isdir(d) else []
     return res
 
 
@@ -350,6 +365,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the detailed result here")
     ap.add_argument("--timeout-s", type=float, default=420, help="per engine (start-up included)")
     ap.add_argument("--write-configs-only", metavar="DIR", help="write the two config.json files and stop")
+    ap.add_argument("--coredump-dir", help="CUDA core dumps of a crashing engine go here (read them with cuda-gdb)")
     ap.add_argument("--child", choices=sorted(ROLES), help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -381,7 +397,7 @@ def main(argv=None) -> int:
            "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     for role in ("stock", "fixed") + (() if a.no_reference else ("reference",)):
-        res[role] = run_role(role, root, a.concurrency, a.tokens, a.timeout_s)
+        res[role] = run_role(role, root, a.concurrency, a.tokens, a.timeout_s, a.coredump_dir)
         print(f"repro_min: {role}: " + ("completed" if res[role]["completed"] else f"failed ({res[role]['error']})")
               + f" in {res[role]['wall_s']} s", file=sys.stderr, flush=True)
     res["verdict"], line = judge(res["stock"], res["fixed"], res.get("reference"), a.concurrency)

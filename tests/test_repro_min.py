@@ -107,3 +107,15 @@ def test_no_stale_schedule_and_no_crash_is_not_reproduced(root, tmp_path, monkey
     r = _run(rm, tmp_path, monkeypatch, {"stock": _done("stock"), "fixed": _done("fixed")})
     v, line = rm.judge(r["stock"], r["fixed"], None, 2)
     assert not v["reproduced"] and line.startswith("NOT REPRODUCED: stock: no stale schedule seen (40 checked calls)")
+
+
+def test_coredump_env_and_listing(root, tmp_path, monkeypatch):
+    rm = _load(root)
+    env = rm.coredump_env(str(tmp_path / "cores"))
+    assert env["CUDA_ENABLE_COREDUMP_ON_EXCEPTION"] == "1" and env["CUDA_COREDUMP_FILE"].startswith(str(tmp_path))
+    assert rm.coredump_env(None) == {}
+    dump = ("import os, sys; d = os.path.dirname(os.environ['CUDA_COREDUMP_FILE']); "
+            "open(os.path.join(d, 'core_h_1.nvcudmp'), 'w').write('x'); sys.exit(1)")
+    monkeypatch.setattr(rm, "child_cmd", lambda role, w, c, t: [sys.executable, "-c", dump])
+    r = rm.run_role("stock", str(tmp_path), 2, 3, 60, coredump_dir=str(tmp_path / "cores"))
+    assert [p.rsplit("/", 2)[-2:] for p in r["core_dumps"]] == [["stock", "core_h_1.nvcudmp"]]

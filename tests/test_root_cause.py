@@ -53,3 +53,15 @@ def test_fix_leaves_builders_without_the_persistent_buffer_alone():
     assert patch.refresh_graph_scheduler_metadata(Eager(), m) is m and m.scheduler_metadata.tolist() == [1, 2]
     m = rootcause.Meta(None, torch.zeros(1), torch.zeros(1))
     assert patch.refresh_graph_scheduler_metadata(rootcause.Builder(), m).scheduler_metadata is None
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_the_upstream_diffs_update_block_table_fixes_it_too(steps):
+    """Hunk 1 of patches/vllm-0.22.1-dflash.diff is separate code from the plugin: its own
+    update_block_table, compiled from flash_attn.py with the change applied, must do the same."""
+    patched = patch.patched_source(rootcause.FA)
+    assert patched != rootcause.read_source(rootcause.FA)
+    r = rootcause.simulate(update=rootcause.patched_update_block_table(patched), steps=steps)
+    assert r["graph_reads"][7] == r["step"] and r["metadata_carries"][7] == r["step"]
+    assert r["block_table_7"] == 7 and r["slot_mapping_7"] == 700
+    # (tests/test_patch.py checks that the committed diff is exactly patch.upstream_diff())

@@ -69,3 +69,35 @@ def test_deadline_cut_runs_are_not_counted_as_runs():
                        {**base, "outcome": "timeout", "error": "run exceeded 240 s"}])
     row = analysis.crash_table(df).iloc[0]
     assert (row["runs"], row["cut_by_deadline"], row["timeouts"]) == (2, 1, 1)
+
+
+def test_instruments_are_named_and_recovered_from_the_matrix(df):
+    # the CUDA_LAUNCH_BLOCKING=1 runs predate the runner's 'env' field: their matrix (named in the meta) gives it
+    blk = df[df["file"] == "2026-11-30_h200_localize-blocking-tp1.jsonl"]
+    assert set(blk["instruments"]) == {"launch hook, CUDA_LAUNCH_BLOCKING=1"}
+    assert "CUDA_LAUNCH_BLOCKING=1" in blk["cell"].iloc[0]
+    plain = df[df["run_id"] == "stock-control/c32/r0"]
+    assert list(plain["instruments"]) == ["none"]
+    assert analysis.instruments({"hook_dir": float("nan"), "coredump": True, "env": {"A": "1"}}) == ["core dump on", "A=1"]
+
+
+def test_canary_stops_are_not_crashes(df):
+    c = df[df["canary"] == True]
+    assert len(c) and not c["crashed"].any() and c["stopped_by_canary"].all()
+    ct = analysis.crash_table(df)
+    row = ct[ct["cell"].str.contains("canaries raise")].iloc[0]
+    assert (row["runs"], row["crashed"], row["stopped_by_canary"]) == (0, 0, 1)
+
+
+def test_stock_full_breakdown(df):
+    s = analysis.stock_full(df)
+    assert not s["fix"].any() and not (s["probe"] == True).any() and not (s["canary"] == True).any()
+    s32 = s[(s["concurrency"] == 32) & ~s.apply(analysis.is_deadline_cut, axis=1)]
+    text = analysis.breakdown(s32)
+    assert text.startswith(f"{len(s32)}/{len(s32)} crashed (") and "1/1 plain" in text
+
+
+def test_position_matched_pairs_runs_by_their_place_after_the_engine_start(df):
+    pm = V.position_matched(df, SESSION)
+    assert list(pm["position after engine start"]) == [0, 1]
+    assert pm.iloc[1]["fix 2 FULL tok/s"] == 1451.0 and pm.iloc[1]["PIECEWISE tok/s"] == 1572.8
