@@ -73,7 +73,7 @@ ENGINE_DEFAULTS = {
     "env": {},
 }
 RUN_DEFAULTS = {"concurrency": 16, "rounds": 1, "max_tokens": 512, "temperature": 0.7,
-                "ignore_eos": True, "stream": True}
+                "ignore_eos": True, "stream": True, "record_outputs": False}
 SPEC_METHODS = ("dflash", "ngram", "mtp", "none")
 OUTCOMES = ("ok", "crash", "timeout", "startup_error")
 CUDA_ERR = re.compile(r"(CUDA error:[^\n]*|cudaError\w+[^\n]*|illegal memory access[^\n]*|"
@@ -95,6 +95,7 @@ class Run:
     ignore_eos: bool
     stream: bool
     acceptance: object
+    record_outputs: bool = False
 
 
 def _check(cond, msg):
@@ -160,7 +161,8 @@ def validate_matrix(m, where="matrix") -> dict:
                 runs.append(Run(id=f"{e['id']}/c{w['concurrency']}/r{r}", engine_id=e["id"],
                                 concurrency=w["concurrency"], round=r, rounds=w["rounds"],
                                 max_tokens=w["max_tokens"], temperature=w["temperature"],
-                                ignore_eos=w["ignore_eos"], stream=w["stream"], acceptance=acc))
+                                ignore_eos=w["ignore_eos"], stream=w["stream"], acceptance=acc,
+                                record_outputs=bool(w["record_outputs"])))
         engines.append({"id": e["id"], "engine": eng, "runs": runs})
     return {"name": m.get("name", Path(str(where)).stem), "models_dir": m.get("models_dir", DEFAULT_MODELS_DIR),
             "engines": engines, "run_timeout_s": float(m.get("run_timeout_s", 420)),
@@ -308,7 +310,8 @@ class Runner:
         log_path = self.logdir / f"{tag}.log"
         hook_dir = str(self.logdir / f"{tag}.hook") if e["hook"] and e["spec_method"] == "dflash" else None
         spec = {"engine": e, "models_dir": self.m["models_dir"], "prompt": self.m["prompt"],
-                "hook_dir": hook_dir, "runs": [r.__dict__ for r in pending]}
+                "hook_dir": hook_dir, "outputs_dir": str(self.logdir / f"{tag}.outputs"),
+                "runs": [r.__dict__ for r in pending]}
         fd, spec_path = tempfile.mkstemp(prefix=f"{tag}.", suffix=".json", dir=self.logdir)
         with os.fdopen(fd, "w") as f:
             json.dump(spec, f)

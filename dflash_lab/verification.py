@@ -167,3 +167,28 @@ def position_matched(df, session: str, concurrency: int = 32):
     rows = [{"position after engine start": int(p), "fix 2 FULL tok/s": float(fx[p]), "PIECEWISE tok/s": float(pw[p]),
              "ratio": float(fx[p] / pw[p])} for p in sorted(set(fx.index) & set(pw.index))]
     return pd.DataFrame(rows)
+
+
+def output_agreement(df, session: str, reference: str = "PIECEWISE"):
+    """Greedy outputs of FULL-graph runs against ``reference``-mode runs of the same session, run by run
+    (same concurrency, same round): how many requests produced identical token ids (digests written by
+    runs with ``record_outputs``). An engine of another graph mode is an independent reference path."""
+    import pandas as pd
+
+    d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")]
+    if "output_digests" not in d:
+        return pd.DataFrame()
+    d = d[d["output_digests"].apply(lambda x: isinstance(x, list))]
+    ref = d[(d["cudagraph_mode"] == reference) & (d["fix"] != True)]
+    rows = []
+    for _, r in d[d["cudagraph_mode"] == FULL].iterrows():
+        m = ref[(ref["concurrency"] == r["concurrency"]) & (ref["round"] == r["round"])
+                & (ref["temperature"] == r["temperature"])]
+        if m.empty:
+            continue
+        a, b = r["output_digests"], m.iloc[0]["output_digests"]
+        same = sum(x == y for x, y in zip(a, b))
+        rows.append({"run": r["run_id"], "fix": analysis.fix_label(dict(r)) or "stock", "reference run": m.iloc[0]["run_id"],
+                     "concurrency": int(r["concurrency"]), "temperature": r["temperature"],
+                     "identical requests": f"{same}/{len(a)}", "all identical": same == len(a) == len(b)})
+    return pd.DataFrame(rows)

@@ -174,6 +174,21 @@ def hook_stats(hook_dir: str | None) -> dict | None:
 
 # ----------------------------------------------------------------------------- offline
 
+def record_outputs(folder, run_id: str, token_ids: list[list[int]]) -> list[str]:
+    """Write a run's generated token ids (one list per request, in request order) to
+    ``folder/<run>.json`` and return a short sha256 per request, for comparing engines run by run."""
+    import hashlib
+
+    digests = [hashlib.sha256(json.dumps(t).encode()).hexdigest()[:16] for t in token_ids]
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, run_id.replace("/", "_") + ".json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"run": run_id, "token_ids": token_ids, "digests": digests}, f)
+        os.replace(path + ".tmp", path)
+    return digests
+
+
 def run_offline(spec, paths, events):
     from vllm import LLM, SamplingParams
 
@@ -211,11 +226,15 @@ def run_offline(spec, paths, events):
             ft = getattr(m, "first_token_latency", None) if m is not None else None
             if isinstance(ft, (int, float)):
                 ttft.append(ft)
+        extra = {}
+        if run.get("record_outputs"):
+            extra["output_digests"] = record_outputs(spec.get("outputs_dir"), run["id"],
+                                                     [list(o.outputs[0].token_ids) for o in outs])
         events.emit(event="run_end", run=run["id"], outcome="ok", requests_completed=len(outs),
                     requests_failed=run["concurrency"] - len(outs), output_tokens=ntok, wall_s=round(wall, 3),
                     output_tok_s=round(ntok / wall, 1) if wall else None,
                     spec_decode_metrics=spec_delta(before, after), hook=hook_stats(spec.get("hook_dir")),
-                    ttft_p50_s=pct(ttft, 50), ttft_p99_s=pct(ttft, 99), prompt_tokens=len(prompt_ids))
+                    ttft_p50_s=pct(ttft, 50), ttft_p99_s=pct(ttft, 99), prompt_tokens=len(prompt_ids), **extra)
     try:  # a clean engine shutdown lets the hook in the engine process write its last records
         llm.llm_engine.engine_core.shutdown()
     except Exception:  # noqa: BLE001

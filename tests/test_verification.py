@@ -101,3 +101,29 @@ def test_position_matched_pairs_runs_by_their_place_after_the_engine_start(df):
     pm = V.position_matched(df, SESSION)
     assert list(pm["position after engine start"]) == [0, 1]
     assert pm.iloc[1]["fix 2 FULL tok/s"] == 1451.0 and pm.iloc[1]["PIECEWISE tok/s"] == 1572.8
+
+
+def test_record_outputs_writes_tokens_and_digests(tmp_path):
+    from dflash_lab.worker import record_outputs
+
+    d = record_outputs(str(tmp_path / "o"), "e/c2/r0", [[1, 2, 3], [1, 2, 3], [4]])
+    assert d[0] == d[1] != d[2] and len(d[0]) == 16
+    saved = __import__("json").loads((tmp_path / "o" / "e_c2_r0.json").read_text())
+    assert saved["token_ids"][2] == [4] and saved["digests"] == d
+
+
+def test_output_agreement_pairs_full_runs_with_the_reference_mode():
+    base = {"gpu_session": "S", "outcome": "ok", "concurrency": 2, "round": 0, "temperature": 0.0,
+            "spec_method": "dflash", "fix_parts": None}
+    df = pd.DataFrame([
+        {**base, "run_id": "fix/c2/r0", "cudagraph_mode": "FULL_AND_PIECEWISE", "fix": True,
+         "fix_parts": ["fa3_schedule_refresh"], "output_digests": ["a", "b"]},
+        {**base, "run_id": "stock/c2/r0", "cudagraph_mode": "FULL_AND_PIECEWISE", "fix": False, "output_digests": ["a", "x"]},
+        {**base, "run_id": "pw/c2/r0", "cudagraph_mode": "PIECEWISE", "fix": False, "output_digests": ["a", "b"]},
+        {**base, "run_id": "pw/c2/r0-hot", "cudagraph_mode": "PIECEWISE", "fix": False, "temperature": 0.7,
+         "output_digests": ["q", "q"]},
+    ])
+    a = V.output_agreement(df, "S").set_index("run")
+    assert a.loc["fix/c2/r0", "identical requests"] == "2/2" and a.loc["fix/c2/r0", "all identical"]
+    assert a.loc["stock/c2/r0", "identical requests"] == "1/2" and not a.loc["stock/c2/r0", "all identical"]
+    assert (a["reference run"] == "pw/c2/r0").all()
