@@ -3,7 +3,7 @@
 Commands:
   replay RECORD.npz [...] [--kernel stock|patched] [--out OUT.npz] [--json] [--device cpu|cuda]
       exit 0: no violation; 3: at least one violation; 2: bad input
-  run MATRIX.yaml --out data/runs/NAME.jsonl [--deadline-s S]      (GPU host)
+  run MATRIX.yaml --out data/runs/NAME.jsonl [--deadline-s S] [--skip-done RUNS.jsonl ...]  (GPU host)
   capture [--max-num-seqs N] [--k K] [--max-num-batched-tokens T] [--cudagraph-mode M]
   record-capture-sizes --out data/capture/NAME.json                 (GPU host, vLLM's own config code)
   ingest FOLDER NAME [--matrix M] [--device-command C]                 (GPU output -> data/)
@@ -53,7 +53,10 @@ def _run(a) -> int:
     from .runner import Runner, load_matrix
 
     m = load_matrix(a.matrix)
-    return Runner(m, a.out, deadline_s=a.deadline_s, log=lambda s: print(s, flush=True), logdir=a.logs).run()
+    r = Runner(m, a.out, deadline_s=a.deadline_s, log=lambda s: print(s, flush=True), logdir=a.logs)
+    if a.skip_done:
+        r.skip_done(a.skip_done)
+    return r.run()
 
 
 def _capture(a) -> int:
@@ -119,6 +122,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--deadline-s", type=float, default=None)
     p.add_argument("--logs", default=None, help="folder for engine logs and hook output (default OUT.logs)")
+    p.add_argument("--skip-done", nargs="+", metavar="RUNS.jsonl",
+                   help="runs.jsonl of earlier calls of this matrix: their measured runs are not run again")
     p.set_defaults(fn=_run)
     p = sub.add_parser("capture", help="capture sizes and DFlash drafter padding for one config")
     p.add_argument("--max-num-seqs", type=int, default=64)

@@ -281,6 +281,28 @@ class Runner:
                  + (f" {obj.get('output_tok_s')} tok/s" if obj.get("output_tok_s") else ""))
         return obj
 
+    def skip_done(self, files) -> int:
+        """Leave out the runs that earlier calls of the same matrix already measured (lines in ``files``
+        with an outcome other than a deadline cut): a matrix larger than one device command continues in
+        the next one. Returns how many runs were left out."""
+        done = set()
+        for f in files:
+            for r in read_lines(f):
+                if r.get("matrix") not in (None, self.m["name"]):
+                    raise LabError(f"{f}: line {r.get('run_id')} is from matrix {r.get('matrix')!r}, not {self.m['name']!r}")
+                if r.get("outcome") in ("ok", "crash") or (r.get("outcome") == "timeout"
+                                                           and "runner deadline" not in str(r.get("error"))):
+                    done.add(r["run_id"])
+        n = 0
+        for eng in self.m["engines"]:
+            keep = [r for r in eng["runs"] if r.id not in done]
+            n += len(eng["runs"]) - len(keep)
+            eng["runs"] = keep
+        self.m["engines"] = [e for e in self.m["engines"] if e["runs"]]
+        if n:
+            self.log(f"{n} run(s) already measured in {', '.join(map(str, files))}: left out")
+        return n
+
     def run(self) -> int:
         for eng in self.m["engines"]:
             self.run_engine(eng)

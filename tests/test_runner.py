@@ -120,3 +120,21 @@ def test_first_request_error_names_kind_status_and_text():
          "first_error": {"http_error": {"index": 0, "status": 500, "error": '{"error": "EngineDeadError"}'}}}
     assert first_request_error(s) == 'requests failed: 3 x, first http_error (HTTP 500): {"error": "EngineDeadError"}'
     assert first_request_error({"failed": 0, "first_error": {}}) is None and first_request_error(None) is None
+
+
+def test_skip_done_continues_a_matrix_where_an_earlier_call_stopped(tmp_path):
+    prev = tmp_path / "prev.jsonl"
+    prev.write_text("".join(json.dumps(l) + "\n" for l in [
+        {"run_id": "e1/c2/r0", "outcome": "ok", "matrix": "t"},
+        {"run_id": "e1/c2/r1", "outcome": "timeout", "error": "runner deadline reached during the run", "matrix": "t"},
+        {"run_id": "e2/c2/r0", "outcome": "crash", "matrix": "t"}]))
+    lines, r = run(tmp_path, [{"id": "e1", "runs": [{"concurrency": 2, "rounds": 3}]},
+                              {"id": "e2", "runs": [{"concurrency": 2, "rounds": 1}]}],
+                   extra=("--skip-done", str(prev)))
+    assert [l["run_id"] for l in lines] == ["e1/c2/r1", "e1/c2/r2"]  # the deadline-cut run is run again
+    assert "2 run(s) already measured" in r.stdout
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"run_id": "x/c1/r0", "outcome": "ok", "matrix": "another"}) + "\n")
+    bad = run_cli("dflash_lab", "run", str(matrix(tmp_path, [{"id": "e1", "runs": [{"concurrency": 2}]}])),
+                  "--out", str(tmp_path / "o2.jsonl"), "--skip-done", str(other), timeout=120)
+    assert bad.returncode != 0 and "from matrix 'another'" in bad.stderr

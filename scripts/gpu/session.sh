@@ -24,7 +24,8 @@ LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
 echo "runner deadline: $LEFT s"
 LOGS=/tmp/runlogs/$(basename "$MATRIX" .yaml)   # this step's engine logs only
 mkdir -p "$LOGS"
-python3 -m dflash_lab run "$MATRIX" --out "$OUT/runs.jsonl" --logs "$LOGS" --deadline-s $LEFT
+# SKIP_DONE: runs.jsonl files of earlier calls of this matrix (carried into the checkout): continue where they stopped
+python3 -m dflash_lab run "$MATRIX" --out "$OUT/runs.jsonl" --logs "$LOGS" --deadline-s $LEFT ${SKIP_DONE:+--skip-done $SKIP_DONE}
 find "$LOGS" -name '*.log' -size +3M -exec sh -c 'tail -c 3000000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
 tar czf "$OUT/logs.tgz" -C "$LOGS" .
 ls -la "$OUT"
