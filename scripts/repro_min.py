@@ -319,7 +319,11 @@ def judge(stock: dict, fixed: dict, reference: dict | None, concurrency: int) ->
     """The verdict and its one-line text from the three children's results."""
     stale = stock.get("checks") or []
     stock_crashed = stock.get("engine_started") and not stock.get("completed")
-    reproduced = bool(stale) or bool(stock_crashed and stock.get("error") and "illegal" in stock["error"].lower())
+    # a crash of the stock FULL engine counts only when the engine without FULL graphs ran the same
+    # prompts to the end: if PIECEWISE crashes too, the crash is not this bug (the stale schedule still is)
+    ref_clean = reference is not None and bool(reference.get("completed"))
+    reproduced = bool(stale) or bool(stock_crashed and ref_clean and stock.get("error")
+                                     and "illegal" in stock["error"].lower())
     fixed_stale = fixed.get("checks") or []
     cmp = {}
     if reference and reference.get("completed"):
@@ -328,6 +332,8 @@ def judge(stock: dict, fixed: dict, reference: dict | None, concurrency: int) ->
                 cmp[name] = compare(r["outputs"], reference["outputs"])
     fixed_ok = fixed.get("completed") and not fixed_stale and cmp.get("fixed", (0, 0.0))[0] == 0
     v = {"reproduced": reproduced, "fix_removes_it": bool(fixed_ok), "stock_stale_checks": len(stale),
+         "reference_crashed": reference is not None and bool(reference.get("engine_started"))
+         and not reference.get("completed"),
          "stock_crashed": bool(stock_crashed), "fixed_stale_checks": len(fixed_stale),
          "reference_compared": bool(cmp), "vs_reference": cmp}
     grp = _reusing_group(stock if stock.get("groups") else fixed)

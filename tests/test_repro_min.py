@@ -119,3 +119,18 @@ def test_coredump_env_and_listing(root, tmp_path, monkeypatch):
     monkeypatch.setattr(rm, "child_cmd", lambda role, w, c, t: [sys.executable, "-c", dump])
     r = rm.run_role("stock", str(tmp_path), 2, 3, 60, coredump_dir=str(tmp_path / "cores"))
     assert [p.rsplit("/", 2)[-2:] for p in r["core_dumps"]] == [["stock", "core_h_1.nvcudmp"]]
+
+
+def test_a_crash_is_not_this_bug_when_piecewise_crashes_too(root, tmp_path, monkeypatch):
+    rm = _load(root)
+    def crash(role):
+        return (f"import json, os, sys; json.dump({{'startup_s': 9.0}}, open(os.path.join(sys.argv[1], '{role}.started.json'), 'w')); "
+                "print('CUDA error: an illegal memory access was encountered'); sys.exit(1)")
+    crash_no_checks, ref_crash = crash("stock"), crash("reference")
+    r = _run(rm, tmp_path, monkeypatch, {"stock": crash_no_checks, "fixed": _done("fixed"), "reference": ref_crash})
+    assert r["stock"]["checks"] == [] and not r["reference"]["completed"]
+    v, line = rm.judge(r["stock"], r["fixed"], r["reference"], 2)
+    assert not v["reproduced"] and v["reference_crashed"] and "reference: did not complete" in line
+    (tmp_path / "b").mkdir()
+    r2 = _run(rm, tmp_path / "b", monkeypatch, {"stock": crash_no_checks, "reference": _done("reference")})
+    assert rm.judge(r2["stock"], r["fixed"], r2["reference"], 2)[0]["reproduced"]
