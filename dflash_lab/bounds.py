@@ -102,6 +102,9 @@ def parity(paths: list[str]) -> list[dict]:
     (copied after the CUDA fault) gets a short row with ``stock_replay_equals_engine_outputs``
     False and no patched replay.
     """
+    from .replay import prewarm
+
+    prewarm(paths)  # parallel cache fill; the loop below then reads the cache
     rows = []
     for p in paths:
         rec = load_record(p)

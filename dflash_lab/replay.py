@@ -153,6 +153,34 @@ def replay(rec: Record, kernel: str = "stock", device: str = "cpu") -> ReplayRes
     return _replay(rec, kernel, device, ks_extra)
 
 
+def _warm_one(job) -> bool:
+    path, kernel = job
+    from .records import load_record
+
+    replay(load_record(path), kernel)
+    return True
+
+
+def prewarm(paths, kernels=("stock", "patched"), workers: int | None = None) -> int:
+    """Fill the replay cache for every (record, kernel) in parallel processes, one per CPU core
+    (interpreted replays are CPU-bound and independent); later :func:`replay` calls are cache hits.
+    Does nothing with the cache off or one core. Returns the number of jobs run."""
+    if os.environ.get("DFLASH_LAB_REPLAY_CACHE", "1") == "0":
+        return 0
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = [(str(p), k) for p in paths for k in kernels]
+    if workers < 2 or len(jobs) < 2:
+        return 0
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("spawn")) as ex:
+        list(ex.map(_warm_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+    return len(jobs)
+
+
 def _replay(rec: Record, kernel: str, device: str, ks_extra) -> ReplayResult:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")

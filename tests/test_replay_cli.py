@@ -65,3 +65,25 @@ def test_bad_inputs_get_one_line_and_exit_2(tmp_path, root):
     out = tmp_path / "never.npz"
     one_line_error(run_cli("dflash_lab", "replay", str(junk), "--out", str(out)))
     assert not out.exists()
+
+
+def test_prewarm_fills_the_replay_cache_in_parallel(tmp_path, monkeypatch):
+    import shutil
+
+    from dflash_lab import replay as R
+    from dflash_lab.records import load_record
+    from dflash_lab.vllm_sources import cache_dir
+
+    src = cache_dir()
+    monkeypatch.setenv("DFLASH_LAB_CACHE", str(tmp_path / "c"))
+    (tmp_path / "c").mkdir()
+    for sub in ("vllm-0.22.1-src", "generated"):  # the pinned sources, not the replay results
+        if (src / sub).exists():
+            shutil.copytree(src / sub, tmp_path / "c" / sub)
+    paths = ["data/records/all_accepted_block_edge.npz", "data/records/crashA_32x16_mixed.npz"]
+    assert R.prewarm(paths, workers=2) == 4
+    cached = sorted((tmp_path / "c" / "replay").glob("*.npz"))
+    assert len(cached) == 4
+    assert R.prewarm(paths, workers=1) == 0  # one core: nothing to gain
+    monkeypatch.setattr(R, "_replay", lambda *a: (_ for _ in ()).throw(AssertionError("not a cache hit")))
+    R.replay(load_record(paths[0]), "patched")
