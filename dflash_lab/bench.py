@@ -13,6 +13,8 @@ Rules the functions here enforce, because the findings quote their output:
   concurrency); cells from different sessions are never paired;
 - crashed runs are kept: a cell reports ``crashed/runs``; a mode that crashed in a cell is never
   recommended for it;
+- the first run of every engine start is a warm-up (the bench matrices start each engine with a short
+  one): its outcome counts, its metrics do not;
 - the step-time model is fitted on some cells and checked on a cell it did not see.
 """
 
@@ -74,6 +76,9 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
             row[m] = sm.get(m)
         rows.append(row)
     df = pd.DataFrame(rows)
+    # the first run of every engine start pays for warm-up (lazy compilation, allocator growth): its
+    # outcome counts, its metrics do not
+    df["warmup"] = df.groupby(["file", "engine_id", "attempt"], dropna=False).cumcount() == 0
     if df["gpu_session"].isna().any():
         bad = sorted(set(df.loc[df["gpu_session"].isna(), "file"]))
         raise LabError(f"bench lines without a GPU session label in {bad}: ingest them with --gpu-session")
@@ -82,12 +87,16 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
 
 def cells(df):
     """One row per (session, acceptance, mode, concurrency): runs, crashes and the spread of each metric
-    over the completed runs (mean, std, min, max; n)."""
+    over the completed runs (mean, std, min, max; ``ok`` is their number), warm-up runs left out of the
+    metrics and of ``ok`` but not of ``runs`` and ``crashed``."""
     import pandas as pd
 
     out = []
     for key, g in df.groupby(["gpu_session", "acceptance", "mode", "concurrency"], dropna=False):
-        ok = g[g["outcome"] == "ok"]
+        warm = g["warmup"] if "warmup" in g else pd.Series(False, index=g.index)
+        if (warm & (g["outcome"] == "ok")).all():
+            continue  # only warm-up runs that completed: nothing measured, nothing crashed
+        ok = g[(g["outcome"] == "ok") & ~warm]
         row = dict(zip(("gpu_session", "acceptance", "mode", "concurrency"), key))
         row.update({"runs": len(g), "ok": len(ok), "crashed": int(g["crashed"].sum()),
                     "crashed / runs": f"{int(g['crashed'].sum())}/{len(g)}",

@@ -19,16 +19,18 @@ from . import analysis
 
 # The report's numbers, as printed in seed-report.md ("State at crash time (from dump_input.py)").
 REPORT_STATES = {
-    "report crash A": {"cell": "dflash (k=15), CUDA graphs on (vLLM default)", "concurrency": 32, "tensor_parallel_size": 4, "path": "server", "weights": "real",
-                       "acceptance (mean length)": 8.80, "num_running_reqs": 32, "num_waiting_reqs": 0,
-                       "kv_cache_usage": 0.199, "total_num_scheduled_tokens": 512,
-                       "num_computed_tokens": "117..144", "num_output_tokens": None, "finished this step": None,
-                       "phase": "early (still prefilling, generation just started)"},
-    "report crash B": {"cell": "dflash (k=15), CUDA graphs on (vLLM default)", "concurrency": 16, "tensor_parallel_size": 4, "path": "server", "weights": "real",
-                       "acceptance (mean length)": 1.86, "num_running_reqs": 7, "num_waiting_reqs": 0,
-                       "kv_cache_usage": 0.0437, "total_num_scheduled_tokens": 112,
-                       "num_computed_tokens": "365..574", "num_output_tokens": "317..526", "finished this step": None,
-                       "phase": "tail (9 of 16 requests finished)"},
+    "report crash A": {
+        "cell": "dflash (k=15), CUDA graphs on (vLLM default)", "concurrency": 32, "tensor_parallel_size": 4,
+        "path": "server", "weights": "real", "acceptance (mean length)": 8.80, "num_running_reqs": 32,
+        "num_waiting_reqs": 0, "kv_cache_usage": 0.199, "total_num_scheduled_tokens": 512,
+        "num_computed_tokens": "117..144", "num_output_tokens": None, "finished this step": None,
+        "phase": "early (still prefilling, generation just started)"},
+    "report crash B": {
+        "cell": "dflash (k=15), CUDA graphs on (vLLM default)", "concurrency": 16, "tensor_parallel_size": 4,
+        "path": "server", "weights": "real", "acceptance (mean length)": 1.86, "num_running_reqs": 7,
+        "num_waiting_reqs": 0, "kv_cache_usage": 0.0437, "total_num_scheduled_tokens": 112,
+        "num_computed_tokens": "365..574", "num_output_tokens": "317..526", "finished this step": None,
+        "phase": "tail (9 of 16 requests finished)"},
 }
 FIELDS = ("cell", "path", "tensor_parallel_size", "weights", "concurrency", "acceptance (mean length)", "num_running_reqs",
           "num_waiting_reqs", "kv_cache_usage", "total_num_scheduled_tokens", "num_computed_tokens",
@@ -62,7 +64,7 @@ def our_states(df, data_dir: str = "data/gpu") -> list[dict]:
         sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
         out.append({
             "name": f"{session.replace('2026-11-30_h200_', '')}/{name}", "run": r["run_id"],
-            "cell": r["cell"] + (", CUDA_LAUNCH_BLOCKING=1" if "blocking" in name else ""),
+            "cell": r["cell"],
             "path": r.get("mode"), "tensor_parallel_size": r.get("tensor_parallel_size"), "weights": r.get("weights"),
             "concurrency": n_req,
             "acceptance (mean length)": sd.get("acceptance_length") or r.get("acceptance"),

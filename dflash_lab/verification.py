@@ -25,11 +25,6 @@ def _natural(df):
     return df[(df["probe"] != True) & (df["canary"] != True)]
 
 
-def stock_controls(df):
-    """Stock DFlash runs with FULL_AND_PIECEWISE graphs (the crash configuration), see analysis.stock_full."""
-    return analysis.stock_full(df)
-
-
 def sessions_with_fix2(df) -> list[str]:
     s = df[[is_fix2(r) for _, r in df.iterrows()]]["gpu_session"].dropna()
     return sorted(set(s))
@@ -50,7 +45,7 @@ def session_table(df, session: str):
                                             if o not in ("ok", "crash")) or "-",
                          "files": ", ".join(sorted(set(g["file"])))})
 
-    add("stock control (FULL_AND_PIECEWISE)", stock_controls(d))
+    add("stock control (FULL_AND_PIECEWISE)", analysis.stock_full(d))
     nat = _natural(d)
     add("fix 2 (FULL_AND_PIECEWISE)", nat[[is_fix2(r) for _, r in nat.iterrows()]])
     pw = nat[(nat["cudagraph_mode"] == "PIECEWISE") & (nat["fix"] != True) & (nat["spec_method"] == "dflash")]

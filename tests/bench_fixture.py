@@ -41,7 +41,9 @@ def write_fixture(folder, seed=0, accs=ACCS):
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     for acc, session in accs.items():
-        lines = [_line(i, m, c, acc, session, rng) for m in ("fixed", "piecewise", "nospec", "eager", "stock")
-                 for c in CONCS for i in range(3 if not (m == "stock" and c >= 32) else 1)]
+        lines = []
+        for m in ("fixed", "piecewise", "nospec", "eager", "stock"):
+            lines.append(dict(_line(0, m, 2, acc, session, rng), run_id=f"{m}/c2/warm-up"))  # each engine's first run
+            lines += [_line(i, m, c, acc, session, rng) for c in CONCS for i in range(3 if not (m == "stock" and c >= 32) else 1)]
         (folder / f"{session}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
     return str(folder / "*.jsonl")

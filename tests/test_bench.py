@@ -24,9 +24,15 @@ def line(run_id, mode, conc, tput, tpot, session="S", outcome="ok", acc=1.86, L=
 
 
 def write(tmp_path, lines, name="b1"):
+    """Each engine's lines, after the warm-up run the bench matrices start every engine with."""
     d = tmp_path / "bench"
     d.mkdir(exist_ok=True)
-    (d / f"{name}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    warm, seen = [], set()
+    for l in lines:
+        if l["engine_id"] not in seen:
+            seen.add(l["engine_id"])
+            warm.append(dict(l, run_id=f"{l['engine_id']}/c2/warm", concurrency=2))
+    (d / f"{name}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in warm + lines))
     return str(d / "*.jsonl")
 
 
@@ -118,3 +124,17 @@ def test_active_params_by_hand_and_the_real_size_floor():
     real = bench.active_params(models.QWEN36_TEXT)["total"]
     assert 2.8e9 < real < 3.1e9  # "about 3B active"
     assert bench.bandwidth_floor_ms(real) == pytest.approx(real * 2 / 4.8e12 * 1e3) and 1.1 < bench.bandwidth_floor_ms(real) < 1.35
+
+
+def test_warm_up_runs_count_as_runs_only_when_they_crash(tmp_path):
+    lines = [line("f0", "fixed", 4, 100, 5), line("f1", "fixed", 4, 110, 5)]
+    c = bench.cells(bench.load_bench(write(tmp_path, lines)))
+    assert list(c["concurrency"]) == [4]  # the completed warm-up run (c2) measured nothing: no cell
+    assert c.iloc[0]["output_throughput"] == pytest.approx(105)
+    crash_first = [line("s0", "stock", 4, None, None, outcome="crash"), line("s1", "stock", 4, 90, 5)]
+    d = tmp_path / "x"
+    d.mkdir()
+    (d / "b.jsonl").write_text("".join(json.dumps(l) + "\n" for l in crash_first))  # no warm-up: s0 is first
+    c = bench.cells(bench.load_bench(str(d / "b.jsonl")))
+    row = c.iloc[0]
+    assert (row["runs"], row["crashed"], row["ok"], row["output_throughput"]) == (2, 1, 1, 90)

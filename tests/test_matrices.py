@@ -33,7 +33,8 @@ def test_matrix_loads(path):
         for e in m["engines"]:
             assert e["engine"]["mode"] == "server"
             per_cell = {}
-            for r in e["runs"]:
+            assert (e["runs"][0].concurrency, e["runs"][0].max_tokens) == (2, 64)  # the warm-up run
+            for r in e["runs"][1:]:
                 per_cell[r.concurrency] = per_cell.get(r.concurrency, 0) + 1
             if e["id"] != "full-stock":
                 assert set(per_cell) == {1, 4, 8, 16, 32, 64} and set(per_cell.values()) == {3}
