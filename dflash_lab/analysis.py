@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import LabError
 from .patch import FIX_PARTS_BEFORE_ROOT_CAUSE
-from .runner import read_lines
+from .runner import is_deadline_cut, read_lines  # noqa: F401 (is_deadline_cut: used by the notebooks)
 
 SCHED_RE = re.compile(r"Dumping scheduler output for model execution: (.*)$")
 STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\((.*)\)")
@@ -152,6 +152,12 @@ def recorded_lines(pattern: str, what: str = "run"):
             yield f, i, r
 
 
+def engine_positions(df):
+    """Each line's place among the runs of its engine start (0: the first run after start-up, which pays
+    for warm-up), from the order the runner wrote them: per (file, engine id, attempt)."""
+    return df.groupby(["file", "engine_id", "attempt"], dropna=False).cumcount()
+
+
 def load_runs(pattern: str = "data/runs/*.jsonl"):
     """All run lines matching ``pattern`` as a DataFrame (one row per run), with their file."""
     import pandas as pd
@@ -163,15 +169,11 @@ def load_runs(pattern: str = "data/runs/*.jsonl"):
         r["target_name"] = r["target"]["name"] if isinstance(r.get("target"), dict) else r.get("target")
         rows.append(r)
     df = pd.DataFrame(rows)
+    df["position"] = engine_positions(df)
     df["stopped_by_canary"] = df.apply(is_canary_stop, axis=1)
     df["crashed"] = (df["outcome"] == "crash") & ~df["stopped_by_canary"]
     df["instruments"] = df.apply(lambda r: ", ".join(instruments(r)) or "none", axis=1)
     return df
-
-
-def is_deadline_cut(r) -> bool:
-    """A run stopped by the runner's session deadline (not by the engine): it measured nothing."""
-    return r.get("outcome") == "timeout" and "runner deadline" in str(r.get("error") or "")
 
 
 def crash_table(df):

@@ -56,10 +56,10 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
     """All bench lines as a DataFrame: one row per run, metrics flattened, mode and session set."""
     import pandas as pd
 
-    from .analysis import recorded_lines
+    from . import analysis
 
     rows = []
-    for f, i, r in recorded_lines(pattern, "bench"):
+    for f, i, r in analysis.recorded_lines(pattern, "bench"):
         if r.get("mode") != "server":
             raise LabError(f"{f}:{i}: not a server-mode run (bench lines come from the streamed server workload)")
         sm = r.get("serve_metrics") or {}
@@ -78,7 +78,7 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
     df = pd.DataFrame(rows)
     # the first run of every engine start pays for warm-up (lazy compilation, allocator growth): its
     # outcome counts, its metrics do not
-    df["warmup"] = df.groupby(["file", "engine_id", "attempt"], dropna=False).cumcount() == 0
+    df["warmup"] = analysis.engine_positions(df) == 0
     if df["gpu_session"].isna().any():
         bad = sorted(set(df.loc[df["gpu_session"].isna(), "file"]))
         raise LabError(f"bench lines without a GPU session label in {bad}: ingest them with --gpu-session")

@@ -192,6 +192,14 @@ def _tail(path: Path, n=40) -> list[str]:
     return lines[-n:]
 
 
+DEADLINE_CUT = "runner deadline reached during the run"
+
+
+def is_deadline_cut(r) -> bool:
+    """A run stopped by the runner's session deadline (not by the engine): it measured nothing."""
+    return r.get("outcome") == "timeout" and DEADLINE_CUT in str(r.get("error") or "")
+
+
 def first_request_error(summary) -> str | None:
     """'requests failed: <kind> (HTTP <status>): <text>' from a server run's failure summary."""
     first = (summary or {}).get("first_error") or {}
@@ -290,8 +298,7 @@ class Runner:
             for r in read_lines(f):
                 if r.get("matrix") not in (None, self.m["name"]):
                     raise LabError(f"{f}: line {r.get('run_id')} is from matrix {r.get('matrix')!r}, not {self.m['name']!r}")
-                if r.get("outcome") in ("ok", "crash") or (r.get("outcome") == "timeout"
-                                                           and "runner deadline" not in str(r.get("error"))):
+                if r.get("outcome") in ("ok", "crash", "timeout") and not is_deadline_cut(r):
                     done.add(r["run_id"])
         n = 0
         for eng in self.m["engines"]:
@@ -475,7 +482,7 @@ class Runner:
                     tail = _tail(log_path)
                     self.line(eng, run, "timeout", attempt,
                               error=f"run exceeded {self.m['run_timeout_s']:.0f} s" if self.time_left() >= 0
-                              else "runner deadline reached during the run",
+                              else DEADLINE_CUT,
                               log_tail=tail, wall_s=round(time.time() - t_run, 3), **extra)
                     remaining.pop(0)
                     if self.time_left() < 0:

@@ -125,13 +125,10 @@ def canary_table(df):
 
 
 def warm_runs(df):
-    """Natural runs that completed, minus the first run of each engine start (it pays for warm-up:
-    lazy compilation, allocator growth). Throughput ratios use these only."""
+    """Natural runs that completed, minus the first run of each engine start (``position`` 0: it pays
+    for warm-up, lazy compilation, allocator growth). Throughput ratios use these only."""
     d = _natural(df)
-    d = d[d["outcome"] == "ok"].copy()
-    d["_order"] = range(len(d))
-    first = d.groupby(["file", "engine_id", "attempt"])["_order"].transform("min")
-    return d[d["_order"] != first].drop(columns="_order")
+    return d[(d["outcome"] == "ok") & (d["position"] > 0)]
 
 
 def throughput_table(df, session: str, concurrency: int = 32):
@@ -156,9 +153,8 @@ def position_matched(df, session: str, concurrency: int = 32):
     import pandas as pd
 
     d = _natural(df[(df["gpu_session"] == session) & (df["concurrency"] == concurrency) & (df["outcome"] == "ok")])
-    d = d.assign(_pos=d.groupby(["file", "engine_id", "attempt"]).cumcount())
-    fx = d[[is_fix2(r) for _, r in d.iterrows()]].set_index("_pos")["output_tok_s"]
-    pw = d[(d["fix"] != True) & (d["cudagraph_mode"] == "PIECEWISE")].set_index("_pos")["output_tok_s"]
+    fx = d[[is_fix2(r) for _, r in d.iterrows()]].set_index("position")["output_tok_s"]
+    pw = d[(d["fix"] != True) & (d["cudagraph_mode"] == "PIECEWISE")].set_index("position")["output_tok_s"]
     rows = [{"position after engine start": int(p), "fix 2 FULL tok/s": float(fx[p]), "PIECEWISE tok/s": float(pw[p]),
              "ratio": float(fx[p] / pw[p])} for p in sorted(set(fx.index) & set(pw.index))]
     return pd.DataFrame(rows)

@@ -127,3 +127,13 @@ def test_output_agreement_pairs_full_runs_with_the_reference_mode():
     assert a.loc["fix/c2/r0", "identical requests"] == "2/2" and a.loc["fix/c2/r0", "all identical"]
     assert a.loc["stock/c2/r0", "identical requests"] == "1/2" and not a.loc["stock/c2/r0", "all identical"]
     assert (a["reference run"] == "pw/c2/r0").all()
+
+
+def test_warm_up_is_the_first_run_of_the_engine_not_of_a_concurrency():
+    base = {"file": "f", "engine_id": "e", "attempt": 1, "outcome": "ok", "probe": False, "canary": False}
+    d = pd.DataFrame([{**base, "run_id": "e/c2/r0", "concurrency": 2}, {**base, "run_id": "e/c32/r0", "concurrency": 32},
+                      {**base, "run_id": "e/c32/r1", "concurrency": 32}, {**base, "run_id": "e/c32/r2", "concurrency": 32,
+                                                                          "attempt": 2}])
+    d["position"] = analysis.engine_positions(d)
+    assert list(d["position"]) == [0, 1, 2, 0]  # a restart (attempt 2) starts over
+    assert list(V.warm_runs(d[d["concurrency"] == 32])["run_id"]) == ["e/c32/r0", "e/c32/r1"]
