@@ -4,7 +4,8 @@
 set -euo pipefail
 if [ ! -f /tmp/vllm-site/.dflash-lab-ready ]; then
   ls /tmp/parts/p[0-9] >/dev/null
-  ASM=$(ls .gpu-parts-fit/assemble.sh .gpu-parts/assemble.sh 2>/dev/null | head -1)
+  # the first that exists (ls exits 1 when any is missing: under pipefail that must not end the script silently)
+  ASM=$(ls /tmp/parts/assemble.sh .gpu-parts-fit/assemble.sh .gpu-parts/assemble.sh 2>/dev/null | head -1 || true)
   [ -n "$ASM" ] || { echo "setup: carry .gpu-parts-fit/assemble.sh and SHA256 (or .gpu-parts/...) with the last part" >&2; exit 2; }
   bash "$ASM" /tmp/parts /tmp/vllm-site
   touch /tmp/vllm-site/.dflash-lab-ready
