@@ -253,13 +253,98 @@ def child_cmd(role: str, workdir: str, concurrency: int, tokens: int) -> list[st
             "--concurrency", str(concurrency), "--tokens", str(tokens)]
 
 
+# Without these the driver writes the whole device memory into the dump: 45 GB and more than four
+# minutes on an H200 (measured 2026-11-30, the dump was still unfinished when its command timed out).
+# Skipping memory contents keeps what names the fault (kernel, PC, grid, stack): a few hundred MB.
+COREDUMP_FLAGS = ("skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,"
+                  "skip_local_memory,skip_constbank_memory")
+
+
 def coredump_env(folder: str | None) -> dict:
-    """Environment that makes the CUDA driver write a core dump on a GPU exception into ``folder``."""
+    """Environment that makes the CUDA driver write a light core dump on a GPU exception into ``folder``."""
     if not folder:
         return {}
     os.makedirs(folder, exist_ok=True)
     return {"CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1", "CUDA_COREDUMP_SHOW_PROGRESS": "1",
+            "CUDA_COREDUMP_GENERATION_FLAGS": COREDUMP_FLAGS,
             "CUDA_COREDUMP_FILE": os.path.join(os.path.abspath(folder), "core_%h_%p.nvcudmp")}
+
+
+def _demangle(name: str) -> str:
+    try:
+        r = subprocess.run(["c++filt"], input=name, capture_output=True, text=True, timeout=10)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return name
+
+
+WRAPPERS = ("cutlass", "cute", "flash", "std", "device_kernel")
+
+
+def _kernel_name(symbol: str) -> str:
+    """The kernel's own name from its symbol, without c++filt (so the verdict reads the same on any host):
+    Triton kernels keep their Python name; in an Itanium-mangled C++ symbol, the first length-prefixed
+    identifier that is neither a namespace nor a launch wrapper (``device_kernel``, ``enable_sm90_or_later``)."""
+    if not symbol.startswith("_Z"):
+        return symbol
+    try:
+        names = _mangled_names(symbol)
+    except ValueError:  # a cut symbol
+        names = []
+    import re
+
+    for n in names:
+        if n not in WRAPPERS and not re.fullmatch(r"enable_sm\d+_or_later", n):
+            return n
+    return symbol[:120]
+
+
+def _mangled_names(symbol: str) -> list[str]:
+    i, names = 2, []
+    while i < len(symbol):
+        c = symbol[i]
+        if c in "ST" and i + 1 < len(symbol) and (symbol[i + 1].isdigit() or symbol[i + 1] == "_"):
+            i = symbol.index("_", i + 1) + 1  # a substitution (S1_) or template parameter (T_): no name
+        elif c == "L":
+            i = symbol.index("E", i) + 1  # a literal template argument (Li64E, Lb1E)
+        elif c.isdigit():
+            j = i
+            while j < len(symbol) and symbol[j].isdigit():
+                j += 1
+            n = int(symbol[i:j])
+            names.append(symbol[j:j + n])
+            i = j + n
+        else:
+            i += 1
+    return names
+
+
+def fault_from_log(text: str) -> dict | None:
+    """What the driver printed while writing a core dump (CUDA_COREDUMP_SHOW_PROGRESS): the exception and
+    the faulting kernel (the innermost frame of the stack it prints), readable without cuda-gdb and even
+    when the dump itself was never finished."""
+    exc = kernel = pc = progress = None
+    for line in text.splitlines():
+        if "coredump:" not in line:
+            continue
+        body = line.split("coredump:", 1)[1].strip()
+        if body.endswith("%...") and body[:-4].isdigit():
+            progress = int(body[:-4])
+        elif exc is None and body.startswith("Detected an exception of type "):
+            exc = body[len("Detected an exception of type "):].strip()
+        elif pc is None and body.startswith("- PC "):
+            pc = body[len("- PC "):].strip()
+        elif kernel is None and body.startswith("#0"):
+            parts = body.split()
+            kernel = parts[2] if len(parts) >= 3 else None
+    if exc is None and kernel is None:
+        return None
+    full = _demangle(kernel) if kernel else None
+    short = _kernel_name(kernel) if kernel else None
+    return {"exception": exc, "pc": pc, "kernel": short, "kernel_symbol": kernel, "kernel_demangled": full,
+            "dump_progress_pct": progress}  # the last "N%..." the driver printed while writing memory
 
 
 def run_role(role: str, workdir: str, concurrency: int, tokens: int, timeout_s: float,
@@ -273,17 +358,40 @@ def run_role(role: str, workdir: str, concurrency: int, tokens: int, timeout_s: 
             rc = subprocess.run(child_cmd(role, workdir, concurrency, tokens), stdout=log, stderr=subprocess.STDOUT,
                                 timeout=timeout_s, env=env).returncode
         except subprocess.TimeoutExpired:
-            rc = None
-    with open(log_path, errors="replace") as f:
-        text = f.read()
+            rc = "timeout"
+    return collect_role(role, workdir, rc, round(time.time() - t0, 1), coredump_dir)
+
+
+def collect_role(role: str, workdir: str, rc, wall_s: float | None = None, coredump_dir: str | None = None) -> dict:
+    """One child's result from the files it wrote (its log, started/result json, checks).
+
+    ``rc``: the child's exit code, "timeout" when the parent killed it, None when unknown (``--rejudge``
+    of a folder whose parent process was killed before it saw the child end)."""
+    log_path = os.path.join(workdir, f"{role}.log")
+    try:
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        text = ""
     res = _read_json(os.path.join(workdir, f"{role}.json")) or {"role": role}
     started = _read_json(os.path.join(workdir, f"{role}.started.json"))
     if started and "startup_s" not in res:
         res["startup_s"] = started["startup_s"]
-    res["returncode"] = rc
-    res["wall_s"] = round(time.time() - t0, 1)
-    res["completed"] = rc == 0 and "outputs" in res
-    res["error"] = None if res["completed"] else ("timeout" if rc is None else crash_reason(text) or f"exit code {rc}")
+    res["returncode"] = None if rc == "timeout" else rc
+    res["wall_s"] = wall_s
+    # a result file is written only after generate() returned: it is the completion record
+    res["completed"] = (rc == 0 or (rc is None and "outputs" in res)) and "outputs" in res
+    fault = fault_from_log(text)
+    if fault:
+        res["fault"] = fault
+    if res["completed"]:
+        res["error"] = None
+    else:
+        why = crash_reason(text) or (f"GPU exception {fault['exception']} in {fault['kernel']} (from the core-dump log)"
+                                     if fault else None)
+        res["error"] = (why + " - then timed out writing the core dump" if why and rc == "timeout"
+                        else why or ("timeout" if rc == "timeout" else
+                                     f"exit code {rc}" if rc is not None else "no result file (process killed)"))
     res["engine_started"] = started is not None
     res["checks"] = _read_checks(os.path.join(workdir, f"{role}.checks.jsonl"))
     res["log"] = log_path
@@ -372,6 +480,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout-s", type=float, default=420, help="per engine (start-up included)")
     ap.add_argument("--write-configs-only", metavar="DIR", help="write the two config.json files and stop")
     ap.add_argument("--coredump-dir", help="CUDA core dumps of a crashing engine go here (read them with cuda-gdb)")
+    ap.add_argument("--rejudge", metavar="WORKDIR",
+                    help="no engines: judge again from the files the children of an earlier run wrote in WORKDIR "
+                         "(its repro-min-* folder), e.g. when that run's parent was killed before its verdict")
     ap.add_argument("--child", choices=sorted(ROLES), help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -386,6 +497,8 @@ def main(argv=None) -> int:
     if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
         print(f"repro_min: --json {a.json}: its folder does not exist", file=sys.stderr)
         return 2
+    if a.rejudge:
+        return rejudge(a.rejudge, a.json, a.concurrency, a.tokens, a.no_reference, a.coredump_dir)
     try:
         from importlib.metadata import PackageNotFoundError, version
 
@@ -402,6 +515,7 @@ def main(argv=None) -> int:
     res = {"vllm": have, "concurrency": a.concurrency, "tokens": a.tokens, "workdir": root,
            "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _write(os.path.join(root, "run.json"), res)  # what --rejudge needs if this process dies before its verdict
     for role in ("stock", "fixed") + (() if a.no_reference else ("reference",)):
         res[role] = run_role(role, root, a.concurrency, a.tokens, a.timeout_s, a.coredump_dir)
         print(f"repro_min: {role}: " + ("completed" if res[role]["completed"] else f"failed ({res[role]['error']})")
@@ -411,6 +525,30 @@ def main(argv=None) -> int:
     res["wall_s"] = round(time.time() - t0, 1)
     if a.json:
         _write(a.json, res)
+    print(line, flush=True)
+    return 0 if res["verdict"]["reproduced"] and res["verdict"]["fix_removes_it"] else 1
+
+
+def rejudge(workdir: str, json_out: str | None, concurrency: int, tokens: int, no_reference: bool,
+            coredump_dir: str | None) -> int:
+    """The verdict of an earlier run from what its children wrote (exit codes unknown: a result file
+    means the child finished its prompts; no result file and a started engine means it did not)."""
+    if not os.path.isdir(workdir) or not any(
+            os.path.exists(os.path.join(workdir, f"{r}.log")) for r in ROLES):
+        print(f"repro_min: --rejudge {workdir}: no child logs there (expected stock.log, fixed.log, ...)", file=sys.stderr)
+        return 2
+    res = _read_json(os.path.join(workdir, "run.json")) or {
+        "concurrency": concurrency, "tokens": tokens, "workdir": workdir,
+        "note": "run.json missing: concurrency and tokens taken from this command's arguments"}
+    res["rejudged_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    res["rejudge_command"] = " ".join([os.path.basename(sys.executable)] + sys.argv)
+    roles = ("stock", "fixed") + (() if no_reference else ("reference",))
+    for role in roles:
+        res[role] = collect_role(role, workdir, None, None, coredump_dir)
+    res["verdict"], line = judge(res["stock"], res["fixed"], res.get("reference"), int(res["concurrency"]))
+    res["verdict_line"] = line
+    if json_out:
+        _write(json_out, res)
     print(line, flush=True)
     return 0 if res["verdict"]["reproduced"] and res["verdict"]["fix_removes_it"] else 1
 

@@ -134,3 +134,40 @@ def test_a_crash_is_not_this_bug_when_piecewise_crashes_too(root, tmp_path, monk
     (tmp_path / "b").mkdir()
     r2 = _run(rm, tmp_path / "b", monkeypatch, {"stock": crash_no_checks, "reference": _done("reference")})
     assert rm.judge(r2["stock"], r["fixed"], r2["reference"], 2)[0]["reproduced"]
+
+
+def test_coredumps_leave_device_memory_out(root, tmp_path):
+    # the s15 stock child's dump with memory contents: 45 GB, unfinished after four minutes
+    flags = _load(root).coredump_env(str(tmp_path))["CUDA_COREDUMP_GENERATION_FLAGS"].split(",")
+    assert {"skip_global_memory", "skip_shared_memory", "skip_local_memory"} <= set(flags)
+
+
+REPRO2 = ("data", "gpu", "2026-11-30_h200_repro-min-2", "children")
+
+
+def test_the_faulting_kernel_is_read_from_the_drivers_core_dump_output(root):
+    rm = _load(root)
+    f = rm.fault_from_log((root.joinpath(*REPRO2) / "stock.log").read_text(errors="replace"))
+    assert f["exception"].startswith("CUDBG_EXCEPTION_WARP_ILLEGAL_ADDRESS") and f["dump_progress_pct"] == 90
+    assert f["kernel_symbol"].startswith("_ZN7cutlass13device_kernel") and f["kernel"] == "FlashAttnFwdSm90"
+    assert rm._kernel_name("_ZN7cutlass13device_kernelIN5flash") == "_ZN7cutlass13device_kernelIN5flash"  # cut symbol
+    triton = "[t] coredump: Detected an exception of type E (1)\n[t] coredump:   #0\t0x1\tcopy_and_expand_dflash_inputs_kernel\n"
+    assert rm.fault_from_log(triton)["kernel"] == "copy_and_expand_dflash_inputs_kernel"
+    assert rm.fault_from_log("no dump here\n") is None
+
+
+def test_rejudge_gives_the_verdict_a_killed_parent_never_printed(root, tmp_path):
+    out = tmp_path / "v.json"
+    r = subprocess.run([sys.executable, str(root / "scripts" / "repro_min.py"), "--rejudge", str(root.joinpath(*REPRO2)),
+                        "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip().splitlines()[-1]
+    assert line == (root.joinpath(*REPRO2).parent / "verdict.txt").read_text().strip()
+    assert line.startswith("REPRODUCED: stock: group 7 (layer 7)'s FULL graphs read a stale FA3 schedule (first at call 1")
+    assert "then the engine crashed (GPU exception CUDBG_EXCEPTION_WARP_ILLEGAL_ADDRESS (14) in FlashAttnFwdSm90 (from the core-dump log)" in line
+    assert "fixed: schedule current at all 49 checked calls, completed" in line
+    v = json.load(open(out))
+    assert v["stock"]["fault"]["exception"].startswith("CUDBG") and not v["reference"]["engine_started"]
+    bad = subprocess.run([sys.executable, str(root / "scripts" / "repro_min.py"), "--rejudge", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no child logs there" in bad.stderr
