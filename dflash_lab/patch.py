@@ -323,13 +323,18 @@ Hunk 4, vllm/v1/core/sched/scheduler.py: DFlash needs k + 1 lookahead slots (not
 Hunks 2-4 are defence in depth: alone they did not stop the crash (the recorded run with them crashed,
   1/1, the core dump then naming the GDN kernel: data/runs/2026-11-30_h200_root-coredump-tp1.jsonl).
 
-Verified on one H200 in one GPU session (data/runs/2026-11-30_h200_verify-fix-*-tp1.jsonl; the same
-change applied through the dflash_lab plugin, not by this diff): the stock control crashed at
-concurrency 32; with the change, 10/10 runs at concurrency 32 and 3/3 each at 16 and 64 completed; a
-step probe over 837 FULL-graph steps (1-32 requests) found the target's outputs identical to a
-no-graph pass of the same step. Hunk 1's own update_block_table is run on the CPU by
-tests/test_root_cause.py. Not measured yet: throughput against PIECEWISE with repeats, an end-to-end
-token comparison against a PIECEWISE engine (scripts/repro_min.py), TP > 1, real weights.
+Verified on one H200 (the same change applied through the dflash_lab plugin, not by this diff).
+GPU session 2026-11-30-s14 (data/runs/2026-11-30_h200_verify-fix-{a,b,c}-tp1.jsonl): the stock control
+crashed at concurrency 32; with the change, 10/10 runs at concurrency 32 and 3/3 each at 16 and 64
+completed; a step probe over 837 FULL-graph steps (1-32 requests) found the target's outputs identical
+to a no-graph pass of the same step. GPU session 2026-11-30-s15 (verify-fix-d{1,2}): the stock control
+crashed again at 32; greedy token ids with the change equal a PIECEWISE engine's in 128/130 requests
+(the other 2 part at their second token on a near-tie that each engine also flips between identical
+prompts: dummy weights), and throughput is at parity with PIECEWISE (1.05x on medians of 4 warm runs,
+0.92x-1.18x run by run). scripts/repro_min.py on a tiny hybrid (data/gpu/2026-11-30_h200_repro-min-2):
+the stale schedule seen at the first checked calls, then an illegal address in FA3's forward kernel;
+with the change, the schedule current at all 49 calls and the engine completed. Hunk 1's own
+update_block_table is run on the CPU by tests/test_root_cause.py. Not measured: TP > 1, real weights.
 """
 
 

@@ -30,6 +30,19 @@ def sessions_with_fix2(df) -> list[str]:
     return sorted(set(s))
 
 
+def counts_session(df) -> str | None:
+    """The GPU session the fix's counts are read from: the latest whose runs meet the counts (a later,
+    smaller session, e.g. one that compares outputs, does not replace it); else the latest with fix-2 runs."""
+    sessions = sessions_with_fix2(df)
+    meeting = [x for x in sessions if verdict(session_table(df, x))["meets_counts"]]
+    return meeting[-1] if meeting else sessions[-1] if sessions else None
+
+
+def output_sessions(df) -> list[str]:
+    """GPU sessions with greedy FULL-graph and PIECEWISE runs recorded side by side (token ids)."""
+    return [x for x in sorted(set(df["gpu_session"].dropna())) if len(output_agreement(df, x))]
+
+
 def session_table(df, session: str):
     """One row per (what, concurrency) in a session: runs, ok, crashed, other outcomes, files."""
     import pandas as pd
@@ -59,7 +72,7 @@ def verdict(table) -> dict:
         t = table[table["what"].str.startswith(what)]
         return t if c is None else t[t["concurrency"] == c]
 
-    stock = pick("stock control")
+    stock = pick("stock control", 32)  # the crash configuration (a stock run at 2 records outputs, not a control)
     fx = {c: pick("fix 2", c) for c in (16, 32, 64)}
     n = {c: int(fx[c]["runs"].sum()) for c in fx}
     bad = {c: int(fx[c]["runs"].sum() - fx[c]["ok"].sum()) for c in fx}
@@ -181,5 +194,57 @@ def output_agreement(df, session: str, reference: str = "PIECEWISE"):
         same = sum(x == y for x, y in zip(a, b))
         rows.append({"run": r["run_id"], "fix": analysis.fix_label(dict(r)) or "stock", "reference run": m.iloc[0]["run_id"],
                      "concurrency": int(r["concurrency"]), "temperature": r["temperature"],
-                     "identical requests": f"{same}/{len(a)}", "all identical": same == len(a) == len(b)})
+                     "identical requests": f"{same}/{len(a)}", "all identical": same == len(a) == len(b),
+                     # every request of a run has the same prompt: more than one distinct output inside one run
+                     # is the engine's own batch-position noise, the floor for any cross-engine comparison
+                     "distinct outputs in the run": len(set(a)), "distinct outputs in the reference run": len(set(b))})
+    return pd.DataFrame(rows)
+
+
+def output_tokens(r, data_dir: str = "data") -> list[list[int]] | None:
+    """The token ids a ``record_outputs`` run wrote, from its ingested folder (``data/gpu/<runs file stem>/``)."""
+    import glob
+    import json
+    import os
+
+    stem = os.path.splitext(str(r["file"]))[0]
+    name = str(r["run_id"]).replace("/", "_") + ".json"
+    hits = sorted(glob.glob(os.path.join(data_dir, "gpu", stem, f"{r['engine_id']}.a*.outputs", name)))
+    if not hits:
+        return None
+    with open(hits[-1]) as f:
+        return json.load(f)["token_ids"]
+
+
+def token_divergence(df, session: str, reference: str = "PIECEWISE", data_dir: str = "data"):
+    """Where the outputs of :func:`output_agreement`'s differing requests part: request, the first output
+    position whose token differs, the tokens there, and how many distinct token ids the request produced
+    (dummy weights give near-flat logits: greedy decoding repeats one or two tokens, and a near-tie flips
+    with batch numerics)."""
+    import pandas as pd
+
+    d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")]
+    if "output_digests" not in d:
+        return pd.DataFrame()
+    d = d[d["output_digests"].apply(lambda x: isinstance(x, list))]
+    ref = d[(d["cudagraph_mode"] == reference) & (d["fix"] != True)]
+    rows = []
+    for _, r in d[d["cudagraph_mode"] == FULL].iterrows():
+        m = ref[(ref["concurrency"] == r["concurrency"]) & (ref["round"] == r["round"])
+                & (ref["temperature"] == r["temperature"])]
+        if m.empty:
+            continue
+        a, b = output_tokens(r, data_dir), output_tokens(m.iloc[0], data_dir)
+        if a is None or b is None:
+            continue
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x == y:
+                continue
+            k = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+            rows.append({"run": r["run_id"], "request": i, "first differing output position": k,
+                         "token (FULL)": x[k] if k < len(x) else None, "token (reference)": y[k] if k < len(y) else None,
+                         "output length": len(x), "distinct token ids in the request": len(set(x) | set(y)),
+                         # identical prompts: the reference engine's own requests disagree there too
+                         "reference run also gave FULL's token there": any(len(q) > k and q[k] == x[k] for q in b)
+                         if k < len(x) else False})
     return pd.DataFrame(rows)

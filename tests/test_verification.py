@@ -94,7 +94,7 @@ def test_stock_full_breakdown(df):
     assert not s["fix"].any() and not (s["probe"] == True).any() and not (s["canary"] == True).any()
     s32 = s[(s["concurrency"] == 32) & ~s.apply(analysis.is_deadline_cut, axis=1)]
     text = analysis.breakdown(s32)
-    assert text.startswith(f"{len(s32)}/{len(s32)} crashed (") and "1/1 plain" in text
+    assert text.startswith(f"{len(s32)}/{len(s32)} crashed (") and "plain" in text and "with core dump on" in text
 
 
 def test_position_matched_pairs_runs_by_their_place_after_the_engine_start(df):
@@ -137,3 +137,46 @@ def test_warm_up_is_the_first_run_of_the_engine_not_of_a_concurrency():
     d["position"] = analysis.engine_positions(d)
     assert list(d["position"]) == [0, 1, 2, 0]  # a restart (attempt 2) starts over
     assert list(V.warm_runs(d[d["concurrency"] == 32])["run_id"]) == ["e/c32/r0", "e/c32/r1"]
+
+
+S15 = "2026-11-30-s15"
+
+
+def test_counts_come_from_the_session_that_meets_them_not_the_latest(df):
+    # s15 (tokens and throughput) has fix-2 runs at 32 only: it must not replace s14 as the counts session
+    assert V.sessions_with_fix2(df)[-1] == S15 and not V.verdict(V.session_table(df, S15))["meets_counts"]
+    assert V.counts_session(df) == SESSION
+    # the stock run at concurrency 2 records outputs: the control is the crash configuration only
+    v15 = V.verdict(V.session_table(df, S15))
+    assert (v15["stock_crashed"], v15["stock_runs"]) == (1, 1)
+
+
+def test_end_to_end_tokens_against_piecewise_on_the_recorded_session(df):
+    assert S15 in V.output_sessions(df) and SESSION not in V.output_sessions(df)
+    ag = V.output_agreement(df, S15)
+    fx = ag[ag["fix"].str.startswith("fix 2")]
+    assert sum(int(x.split("/")[0]) for x in fx["identical requests"]) == 128
+    assert sum(int(x.split("/")[1]) for x in fx["identical requests"]) == 130
+    assert (ag["distinct outputs in the reference run"] >= 2).all()  # identical prompts, several outputs: noise floor
+    div = V.token_divergence(df, S15)
+    assert len(div) == 2 and set(div["first differing output position"]) == {1}
+    assert div["reference run also gave FULL's token there"].all()
+
+
+def test_token_divergence_finds_the_first_differing_position(tmp_path):
+    import json
+
+    stem = "2099-01-01_x"
+    for eng, toks in (("full", [[1, 2, 3], [1, 9, 9]]), ("pw", [[1, 2, 3], [1, 2, 3]])):
+        d = tmp_path / "gpu" / stem / f"{eng}.a1.outputs"
+        d.mkdir(parents=True)
+        (d / f"{eng}_c2_r0.json").write_text(json.dumps({"run": f"{eng}/c2/r0", "token_ids": toks}))
+    base = {"gpu_session": "s", "outcome": "ok", "concurrency": 2, "round": 0, "temperature": 0.0,
+            "file": stem + ".jsonl", "fix": False}
+    df = pd.DataFrame([dict(base, run_id="full/c2/r0", engine_id="full", cudagraph_mode="FULL_AND_PIECEWISE",
+                            output_digests=["a", "b"]),
+                       dict(base, run_id="pw/c2/r0", engine_id="pw", cudagraph_mode="PIECEWISE", output_digests=["a", "a"])])
+    div = V.token_divergence(df, "s", data_dir=str(tmp_path))
+    assert len(div) == 1 and div.iloc[0]["request"] == 1 and div.iloc[0]["first differing output position"] == 1
+    assert (div.iloc[0]["token (FULL)"], div.iloc[0]["token (reference)"]) == (9, 2)
+    assert not div.iloc[0]["reference run also gave FULL's token there"]
