@@ -201,8 +201,9 @@ def output_agreement(df, session: str, reference: str = "PIECEWISE"):
     return pd.DataFrame(rows)
 
 
-def output_tokens(r, data_dir: str = "data") -> list[list[int]] | None:
-    """The token ids a ``record_outputs`` run wrote, from its ingested folder (``data/gpu/<runs file stem>/``)."""
+def output_record(r, data_dir: str = "data") -> dict | None:
+    """What a ``record_outputs`` run wrote (token ids, and log-probabilities where recorded), from its
+    ingested folder (``data/gpu/<runs file stem>/<engine>.a*.outputs/``)."""
     import glob
     import json
     import os
@@ -213,7 +214,66 @@ def output_tokens(r, data_dir: str = "data") -> list[list[int]] | None:
     if not hits:
         return None
     with open(hits[-1]) as f:
-        return json.load(f)["token_ids"]
+        return json.load(f)
+
+
+def output_tokens(r, data_dir: str = "data") -> list[list[int]] | None:
+    """The token ids a ``record_outputs`` run wrote."""
+    rec = output_record(r, data_dir)
+    return rec["token_ids"] if rec else None
+
+
+def _prefix_logprob_diff(ta, la, tb, lb) -> tuple[int, float]:
+    """(positions compared, max |difference|) of two requests' sampled-token log-probabilities along
+    the prefix where their tokens agree (after the first different token the inputs differ)."""
+    n, worst = 0, 0.0
+    for x, y, p, q in zip(ta, tb, la, lb):
+        if x != y:
+            break
+        if p is not None and q is not None:
+            n += 1
+            worst = max(worst, abs(p - q))
+    return n, worst
+
+
+def _within_run(tokens, logprobs) -> float:
+    """The largest log-probability difference between requests of one run with the same prompt
+    (every request of a runner run has the same prompt): the engine's own batch-position noise."""
+    worst = 0.0
+    for t, l in zip(tokens[1:], logprobs[1:]):
+        worst = max(worst, _prefix_logprob_diff(tokens[0], logprobs[0], t, l)[1])
+    return worst
+
+
+def logprob_agreement(df, session: str, reference: str = "PIECEWISE", data_dir: str = "data"):
+    """FULL-graph runs against the ``reference``-mode run of the same concurrency and round: the largest
+    difference of the sampled tokens' log-probabilities along each request's common token prefix, next
+    to each engine's own noise floor (the same difference between identical prompts inside one run).
+    Runs recorded without log-probabilities (before 2026-11-30 s16) are left out."""
+    import pandas as pd
+
+    d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")]
+    if "output_digests" not in d:
+        return pd.DataFrame()
+    d = d[d["output_digests"].apply(lambda x: isinstance(x, list))]
+    ref = d[(d["cudagraph_mode"] == reference) & (d["fix"] != True)]
+    rows = []
+    for _, r in d[d["cudagraph_mode"] == FULL].iterrows():
+        m = ref[(ref["concurrency"] == r["concurrency"]) & (ref["round"] == r["round"])
+                & (ref["temperature"] == r["temperature"])]
+        if m.empty:
+            continue
+        a, b = output_record(r, data_dir), output_record(m.iloc[0], data_dir)
+        if not a or not b or "logprobs" not in a or "logprobs" not in b:
+            continue
+        cmp = [_prefix_logprob_diff(ta, la, tb, lb)
+               for ta, la, tb, lb in zip(a["token_ids"], a["logprobs"], b["token_ids"], b["logprobs"])]
+        rows.append({"run": r["run_id"], "fix": analysis.fix_label(dict(r)) or "stock", "reference run": m.iloc[0]["run_id"],
+                     "concurrency": int(r["concurrency"]), "positions compared": sum(n for n, _ in cmp),
+                     "max |dlogprob| vs reference": max((w for _, w in cmp), default=0.0),
+                     "max |dlogprob| within the FULL run": _within_run(a["token_ids"], a["logprobs"]),
+                     "max |dlogprob| within the reference run": _within_run(b["token_ids"], b["logprobs"])})
+    return pd.DataFrame(rows)
 
 
 def token_divergence(df, session: str, reference: str = "PIECEWISE", data_dir: str = "data"):

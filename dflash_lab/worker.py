@@ -174,19 +174,37 @@ def hook_stats(hook_dir: str | None) -> dict | None:
 
 # ----------------------------------------------------------------------------- offline
 
-def record_outputs(folder, run_id: str, token_ids: list[list[int]]) -> list[str]:
-    """Write a run's generated token ids (one list per request, in request order) to
-    ``folder/<run>.json`` and return a short sha256 per request, for comparing engines run by run."""
+def record_outputs(folder, run_id: str, token_ids: list[list[int]],
+                   logprobs: list[list[float | None]] | None = None) -> list[str]:
+    """Write a run's generated token ids (one list per request, in request order) and, when given, the
+    log-probability the engine gave each sampled token, to ``folder/<run>.json``; return a short sha256
+    of each request's token ids, for comparing engines run by run. Token ids alone are a coarse check
+    with dummy weights (near-flat logits: greedy decoding repeats a token or two); the log-probabilities
+    compare the target's numbers along the common prefix."""
     import hashlib
 
     digests = [hashlib.sha256(json.dumps(t).encode()).hexdigest()[:16] for t in token_ids]
     if folder:
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, run_id.replace("/", "_") + ".json")
+        rec = {"run": run_id, "token_ids": token_ids, "digests": digests}
+        if logprobs is not None:
+            rec["logprobs"] = logprobs
         with open(path + ".tmp", "w") as f:
-            json.dump({"run": run_id, "token_ids": token_ids, "digests": digests}, f)
+            json.dump(rec, f)
         os.replace(path + ".tmp", path)
     return digests
+
+
+def sampled_logprobs(completion) -> list[float | None]:
+    """The log-probability of each sampled token of one vLLM completion (``SamplingParams(logprobs=0)``)."""
+    out = []
+    for tok, d in zip(completion.token_ids, completion.logprobs or []):
+        lp = d.get(tok) if d else None
+        if lp is None and d:
+            lp = next(iter(d.values()))
+        out.append(float(lp.logprob) if lp is not None else None)
+    return out
 
 
 def run_offline(spec, paths, events):
@@ -213,7 +231,7 @@ def run_offline(spec, paths, events):
         events.emit(event="run_start", run=run["id"])
         before = metrics()
         sp = SamplingParams(max_tokens=run["max_tokens"], temperature=run["temperature"],
-                            ignore_eos=run["ignore_eos"])
+                            ignore_eos=run["ignore_eos"], **({"logprobs": 0} if run.get("record_outputs") else {}))
         prompts = [{"prompt_token_ids": list(prompt_ids)} for _ in range(run["concurrency"])]
         t1 = time.time()
         outs = llm.generate(prompts, sp, use_tqdm=False)
@@ -229,7 +247,8 @@ def run_offline(spec, paths, events):
         extra = {}
         if run.get("record_outputs"):
             extra["output_digests"] = record_outputs(spec.get("outputs_dir"), run["id"],
-                                                     [list(o.outputs[0].token_ids) for o in outs])
+                                                     [list(o.outputs[0].token_ids) for o in outs],
+                                                     [sampled_logprobs(o.outputs[0]) for o in outs])
         events.emit(event="run_end", run=run["id"], outcome="ok", requests_completed=len(outs),
                     requests_failed=run["concurrency"] - len(outs), output_tokens=ntok, wall_s=round(wall, 3),
                     output_tok_s=round(ntok / wall, 1) if wall else None,

@@ -180,3 +180,39 @@ def test_token_divergence_finds_the_first_differing_position(tmp_path):
     assert len(div) == 1 and div.iloc[0]["request"] == 1 and div.iloc[0]["first differing output position"] == 1
     assert (div.iloc[0]["token (FULL)"], div.iloc[0]["token (reference)"]) == (9, 2)
     assert not div.iloc[0]["reference run also gave FULL's token there"]
+
+
+def test_record_outputs_keeps_logprobs_and_sampled_logprobs_picks_the_sampled_token(tmp_path):
+    import json
+    from types import SimpleNamespace as NS
+
+    from dflash_lab.worker import record_outputs, sampled_logprobs
+
+    c = NS(token_ids=[7, 8], logprobs=[{7: NS(logprob=-0.5), 3: NS(logprob=-0.1)}, {8: NS(logprob=-2.0)}])
+    assert sampled_logprobs(c) == [-0.5, -2.0]
+    assert sampled_logprobs(NS(token_ids=[1], logprobs=None)) == []
+    record_outputs(str(tmp_path), "e/c1/r0", [[7, 8]], [[-0.5, -2.0]])
+    assert json.loads((tmp_path / "e_c1_r0.json").read_text())["logprobs"] == [[-0.5, -2.0]]
+
+
+def test_logprob_agreement_compares_the_common_prefix_against_each_engines_noise(tmp_path):
+    import json
+
+    stem = "2099-01-02_x"
+    recs = {"full": ([[1, 2, 3], [1, 2, 5]], [[-1.0, -2.0, -3.0], [-1.0, -2.25, -9.0]]),
+            "pw": ([[1, 2, 3], [1, 2, 3]], [[-1.0, -2.5, -3.0], [-1.0, -2.5, -3.0]])}
+    for eng, (toks, lps) in recs.items():
+        d = tmp_path / "gpu" / stem / f"{eng}.a1.outputs"
+        d.mkdir(parents=True)
+        (d / f"{eng}_c2_r0.json").write_text(json.dumps({"run": f"{eng}/c2/r0", "token_ids": toks, "logprobs": lps}))
+    base = {"gpu_session": "s", "outcome": "ok", "concurrency": 2, "round": 0, "temperature": 0.0,
+            "file": stem + ".jsonl", "fix": False, "spec_method": "dflash", "fix_parts": None}
+    df = pd.DataFrame([dict(base, run_id="full/c2/r0", engine_id="full", cudagraph_mode="FULL_AND_PIECEWISE",
+                            output_digests=["a", "b"]),
+                       dict(base, run_id="pw/c2/r0", engine_id="pw", cudagraph_mode="PIECEWISE", output_digests=["a", "a"])])
+    r = V.logprob_agreement(df, "s", data_dir=str(tmp_path)).iloc[0]
+    # request 0: 3 positions, max 0.5; request 1: tokens part at position 2, so 2 positions, max 0.25
+    assert r["positions compared"] == 5 and r["max |dlogprob| vs reference"] == 0.5
+    assert r["max |dlogprob| within the FULL run"] == 0.25 and r["max |dlogprob| within the reference run"] == 0.0
+    # runs recorded before log-probabilities existed are left out, not compared as zero
+    assert V.logprob_agreement(analysis.load_runs(), S15).empty
