@@ -11,6 +11,11 @@ if [ ! -f /tmp/vllm-site/.dflash-lab-ready ]; then
   touch /tmp/vllm-site/.dflash-lab-ready
 fi
 export PYTHONPATH=/tmp/vllm-site
+# compile caches carried from an earlier session (scripts/gpu/cache.sh put): once per host, before any engine
+if [ ! -f /tmp/.dflash-lab-cache-tried ]; then
+  bash scripts/gpu/cache.sh restore || true
+  touch /tmp/.dflash-lab-cache-tried
+fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --force-reinstall . 2>&1 | grep -v WARNING || true
 python3 -c "import vllm, dflash_lab, importlib.metadata as m; print('vllm', vllm.__version__, 'dflash_lab', dflash_lab.__version__, [e.name for e in m.entry_points(group='vllm.general_plugins')])"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
