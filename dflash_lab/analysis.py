@@ -134,6 +134,11 @@ def matrix_env(matrix_path: str | None) -> dict:
     return {e["id"]: {**base, **(e.get("env") or {})} for e in m.get("engines", []) if isinstance(e, dict) and "id" in e}
 
 
+def session_key(label: str):
+    """Natural order of GPU-session labels: 2026-11-30-s9 before 2026-11-30-s10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(label))]
+
+
 def recorded_lines(pattern: str, what: str = "run"):
     """(file, line number, line) of every recorded line matching ``pattern``, each line's
     ``gpu_session`` taken from its runs file's meta when the line lacks it, and its ``env`` from

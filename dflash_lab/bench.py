@@ -267,7 +267,9 @@ def bandwidth_floor_ms(params: float, bytes_per_param: float = 2.0, bandwidth_by
 def session_for(cells_df, acceptance, session=None) -> str:
     """The GPU session whose cells a view of one acceptance uses: ``session`` if given (it must have
     cells at that acceptance), else the latest label that has any."""
-    have = sorted(set(cells_df.loc[cells_df["acceptance"] == acceptance, "gpu_session"]))
+    from .analysis import session_key
+
+    have = sorted(set(cells_df.loc[cells_df["acceptance"] == acceptance, "gpu_session"]), key=session_key)
     if not have:
         raise LabError(f"no bench cells at acceptance {acceptance}")
     if session is not None:

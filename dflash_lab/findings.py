@@ -176,12 +176,13 @@ def _end_to_end_line(df) -> str:
     f, p = tp.loc["fix 2, FULL_AND_PIECEWISE"], tp.loc["stock, PIECEWISE"]
     pm_ = verification.position_matched(df, o)
     warm = pm_[pm_["position after engine start"] > 0]
-    out = (f"GPU session {o} (stock control at concurrency 32 crashed {ov['stock_crashed']}/{ov['stock_runs']}): with the fix, greedy "
-           f"token ids equal an independent PIECEWISE engine's in {same}/{total} requests")
+    out = (f"GPU session {o} (stock control at concurrency 32 crashed {ov['stock_crashed']}/{ov['stock_runs']}): the fix ran "
+           f"greedy beside an independent PIECEWISE engine with no garbage output, {same}/{total} requests token-identical")
     if len(div):
-        out += (f"; the {len(div)} others part at output position {sorted(set(div['first differing output position']))} on a "
-                "near-tie each engine also flips between identical prompts of one run (dummy weights give near-flat logits; "
-                "stock matched too at concurrency 2, so this comparison catches gross corruption only)")
+        out += (f"; the {len(div)} others, batch slot(s) {sorted(set(div['request']))}, part at output position "
+                f"{sorted(set(div['first differing output position']))} with an output PIECEWISE gives the same prompt at "
+                "other slots (a repeatable difference token ids cannot judge: with dummy weights nearly every token is one "
+                "repeated id, and stock matched too at concurrency 2, so this check is coarse)")
     if f["warm runs"] and p["warm runs"]:
         out += (f"; throughput at concurrency 32: {f['median tok/s'] / p['median tok/s']:.2f}x PIECEWISE on the medians of "
                 f"{int(f['warm runs'])} and {int(p['warm runs'])} warm runs ({warm['ratio'].min():.2f}x-{warm['ratio'].max():.2f}x "
@@ -192,11 +193,20 @@ def _end_to_end_line(df) -> str:
 
 
 def _repro_min_label(root) -> str:
-    """The minimal reproducer's latest recorded GPU verdict (``data/gpu/*repro-min*/verdict.txt``)."""
-    found = sorted(Path(root).glob("data/gpu/*repro-min*/verdict.txt"))
-    if not found:
-        return "Minimal reproducer (vLLM 0.22.1 only; no GPU verdict recorded yet)"
-    v = found[-1].read_text().strip()
-    return (f"Minimal reproducer (vLLM 0.22.1 only); its recorded GPU verdict ({found[-1].parent.relative_to(root)}): "
-            f"{v}")
+    """The minimal reproducer's latest recorded GPU run (by its GPU session) and the verdict on its files."""
+    from .analysis import session_key
 
+    runs = []
+    for v in Path(root).glob("data/gpu/*repro-min*/verdict.txt"):
+        try:
+            meta = json.loads((v.parent / "meta.json").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        runs.append((session_key(meta.get("gpu_session") or ""), v.parent.name, v, meta))
+    if not runs:
+        return "Minimal reproducer (vLLM 0.22.1 only; no GPU verdict recorded yet)"
+    _, _, v, meta = max(runs, key=lambda x: (x[0], x[1]))
+    how = ("judged on the CPU from the files its engines wrote (scripts/repro_min.py --rejudge)"
+           if "rejudge" in json.dumps(meta) else "as printed on the GPU host")
+    return (f"Minimal reproducer (vLLM 0.22.1 only). Its GPU run {v.parent.relative_to(root)} "
+            f"(session {meta.get('gpu_session')}), {how}: {v.read_text().strip()}")

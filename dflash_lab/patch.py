@@ -304,8 +304,9 @@ Hunk 1, vllm/v1/attention/backends/flash_attn.py (FlashAttentionMetadataBuilder.
   through update_block_table, so its builder never rebuilds; its FULL CUDA graphs, captured with that
   builder's own persistent FA3 scheduler_metadata buffer, replay with the schedule written during
   capture. Evidence: notebooks/03_reproduction (step probe: every FULL step diverges from a no-graph
-  reference pass of the same step first at the output of attention layer 7, the second group's first
-  layer; layers 0-6 including attention layer 3 bit-identical; the first 480-token replay turns NaN:
+  reference pass of the same step; layers 0-7 write bit-identically, attention layer 3 and layer 7's own
+  K/V included, and GDN layer 8 is the first to write differently: what differs is the output of
+  attention layer 7, the second group's first layer; the first 480-token replay turns NaN:
   data/gpu/2026-11-30_h200_root-probe-tp1/), notebooks/04_fix (the mechanism on vLLM's own code).
 Hunk 2, vllm/v1/spec_decode/utils.py (copy_and_expand_dflash_inputs_kernel):
   - last_pos is loaded only from the request's own context. With every context token rejected
@@ -328,13 +329,13 @@ GPU session 2026-11-30-s14 (data/runs/2026-11-30_h200_verify-fix-{a,b,c}-tp1.jso
 crashed at concurrency 32; with the change, 10/10 runs at concurrency 32 and 3/3 each at 16 and 64
 completed; a step probe over 837 FULL-graph steps (1-32 requests) found the target's outputs identical
 to a no-graph pass of the same step. GPU session 2026-11-30-s15 (verify-fix-d{1,2}): the stock control
-crashed again at 32; greedy token ids with the change equal a PIECEWISE engine's in 128/130 requests
-(the other 2 part at their second token on a near-tie that each engine also flips between identical
-prompts: dummy weights), and throughput is at parity with PIECEWISE (1.05x on medians of 4 warm runs,
-0.92x-1.18x run by run). scripts/repro_min.py on a tiny hybrid (data/gpu/2026-11-30_h200_repro-min-2):
-the stale schedule seen at the first checked calls, then an illegal address in FA3's forward kernel;
-with the change, the schedule current at all 49 calls and the engine completed. Hunk 1's own
-update_block_table is run on the CPU by tests/test_root_cause.py. Not measured: TP > 1, real weights.
+crashed again at 32; with the change, greedy runs at 2 and 32 beside a PIECEWISE engine gave no garbage
+output (128/130 requests token-identical; with dummy weights nearly every token is one repeated id, a
+coarse check that stock also passed at 2), and throughput is at parity with PIECEWISE (1.05x on
+medians of 4 warm runs, 0.92x-1.18x run by run). Hunk 1's own update_block_table is run on the CPU by
+tests/test_root_cause.py. Not measured: hunk 1 alone at real size (every real-size run used all four
+hunks' plugin equivalent), TP > 1, real weights; scripts/repro_min.py's tiny hybrid is inconclusive so
+far (data/gpu/2026-11-30_h200_repro-min-2).
 """
 
 

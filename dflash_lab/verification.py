@@ -25,9 +25,12 @@ def _natural(df):
     return df[(df["probe"] != True) & (df["canary"] != True)]
 
 
+session_key = analysis.session_key
+
+
 def sessions_with_fix2(df) -> list[str]:
     s = df[[is_fix2(r) for _, r in df.iterrows()]]["gpu_session"].dropna()
-    return sorted(set(s))
+    return sorted(set(s), key=session_key)
 
 
 def counts_session(df) -> str | None:
@@ -40,7 +43,7 @@ def counts_session(df) -> str | None:
 
 def output_sessions(df) -> list[str]:
     """GPU sessions with greedy FULL-graph and PIECEWISE runs recorded side by side (token ids)."""
-    return [x for x in sorted(set(df["gpu_session"].dropna())) if len(output_agreement(df, x))]
+    return [x for x in sorted(set(df["gpu_session"].dropna()), key=session_key) if len(output_agreement(df, x))]
 
 
 def session_table(df, session: str):
@@ -192,9 +195,11 @@ def output_agreement(df, session: str, reference: str = "PIECEWISE"):
             continue
         a, b = r["output_digests"], m.iloc[0]["output_digests"]
         same = sum(x == y for x, y in zip(a, b))
+        n = max(len(a), len(b))  # a request missing on one side counts as differing
         rows.append({"run": r["run_id"], "fix": analysis.fix_label(dict(r)) or "stock", "reference run": m.iloc[0]["run_id"],
+                     "reference runs matching": len(m),
                      "concurrency": int(r["concurrency"]), "temperature": r["temperature"],
-                     "identical requests": f"{same}/{len(a)}", "all identical": same == len(a) == len(b),
+                     "identical requests": f"{same}/{n}", "all identical": same == n,
                      # every request of a run has the same prompt: more than one distinct output inside one run
                      # is the engine's own batch-position noise, the floor for any cross-engine comparison
                      "distinct outputs in the run": len(set(a)), "distinct outputs in the reference run": len(set(b))})
@@ -236,13 +241,16 @@ def _prefix_logprob_diff(ta, la, tb, lb) -> tuple[int, float]:
     return n, worst
 
 
-def _within_run(tokens, logprobs) -> float:
-    """The largest log-probability difference between requests of one run with the same prompt
-    (every request of a runner run has the same prompt): the engine's own batch-position noise."""
-    worst = 0.0
-    for t, l in zip(tokens[1:], logprobs[1:]):
-        worst = max(worst, _prefix_logprob_diff(tokens[0], logprobs[0], t, l)[1])
-    return worst
+def _within_run(tokens, logprobs) -> tuple[int, float | None]:
+    """(positions compared, largest difference) of the sampled tokens' log-probabilities between every
+    pair of requests of one run (every request of a runner run has the same prompt), along each pair's
+    common token prefix: what the engine's batch slot alone changes. None when nothing was comparable."""
+    n, worst = 0, 0.0
+    for i in range(len(tokens)):
+        for j in range(i + 1, len(tokens)):
+            k, w = _prefix_logprob_diff(tokens[i], logprobs[i], tokens[j], logprobs[j])
+            n, worst = n + k, max(worst, w)
+    return n, (worst if n else None)
 
 
 def logprob_agreement(df, session: str, reference: str = "PIECEWISE", data_dir: str = "data"):
@@ -268,11 +276,14 @@ def logprob_agreement(df, session: str, reference: str = "PIECEWISE", data_dir: 
             continue
         cmp = [_prefix_logprob_diff(ta, la, tb, lb)
                for ta, la, tb, lb in zip(a["token_ids"], a["logprobs"], b["token_ids"], b["logprobs"])]
+        n = sum(k for k, _ in cmp)
+        nf, wf = _within_run(a["token_ids"], a["logprobs"])
+        nr, wr = _within_run(b["token_ids"], b["logprobs"])
         rows.append({"run": r["run_id"], "fix": analysis.fix_label(dict(r)) or "stock", "reference run": m.iloc[0]["run_id"],
-                     "concurrency": int(r["concurrency"]), "positions compared": sum(n for n, _ in cmp),
-                     "max |dlogprob| vs reference": max((w for _, w in cmp), default=0.0),
-                     "max |dlogprob| within the FULL run": _within_run(a["token_ids"], a["logprobs"]),
-                     "max |dlogprob| within the reference run": _within_run(b["token_ids"], b["logprobs"])})
+                     "concurrency": int(r["concurrency"]), "positions compared": n,
+                     "max |dlogprob| vs reference": max(w for _, w in cmp) if n else None,
+                     "positions within the FULL run": nf, "max |dlogprob| within the FULL run": wf,
+                     "positions within the reference run": nr, "max |dlogprob| within the reference run": wr})
     return pd.DataFrame(rows)
 
 
@@ -303,8 +314,9 @@ def token_divergence(df, session: str, reference: str = "PIECEWISE", data_dir: s
             k = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
             rows.append({"run": r["run_id"], "request": i, "first differing output position": k,
                          "token (FULL)": x[k] if k < len(x) else None, "token (reference)": y[k] if k < len(y) else None,
-                         "output length": len(x), "distinct token ids in the request": len(set(x) | set(y)),
-                         # identical prompts: the reference engine's own requests disagree there too
-                         "reference run also gave FULL's token there": any(len(q) > k and q[k] == x[k] for q in b)
-                         if k < len(x) else False})
+                         "output length": len(x), "distinct token ids (both outputs)": len(set(x) | set(y)),
+                         # every request has the same prompt: does the reference engine produce FULL's whole
+                         # output too, at another batch slot of the same run?
+                         "FULL's output occurs in the reference run": x in b,
+                         "reference requests with FULL's output": sum(q == x for q in b)})
     return pd.DataFrame(rows)

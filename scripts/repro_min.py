@@ -25,9 +25,14 @@ one after the other, DFlash k=15, greedy, the same prompts:
      graph); greedy tokens and log-probabilities of stock and fixed are compared with it.
 
 Last line: a one-line verdict, e.g.
-  ``REPRODUCED: stock: group 7's FULL graphs read a stale FA3 schedule (first at call 1, 30 entries
-  differ), then the engine crashed (CUDA error: an illegal memory access ...); fixed: ...``
+  ``REPRODUCED: stock: group 7 (layer 7)'s FULL graphs would replay a stale FA3 schedule at 3 uniform-decode
+  step(s) (first at call 2, 4 requests: 9 of 13 entries differ), then the engine crashed (...); fixed: ...``
+REPRODUCED needs the mismatch at a step FULL graphs replay (every query K + 1 tokens), or an illegal-address
+crash of stock where the PIECEWISE engine completed; INCONCLUSIVE when neither is shown but a mismatch of
+unknown step kind or an unattributed crash is. The fixed engine's check holds by construction (the fix copies
+the step's schedule into the buffer compared): the fix is credited by completing and matching the reference.
 Exit 0 when the bug reproduced and the fix removed it, 1 otherwise, 2 on a setup error.
+--rejudge WORKDIR judges again from the files the children wrote (when the parent died before its verdict).
 """
 
 from __future__ import annotations
@@ -116,9 +121,18 @@ def _install(worker, fix: bool, checks_path: str):
                 if counts["stale"] <= 5:
                     d = torch.nonzero(own[:n] != src).flatten()
                     i = int(d[0])
+                    # the step's shape: FULL graphs replay only uniform decode steps (every request's query is
+                    # k + 1 tokens); a prefill or mixed step runs attention outside the graphs, on the step's schedule
+                    q = metadata.query_start_loc
+                    lens = (q[1:] - q[:-1]).cpu()
+                    lens = lens[lens > 0]
                     with open(checks_path, "a") as f:
-                        f.write(_json.dumps({"call": counts["calls"], "entries_differ": int(d.numel()), "of": n,
-                                             "first_index": i, "graph_reads": int(own[i]), "step_has": int(src[i])})
+                        f.write(_json.dumps({"call": counts["calls"], "gid": getattr(self, "_repro_gid", None),
+                                             "entries_differ": int(d.numel()), "of": n,
+                                             "first_index": i, "graph_reads": int(own[i]), "step_has": int(src[i]),
+                                             "num_reqs": int(lens.numel()), "num_tokens": int(metadata.num_actual_tokens),
+                                             "max_query_len": int(metadata.max_query_len),
+                                             "uniform": bool(lens.numel() > 0 and (lens == lens[0]).all())})
                                 + "\n")
                         f.flush()
         return new
@@ -142,11 +156,15 @@ def _groups(worker):
         for ag in ags:
             b = ag.get_metadata_builder(0)
             if getattr(b, "scheduler_metadata", None) is not None and getattr(b, "use_full_cuda_graph", False):
+                b._repro_gid = gid  # the check names the builder's group with it
                 out.append({"gid": gid, "layers": list(ag.layer_names)})
     return out
 
 
 # ---- child process: one engine
+
+K = 15  # DFlash's speculative tokens: a decode step's query is K + 1 tokens per request
+
 
 def engine(tdir, ddir, mode, concurrency):
     from vllm import LLM
@@ -156,7 +174,7 @@ def engine(tdir, ddir, mode, concurrency):
               max_model_len=4096, max_num_seqs=max(8, concurrency), max_num_batched_tokens=4096,
               gpu_memory_utilization=0.3, language_model_only=True, gdn_prefill_backend="triton",
               moe_backend="triton", compilation_config={"cudagraph_mode": mode},
-              speculative_config={"method": "dflash", "model": ddir, "num_speculative_tokens": 15})
+              speculative_config={"method": "dflash", "model": ddir, "num_speculative_tokens": K})
     return llm, round(time.time() - t0, 1)
 
 
@@ -280,7 +298,7 @@ def _demangle(name: str) -> str:
     return name
 
 
-WRAPPERS = ("cutlass", "cute", "flash", "std", "device_kernel")
+WRAPPERS = ("device_kernel",)  # launch wrappers around the kernel that does the work
 
 
 def _kernel_name(symbol: str) -> str:
@@ -302,20 +320,25 @@ def _kernel_name(symbol: str) -> str:
 
 
 def _mangled_names(symbol: str) -> list[str]:
+    """The entity names of an Itanium-mangled symbol, outermost first: each length-prefixed identifier that
+    is not followed by another one (those are namespace or class qualifiers: 4vllm24reshape_and_cache_kernel
+    is vllm::reshape_and_cache_kernel). Substitutions (S1_), template parameters (T_) and literal template
+    arguments (Li64E) carry no name."""
     i, names = 2, []
     while i < len(symbol):
         c = symbol[i]
         if c in "ST" and i + 1 < len(symbol) and (symbol[i + 1].isdigit() or symbol[i + 1] == "_"):
-            i = symbol.index("_", i + 1) + 1  # a substitution (S1_) or template parameter (T_): no name
+            i = symbol.index("_", i + 1) + 1
         elif c == "L":
-            i = symbol.index("E", i) + 1  # a literal template argument (Li64E, Lb1E)
+            i = symbol.index("E", i) + 1
         elif c.isdigit():
             j = i
             while j < len(symbol) and symbol[j].isdigit():
                 j += 1
             n = int(symbol[i:j])
-            names.append(symbol[j:j + n])
-            i = j + n
+            name, i = symbol[j:j + n], j + n
+            if i < len(symbol) and not symbol[i].isdigit():  # (a name at the very end: a cut symbol)
+                names.append(name)
         else:
             i += 1
     return names
@@ -325,7 +348,7 @@ def fault_from_log(text: str) -> dict | None:
     """What the driver printed while writing a core dump (CUDA_COREDUMP_SHOW_PROGRESS): the exception and
     the faulting kernel (the innermost frame of the stack it prints), readable without cuda-gdb and even
     when the dump itself was never finished."""
-    exc = kernel = pc = progress = None
+    exc = kernel = pc = exc_pc = progress = None
     for line in text.splitlines():
         if "coredump:" not in line:
             continue
@@ -334,16 +357,17 @@ def fault_from_log(text: str) -> dict | None:
             progress = int(body[:-4])
         elif exc is None and body.startswith("Detected an exception of type "):
             exc = body[len("Detected an exception of type "):].strip()
-        elif pc is None and body.startswith("- PC "):
-            pc = body[len("- PC "):].strip()
+        elif exc_pc is None and body.startswith("- PC "):
+            exc_pc = body[len("- PC "):].strip()
         elif kernel is None and body.startswith("#0"):
-            parts = body.split()
+            parts = body.split()  # "#0 <frame pc> <symbol>"
+            pc = parts[1] if len(parts) >= 2 else None
             kernel = parts[2] if len(parts) >= 3 else None
     if exc is None and kernel is None:
         return None
     full = _demangle(kernel) if kernel else None
     short = _kernel_name(kernel) if kernel else None
-    return {"exception": exc, "pc": pc, "kernel": short, "kernel_symbol": kernel, "kernel_demangled": full,
+    return {"exception": exc, "exception_pc": exc_pc, "frame0_pc": pc, "kernel": short, "kernel_symbol": kernel, "kernel_demangled": full,
             "dump_progress_pct": progress}  # the last "N%..." the driver printed while writing memory
 
 
@@ -384,15 +408,21 @@ def collect_role(role: str, workdir: str, rc, wall_s: float | None = None, cored
     fault = fault_from_log(text)
     if fault:
         res["fault"] = fault
-    if res["completed"]:
-        res["error"] = None
-    else:
-        why = crash_reason(text) or (f"GPU exception {fault['exception']} in {fault['kernel']} (from the core-dump log)"
-                                     if fault else None)
-        res["error"] = (why + " - then timed out writing the core dump" if why and rc == "timeout"
-                        else why or ("timeout" if rc == "timeout" else
-                                     f"exit code {rc}" if rc is not None else "no result file (process killed)"))
     res["engine_started"] = started is not None
+    why = None
+    if not res["completed"]:
+        why = crash_reason(text)
+        if not why and fault:
+            where = f" in {fault['kernel']}" if fault.get("kernel") else ""
+            why = f"GPU exception {fault['exception']}{where} (from the core-dump log)"
+        res["error"] = (why + " - then timed out writing the core dump" if why and rc == "timeout"
+                        else why or ("timeout" if rc == "timeout" else f"exit code {rc}" if rc is not None
+                                     else "no result file and no error in its log (killed?)"))
+    else:
+        res["error"] = None
+    # a crash is an engine that started and left an error behind; a child killed by a timeout with a clean
+    # log (e.g. a healthy engine the parent gave up on) is not one
+    res["crashed"] = bool(res["engine_started"] and not res["completed"] and why)
     res["checks"] = _read_checks(os.path.join(workdir, f"{role}.checks.jsonl"))
     res["log"] = log_path
     if coredump_dir:
@@ -415,59 +445,99 @@ def compare(a, b):
     return differ, worst
 
 
-def _reusing_group(res: dict) -> str:
-    g = res.get("groups") or []
-    if len(g) < 2:
+def _group_label(res: dict, gid) -> str:
+    """'group 7 (layer 7)' from the engine's recorded groups; the check names the builder's gid."""
+    g = {x["gid"]: x for x in (res.get("groups") or [])}
+    if gid is None or gid not in g:
         return "the reusing group"
-    layers = [l.split("layers.")[1].split(".")[0] for l in g[1]["layers"] if "layers." in l]
-    return f"group {g[1]['gid']} (layer{'s' if len(layers) > 1 else ''} {', '.join(layers)})"
+    layers = [l.split("layers.")[1].split(".")[0] for l in g[gid]["layers"] if "layers." in l]
+    return f"group {gid} (layer{'s' if len(layers) > 1 else ''} {', '.join(layers)})"
+
+
+def step_kind(check: dict) -> str:
+    """'full': a uniform decode step of K + 1 tokens per request, the steps FULL graphs replay; 'other': a
+    prefill or mixed step (attention runs outside the graphs, on the step's own schedule); 'unknown': a
+    check line written before the script recorded the step's shape."""
+    if "uniform" not in check:
+        return "unknown"
+    return "full" if check["uniform"] and check.get("max_query_len") == K + 1 else "other"
 
 
 def judge(stock: dict, fixed: dict, reference: dict | None, concurrency: int) -> tuple[dict, str]:
-    """The verdict and its one-line text from the three children's results."""
+    """The verdict and its one-line text from the three children's results.
+
+    REPRODUCED: the stock engine's reusing group held a schedule different from the step's at a step its
+    FULL graphs replay (synchronous check), or it crashed with an illegal address where the PIECEWISE
+    engine ran the same prompts to the end. INCONCLUSIVE: a mismatch only at steps of unknown kind, or a
+    crash without a completed reference. NOT REPRODUCED otherwise. The fix is credited when its engine
+    completed, its check saw no mismatch and its tokens equal the reference's (without a reference only
+    under --no-reference). The fixed engine's check holds by construction (the fix copies the step's
+    schedule into the buffer it compares): it shows the fix ran, not that it is right."""
     stale = stock.get("checks") or []
-    stock_crashed = stock.get("engine_started") and not stock.get("completed")
+    kinds = [step_kind(c) for c in stale]
+    stale_full = [c for c, k in zip(stale, kinds) if k == "full"]
+    stale_unknown = [c for c, k in zip(stale, kinds) if k == "unknown"]
+    stock_crashed = bool(stock.get("crashed", stock.get("engine_started") and not stock.get("completed")))
     # a crash of the stock FULL engine counts only when the engine without FULL graphs ran the same
     # prompts to the end: if PIECEWISE crashes too, the crash is not this bug (the stale schedule still is)
     ref_clean = reference is not None and bool(reference.get("completed"))
-    reproduced = bool(stale) or bool(stock_crashed and ref_clean and stock.get("error")
-                                     and "illegal" in stock["error"].lower())
+    illegal = bool(stock.get("error")) and "illegal" in stock["error"].lower()
+    reproduced = bool(stale_full) or (stock_crashed and ref_clean and illegal)
+    inconclusive = not reproduced and (bool(stale_unknown) or (stock_crashed and illegal and not ref_clean))
     fixed_stale = fixed.get("checks") or []
     cmp = {}
-    if reference and reference.get("completed"):
+    if ref_clean:
         for name, r in (("stock", stock), ("fixed", fixed)):
             if r.get("completed"):
                 cmp[name] = compare(r["outputs"], reference["outputs"])
-    fixed_ok = fixed.get("completed") and not fixed_stale and cmp.get("fixed", (0, 0.0))[0] == 0
-    v = {"reproduced": reproduced, "fix_removes_it": bool(fixed_ok), "stock_stale_checks": len(stale),
+    fixed_ok = bool(fixed.get("completed")) and not fixed_stale and (
+        ("fixed" in cmp and cmp["fixed"][0] == 0) if reference is not None else True)
+    v = {"reproduced": reproduced, "inconclusive": inconclusive, "fix_removes_it": fixed_ok,
+         "stock_stale_checks": len(stale), "stock_stale_at_full_steps": len(stale_full),
+         "stock_stale_of_unknown_kind": len(stale_unknown),
          "reference_crashed": reference is not None and bool(reference.get("engine_started"))
          and not reference.get("completed"),
-         "stock_crashed": bool(stock_crashed), "fixed_stale_checks": len(fixed_stale),
+         "stock_crashed": stock_crashed, "fixed_stale_checks": len(fixed_stale),
          "reference_compared": bool(cmp), "vs_reference": cmp}
-    grp = _reusing_group(stock if stock.get("groups") else fixed)
-    if stale:
-        s = (f"stock: {grp}'s FULL graphs read a stale FA3 schedule (first at call {stale[0]['call']}, "
-             f"{stale[0]['entries_differ']} of {stale[0]['of']} entries differ)")
+    first = (stale_full or stale_unknown or stale or [{}])[0]
+    grp = _group_label(stock if stock.get("groups") else fixed, first.get("gid"))
+    if stale_full:
+        c = stale_full[0]
+        s = (f"stock: {grp}'s FULL graphs would replay a stale FA3 schedule at {len(stale_full)} uniform-decode "
+             f"step(s) (first at call {c['call']}, {c['num_reqs']} requests: {c['entries_differ']} of {c['of']} entries differ)")
+    elif stale_unknown:
+        calls = ", ".join(str(c["call"]) for c in stale_unknown)
+        s = (f"stock: {grp}'s graph buffer held a schedule different from the step's at checked call(s) {calls} "
+             f"(group id and step kinds not recorded: call 1 is the prefill, where no FULL graph replays)")
+    elif stale:
+        s = (f"stock: {grp}'s graph buffer differed from the step's schedule only at {len(stale)} step(s) that replay no "
+             "FULL graph")
     else:
         s = f"stock: no stale schedule seen ({(stock.get('check_counts') or {}).get('calls', 0)} checked calls)"
     if not stock.get("engine_started"):
         s += f"; the engine did not start ({stock.get('error')})"
     elif stock_crashed:
         s += f", then the engine crashed ({stock.get('error')})"
+        if not ref_clean:
+            s += ", not attributed: no completed PIECEWISE reference"
+    elif not stock.get("completed"):
+        s += f"; it did not complete ({stock.get('error')})"
     elif "stock" in cmp:
         s += f"; {cmp['stock'][0]}/{concurrency} requests differ from the PIECEWISE reference (max |dlogprob| {cmp['stock'][1]:.3g})"
     if fixed.get("completed"):
         n = (fixed.get("check_counts") or {}).get("calls", 0)
-        f = (f"fixed: {'schedule current at all' if not fixed_stale else f'{len(fixed_stale)} stale of'} {n} checked calls, "
-             "completed")
+        f = ("fixed: completed, the schedule copied into the graphs' buffer at " + (f"all {n}" if not fixed_stale else
+             f"{n - len(fixed_stale)} of {n}") + " calls")
         if "fixed" in cmp:
             f += f", {concurrency - cmp['fixed'][0]}/{concurrency} requests identical to the PIECEWISE reference (max |dlogprob| {cmp['fixed'][1]:.3g})"
+        elif reference is not None:
+            f += ", not compared with a reference"
     else:
         f = f"fixed: did not complete ({fixed.get('error')})"
     ref = "" if reference is None else ("; reference: " + ("completed" if reference.get("completed") else f"did not complete ({reference.get('error')})"))
     ups = [f"{r['role']} {r['startup_s']} s" for r in (stock, fixed, reference) if r and r.get("startup_s") is not None]
-    line = (("REPRODUCED" if reproduced else "NOT REPRODUCED") + ": " + s + "; " + f + ref
-            + ("; start-up " + ", ".join(ups) if ups else ""))
+    word = "REPRODUCED" if reproduced else "INCONCLUSIVE" if inconclusive else "NOT REPRODUCED"
+    line = word + ": " + s + "; " + f + ref + ("; start-up " + ", ".join(ups) if ups else "")
     return v, line
 
 
