@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from .errors import LabError
-from .patch import FIX_PARTS_BEFORE_ROOT_CAUSE
+from .patch import FIX_PARTS, FIX_PARTS_BEFORE_ROOT_CAUSE
 from .runner import is_deadline_cut, read_lines  # noqa: F401 (is_deadline_cut: used by the notebooks)
 
 SCHED_RE = re.compile(r"Dumping scheduler output for model execution: (.*)$")
@@ -21,14 +21,21 @@ STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\((.*)\)")
 
 
 def fix_label(r: dict) -> str | None:
-    """Which fix a run had: None, 'fix 1' (kernel edits + lookahead) or 'fix 2' (+ FA3 schedule refresh)."""
+    """Which fix a run had: None, 'fix 1' (kernel edits + lookahead), 'fix 2' (all three parts), 'part 1 only'
+    (the FA3 schedule refresh alone) or another subset ('fix parts: ...')."""
     if not r.get("fix"):
         return None
     parts = r.get("fix_parts")
     if isinstance(parts, float) or parts is None:  # lines written before part 1 existed (pandas: NaN)
         parts = FIX_PARTS_BEFORE_ROOT_CAUSE
-    return "fix 2: FA3 schedule refresh + kernel edits + k+1" if "fa3_schedule_refresh" in parts \
-        else "fix 1: kernel edits + k+1 only"
+    parts = set(parts)
+    if parts == set(FIX_PARTS):
+        return "fix 2: FA3 schedule refresh + kernel edits + k+1"
+    if parts == set(FIX_PARTS_BEFORE_ROOT_CAUSE):
+        return "fix 1: kernel edits + k+1 only"
+    if parts == {"fa3_schedule_refresh"}:
+        return "part 1 only: FA3 schedule refresh"
+    return "fix parts: " + " + ".join(p for p in FIX_PARTS if p in parts)
 
 
 def _flat(d: dict, prefix: str = "") -> list[str]:

@@ -2,7 +2,7 @@
 
 Neither imports the other: both import this module.
 
-- :func:`fix_enabled`: the ``DFLASH_LAB_FIX`` flag;
+- :func:`fix_enabled`: the ``DFLASH_LAB_FIX`` flag (``DFLASH_LAB_FIX_PARTS`` narrows it to some parts);
 - :func:`track_first_pass` / :func:`current_first_pass`: the DFlash first pass in flight (its
   common attention metadata and proposer), which the kernel launch needs for ``seq_lens``;
 - :class:`KernelProxy`: stands in for ``copy_and_expand_dflash_inputs_kernel`` inside
@@ -16,6 +16,7 @@ import os
 import sys
 
 ENV_FIX = "DFLASH_LAB_FIX"
+ENV_FIX_PARTS = "DFLASH_LAB_FIX_PARTS"  # comma-separated subset of the fix's parts (unset: all of them)
 
 
 def fix_enabled() -> bool:

@@ -195,9 +195,29 @@ def _patched_jit():
     return _state["kernel"]
 
 
-def apply() -> list[str]:
-    """Install the fix into the running vLLM 0.22.1 process. Returns what was patched."""
+def selected_parts(value: str | None = None) -> tuple[str, ...]:
+    """The parts ``DFLASH_LAB_FIX_PARTS`` names (comma-separated, in any order), or all of :data:`FIX_PARTS`
+    when it is unset or empty. An unknown name is an error, not a silent no-op."""
+    import os
+
+    from .engine_state import ENV_FIX_PARTS
+
+    raw = os.environ.get(ENV_FIX_PARTS, "") if value is None else value
+    names = [x.strip() for x in raw.split(",") if x.strip()]
+    if not names:
+        return FIX_PARTS
+    bad = sorted(set(names) - set(FIX_PARTS))
+    if bad:
+        raise LabError(f"{ENV_FIX_PARTS}={raw!r}: unknown part(s) {bad}; the parts are {list(FIX_PARTS)}")
+    return tuple(p for p in FIX_PARTS if p in names)
+
+
+def apply(parts: tuple[str, ...] | None = None) -> list[str]:
+    """Install the fix (``parts``, default :func:`selected_parts`) into the running vLLM 0.22.1 process.
+    Returns what was patched."""
     import vllm
+
+    parts = selected_parts() if parts is None else parts
 
     if vllm.__version__ != "0.22.1":
         raise LabError(f"dflash-lab's fix is written for vLLM 0.22.1, this is {vllm.__version__}")
@@ -208,7 +228,7 @@ def apply() -> list[str]:
     done = []
     # 1. FA3 scheduler metadata of every KV-cache group that reuses another group's metadata
     B = fa_mod.FlashAttentionMetadataBuilder
-    if not getattr(B.update_block_table, "_dflash_lab", False):
+    if "fa3_schedule_refresh" in parts and not getattr(B.update_block_table, "_dflash_lab", False):
         orig_update = B.update_block_table
 
         def update_block_table(self, metadata, blk_table, slot_mapping):
@@ -216,11 +236,12 @@ def apply() -> list[str]:
 
         update_block_table._dflash_lab = True
         B.update_block_table = update_block_table
-    done.append("FlashAttention update_block_table: FULL graphs read their own group's current schedule")
+    if "fa3_schedule_refresh" in parts:
+        done.append("FlashAttention update_block_table: FULL graphs read their own group's current schedule")
 
     # 2. scheduler: k + 1 lookahead slots for DFlash
     Scheduler = sched_mod.Scheduler
-    if not getattr(Scheduler.__init__, "_dflash_lab", False):
+    if "dflash_lookahead_k_plus_1" in parts and not getattr(Scheduler.__init__, "_dflash_lab", False):
         orig_init = Scheduler.__init__
 
         def __init__(self, *a, **kw):
@@ -231,12 +252,14 @@ def apply() -> list[str]:
 
         __init__._dflash_lab = True
         Scheduler.__init__ = __init__
-    done.append("scheduler: DFlash lookahead k+1")
+    if "dflash_lookahead_k_plus_1" in parts:
+        done.append("scheduler: DFlash lookahead k+1")
 
     # 3. kernel: route the proposer's launch to the patched kernel with its extra arguments
-    track_first_pass(dflash_mod.DFlashProposer)
-    KernelProxy.install(dflash_mod).launcher = launch_patched
-    done.append("kernel: copy_and_expand_dflash_inputs_kernel patched")
+    if "dflash_kernel_edits" in parts:
+        track_first_pass(dflash_mod.DFlashProposer)
+        KernelProxy.install(dflash_mod).launcher = launch_patched
+        done.append("kernel: copy_and_expand_dflash_inputs_kernel patched")
     return done
 
 

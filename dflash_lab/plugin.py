@@ -3,7 +3,7 @@
 vLLM calls :func:`register` in every process it starts (API server, engine core, workers).
 Nothing happens unless asked for:
 
-- ``DFLASH_LAB_FIX=1``: apply the fix (:mod:`dflash_lab.patch`);
+- ``DFLASH_LAB_FIX=1``: apply the fix (:mod:`dflash_lab.patch`; ``DFLASH_LAB_FIX_PARTS`` names a subset of its parts);
 - ``DFLASH_LAB_HOOK=<folder>``: record and check every DFlash input-setup launch
   (:mod:`dflash_lab.hook`);
 - ``DFLASH_LAB_PROBE=<folder>`` / ``DFLASH_LAB_CANARY=1``: per-step invariants of the target

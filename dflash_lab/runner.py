@@ -63,6 +63,7 @@ ENGINE_DEFAULTS = {
     "gpu_memory_utilization": 0.9,
     "mode": "offline",
     "fix": False,
+    "fix_parts": None,  # with fix: a subset of patch.FIX_PARTS (None: all of them)
     "hook": True,
     "hook_sync": False,
     "coredump": False,
@@ -142,6 +143,10 @@ def validate_matrix(m, where="matrix") -> dict:
         _check(eng["mode"] in ("offline", "server"), f"{where}: engine {e['id']}: mode must be offline or server")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
+        fp = eng["fix_parts"]
+        _check(fp is None or (isinstance(fp, list) and fp and set(fp) <= set(FIX_PARTS)),
+               f"{where}: engine {e['id']}: fix_parts must be a non-empty list of {list(FIX_PARTS)}")
+        _check(fp is None or eng["fix"], f"{where}: engine {e['id']}: fix_parts needs fix: true")
         acc = eng["acceptance"]
         _check(acc == "natural" or isinstance(acc, (int, float)) or
                (isinstance(acc, list) and all(isinstance(x, (int, float)) for x in acc)),
@@ -268,7 +273,7 @@ class Runner:
             "tensor_parallel_size": e["tensor_parallel_size"], "moe_backend": e["moe_backend"],
             "max_num_seqs": e["max_num_seqs"], "max_model_len": e["max_model_len"],
             "max_num_batched_tokens": e["max_num_batched_tokens"], "mode": e["mode"], "fix": e["fix"],
-            "fix_parts": list(FIX_PARTS) if e["fix"] else None,
+            "fix_parts": ([p for p in FIX_PARTS if p in (e["fix_parts"] or FIX_PARTS)] if e["fix"] else None),
             "engine_args": e["engine_args"], "cudagraph_capture_sizes": e["cudagraph_capture_sizes"],
             "probe": e["probe"], "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
@@ -347,7 +352,7 @@ class Runner:
         events_path = self.logdir / f"{tag}.events.jsonl"
         events_path.write_text("")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **NVLINK_OFF, **{k: str(v) for k, v in e["env"].items()})
-        for var in ("DFLASH_LAB_FIX", "DFLASH_LAB_HOOK", "DFLASH_LAB_PROBE", "DFLASH_LAB_CANARY"):
+        for var in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_PROBE", "DFLASH_LAB_CANARY"):
             env.pop(var, None)
         core_dir = None
         if e["coredump"]:
@@ -360,6 +365,8 @@ class Runner:
             env["DFLASH_LAB_CANARY"] = "1"
         if e["fix"]:
             env["DFLASH_LAB_FIX"] = "1"
+            if e["fix_parts"]:
+                env["DFLASH_LAB_FIX_PARTS"] = ",".join(e["fix_parts"])
         if hook_dir:
             env["DFLASH_LAB_HOOK"] = hook_dir
             if e["hook_sync"]:

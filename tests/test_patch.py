@@ -64,3 +64,12 @@ def test_replay_extra_args_derive_seq_lens_without_meta():
 
 def test_committed_upstream_diff_is_current(root):
     assert (root / "patches" / "vllm-0.22.1-dflash.diff").read_text() == patch.upstream_diff()
+
+
+def test_fix_parts_are_selected_by_name_and_unknown_names_refused():
+    from dflash_lab.errors import LabError
+
+    assert patch.selected_parts("") == patch.FIX_PARTS
+    assert patch.selected_parts(" dflash_kernel_edits , fa3_schedule_refresh") == ("fa3_schedule_refresh", "dflash_kernel_edits")
+    with pytest.raises(LabError, match="unknown part"):
+        patch.selected_parts("fa3_schedule_refresh,everything")

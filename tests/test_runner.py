@@ -73,6 +73,8 @@ def test_existing_lines_survive_a_later_crash(tmp_path):
     ({"engines": [{"id": "a", "target": "gpt-9", "runs": [{}]}]}, "unknown target"),
     ({"engines": [{"id": "a", "runs": [{}]}, {"id": "a", "runs": [{}]}]}, "duplicate"),
     ({"engines": [{"id": "a", "colour": 1, "runs": [{}]}]}, "unknown key"),
+    ({"engines": [{"id": "a", "fix": True, "fix_parts": ["fa3_refresh"], "runs": [{}]}]}, "fix_parts must be"),
+    ({"engines": [{"id": "a", "fix_parts": ["fa3_schedule_refresh"], "runs": [{}]}]}, "fix_parts needs fix"),
 ])
 def test_bad_matrix(bad, msg):
     with pytest.raises(LabError, match=msg):
@@ -138,3 +140,21 @@ def test_skip_done_continues_a_matrix_where_an_earlier_call_stopped(tmp_path):
     bad = run_cli("dflash_lab", "run", str(matrix(tmp_path, [{"id": "e1", "runs": [{"concurrency": 2}]}])),
                   "--out", str(tmp_path / "o2.jsonl"), "--skip-done", str(other), timeout=120)
     assert bad.returncode != 0 and "from matrix 'another'" in bad.stderr
+
+
+def test_fix_parts_reach_the_engine_and_the_line(tmp_path):
+    from dflash_lab import analysis
+
+    logs = tmp_path / "logs"
+    lines, _ = run(tmp_path, [
+        {"id": "p1", "fix": True, "fix_parts": ["fa3_schedule_refresh"], "runs": [{"concurrency": 1}]},
+        {"id": "all", "fix": True, "runs": [{"concurrency": 1}]},
+        {"id": "stock", "runs": [{"concurrency": 1}]}], extra=("--logs", str(logs)))
+    by = {l["engine_id"]: l for l in lines}
+    assert by["p1"]["fix_parts"] == ["fa3_schedule_refresh"] and len(by["all"]["fix_parts"]) == 3
+    assert by["stock"]["fix_parts"] is None
+    assert analysis.fix_label(by["p1"]) == "part 1 only: FA3 schedule refresh"
+    assert analysis.fix_label(by["all"]).startswith("fix 2")
+    env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+    assert "DFLASH_LAB_FIX=1 DFLASH_LAB_FIX_PARTS=fa3_schedule_refresh" in env["p1"]
+    assert "DFLASH_LAB_FIX=1 DFLASH_LAB_FIX_PARTS=\n" in env["all"] and "DFLASH_LAB_FIX= " in env["stock"]
