@@ -1,0 +1,58 @@
+"""The server mode end to end on the CPU: the runner starts dflash_lab.worker, which starts
+``python -m vllm.entrypoints.openai.api_server`` - here the stand-in in tests/fake_vllm - waits for
+/health, sends each run's streamed chat requests, reads the spec-decode counters from /metrics and
+writes one line per run; a server that dies mid-run or at start-up is recorded as such.
+The server mode has not started on a GPU yet: this is what can be checked before it does."""
+
+import json
+
+import yaml
+
+from conftest import ROOT, run_cli
+from dflash_lab.runner import read_lines
+
+FAKE = ROOT / "tests" / "fake_vllm"
+
+
+def _run(tmp_path, engines, name="m"):
+    m = {"name": name, "run_timeout_s": 30, "startup_timeout_s": 60, "models_dir": str(tmp_path / "models"),
+         "defaults": {"target": "tiny-dense", "mode": "server", "acceptance": 1.86}, "engines": engines}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(m))
+    out, logs = tmp_path / f"{name}.jsonl", tmp_path / f"{name}-logs"
+    r = run_cli("dflash_lab", "run", str(p), "--out", str(out), "--logs", str(logs), timeout=300,
+                env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}:{FAKE}"})
+    assert r.returncode == 0, r.stderr + r.stdout
+    return read_lines(out), logs
+
+
+def test_server_runs_measure_requests_and_spec_decode_counters(tmp_path):
+    lines, logs = _run(tmp_path, [{"id": "srv", "runs": [{"concurrency": 3, "rounds": 2, "max_tokens": 20}]}])
+    assert [(l["run_id"], l["outcome"]) for l in lines] == [("srv/c3/r0", "ok"), ("srv/c3/r1", "ok")]
+    for l in lines:
+        assert l["requests_completed"] == 3 and l["output_tokens"] == 60 and l["server_alive"] is True
+        sm = l["serve_metrics"]
+        assert sm["completed"] == 3 and sm["total_output_tokens"] == 60 and sm["output_throughput"] > 0
+        # counters are read before and after each run: the run's own deltas (10 draft steps per request)
+        sd = l["spec_decode_metrics"]
+        assert (sd["num_drafts"], sd["num_draft_tokens"], sd["num_accepted"]) == (30, 450, 30)
+        assert sd["acceptance_length"] == 2.0 and sd["per_position_rates"][:2] == [1.0, 0.0]
+    log = (logs / "srv.a1.log").read_text()
+    args = log.split("fake vllm api_server args: ", 1)[1].splitlines()[0]
+    assert "--speculative-config" in args and "synthetic_acceptance_length" in args and "--api-key sk-local" in args
+
+
+def test_a_server_dying_mid_run_is_a_crash_and_one_failing_at_start_up_is_named(tmp_path):
+    lines, _ = _run(tmp_path, [
+        {"id": "dies", "env": {"FAKE_SERVER": json.dumps({"die_after": 4})},
+         "runs": [{"concurrency": 3, "rounds": 2, "max_tokens": 20}]},
+        {"id": "nostart", "env": {"FAKE_SERVER": json.dumps({"startup": "exit"})},
+         "runs": [{"concurrency": 1}]}], name="bad")
+    by = {l["run_id"]: l for l in lines}
+    assert by["dies/c3/r0"]["outcome"] == "ok"
+    crash = by["dies/c3/r1"]
+    assert crash["outcome"] == "crash" and crash["server_alive"] is False and crash["requests_failed"] >= 2
+    assert sum(crash["request_errors"]["by_kind"].values()) == crash["requests_failed"]
+    start = [l for l in lines if l["engine_id"] == "nostart"]
+    assert start and all(l["outcome"] == "startup_error" for l in start)
+    assert "server exited with code 1 during start-up" in start[0]["error"]
