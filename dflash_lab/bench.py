@@ -45,10 +45,12 @@ def mode_of(r) -> str:
     if cg == "PIECEWISE":
         return "DFlash PIECEWISE"
     if cg == "FULL_AND_PIECEWISE":
-        parts = r.get("fix_parts") or ()
-        if r.get("fix") and "fa3_schedule_refresh" in parts:
+        if not r.get("fix"):
+            return "DFlash FULL (stock)"
+        parts = set(r.get("fix_parts") or ())
+        if {"fa3_schedule_refresh", "dflash_kernel_edits"} <= parts:
             return "DFlash FULL (fixed)"
-        return "DFlash FULL (stock)" if not r.get("fix") else "DFlash FULL (fix without part 1)"
+        return "DFlash FULL (fix parts: " + " + ".join(sorted(parts)) + ")" if parts else "DFlash FULL (fix without part 1)"
     return f"DFlash {cg}"
 
 

@@ -23,6 +23,13 @@ def fix_enabled() -> bool:
     return os.environ.get(ENV_FIX, "0") not in ("", "0", "false", "False")
 
 
+def fix_kernel_patched() -> bool:
+    """Whether the fix runs the patched DFlash kernel: the fix is on and ``DFLASH_LAB_FIX_PARTS`` is unset
+    or names ``dflash_kernel_edits`` (a part-1-only engine launches the stock kernel)."""
+    names = [x.strip() for x in os.environ.get(ENV_FIX_PARTS, "").split(",") if x.strip()]
+    return fix_enabled() and (not names or "dflash_kernel_edits" in names)
+
+
 def log_once(msg: str) -> None:
     print(f"dflash-lab [{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
 

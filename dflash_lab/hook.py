@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from .engine_state import KernelProxy, current_first_pass, fix_enabled, track_first_pass
+from .engine_state import KernelProxy, current_first_pass, fix_kernel_patched, track_first_pass
 from .records import POINTER_DTYPES, Record, save_record
 
 ENV_HOOK = "DFLASH_LAB_HOOK"
@@ -84,7 +84,7 @@ class LaunchMonitor:
         cad, proposer = cad_prop if cad_prop else (None, None)
         if proposer is not None and not self.engine_dumped:
             self._dump_engine(proposer)
-        self.stats["fix"] = fix_enabled()
+        self.stats["fix"] = fix_kernel_patched()  # which kernel made the recorded outputs
         b = int(grid[0])
         n_ctx = int(kw["total_input_tokens"])
         nq = int(kw["num_query_per_req"])

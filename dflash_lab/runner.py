@@ -401,6 +401,8 @@ class Runner:
             self.line(eng, run, "crash", attempt, error=err, log_tail=tail, wall_s=wall, **found, **extra)
 
         def kill():
+            """SIGKILL to the engine's whole process group (the worker is its leader; a server it started
+            and the engine-core processes belong to it), also when the worker itself has already exited."""
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except OSError:
@@ -497,11 +499,13 @@ class Runner:
                         return []
                     return remaining
                 time.sleep(0.5)
-        # all runs done: let the engine exit on its own, then make sure it is gone
+        # all runs done: let the engine exit on its own, then make sure it and every process of its group
+        # (a server, engine-core children) is gone before the next engine wants the GPU
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
-            kill()
+            pass
+        kill()
         return []
 
 

@@ -230,14 +230,21 @@ def output_tokens(r, data_dir: str = "data") -> list[list[int]] | None:
 
 def _prefix_logprob_diff(ta, la, tb, lb) -> tuple[int, float]:
     """(positions compared, max |difference|) of two requests' sampled-token log-probabilities along
-    the prefix where their tokens agree (after the first different token the inputs differ)."""
+    the prefix where their tokens agree (after the first different token the inputs differ). A NaN on
+    either side makes the difference NaN (never hidden by max: a stale schedule's NaN must show)."""
+    import math
+
     n, worst = 0, 0.0
     for x, y, p, q in zip(ta, tb, la, lb):
         if x != y:
             break
         if p is not None and q is not None:
             n += 1
-            worst = max(worst, abs(p - q))
+            d = abs(p - q)
+            if math.isnan(d) or math.isnan(worst):
+                worst = math.nan
+            else:
+                worst = max(worst, d)
     return n, worst
 
 
@@ -249,8 +256,21 @@ def _within_run(tokens, logprobs) -> tuple[int, float | None]:
     for i in range(len(tokens)):
         for j in range(i + 1, len(tokens)):
             k, w = _prefix_logprob_diff(tokens[i], logprobs[i], tokens[j], logprobs[j])
-            n, worst = n + k, max(worst, w)
+            n, worst = n + k, _nanmax(worst, w)
     return n, (worst if n else None)
+
+
+def _max_all(values) -> float:
+    out = 0.0
+    for v in values:
+        out = _nanmax(out, v)
+    return out
+
+
+def _nanmax(a: float, b: float) -> float:
+    import math
+
+    return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)
 
 
 def logprob_agreement(df, session: str, reference: str = "PIECEWISE", data_dir: str = "data"):
@@ -281,7 +301,7 @@ def logprob_agreement(df, session: str, reference: str = "PIECEWISE", data_dir: 
         nr, wr = _within_run(b["token_ids"], b["logprobs"])
         rows.append({"run": r["run_id"], "fix": analysis.fix_label(dict(r)) or "stock", "reference run": m.iloc[0]["run_id"],
                      "concurrency": int(r["concurrency"]), "positions compared": n,
-                     "max |dlogprob| vs reference": max(w for _, w in cmp) if n else None,
+                     "max |dlogprob| vs reference": _max_all(w for k, w in cmp if k) if n else None,
                      "positions within the FULL run": nf, "max |dlogprob| within the FULL run": wf,
                      "positions within the reference run": nr, "max |dlogprob| within the reference run": wr})
     return pd.DataFrame(rows)

@@ -281,6 +281,27 @@ def server_cli(kw: dict, port: int, name: str) -> list[str]:
     return args
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_ready(base: str, name: str) -> bool:
+    """/health answers 200 and /v1/models lists ``name``: this engine's server, not another one's."""
+    try:
+        with urllib.request.urlopen(base + "/health", timeout=5) as r:
+            if r.status != 200:
+                return False
+        req = urllib.request.Request(base + "/v1/models", headers={"Authorization": "Bearer sk-local"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return any(m.get("id") == name for m in json.loads(r.read().decode()).get("data", []))
+    except (OSError, ValueError, http.client.HTTPException):
+        return False
+
+
 def serve_run(base: str, name: str, prompt: str, run: dict, alive, scrape, hook_dir=None,
               timeout: float = 300.0) -> dict:
     """One server-mode run: ``run["concurrency"]`` concurrent chat requests, measured by
@@ -325,29 +346,31 @@ def run_server(spec, paths, events):
     acc = spec["runs"][0]["acceptance"] if spec["runs"] else None
     if "speculative_config" in kw:
         kw["speculative_config"] = with_acceptance(kw["speculative_config"], acc)
-    port = int(spec.get("port", 18094))
-    name = "dflash-lab-repro"
+    # a port and a model name of this engine alone: a server left over from an earlier engine (it would
+    # hold the GPU and, with SO_REUSEPORT, share a fixed port) can never pass this one's readiness check
+    port = int(spec.get("port") or free_port())
+    name = f"dflash-lab-{os.getpid()}"
     cmd = server_cli(kw, port, name)
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=sys.stdout, stderr=sys.stderr, start_new_session=True)
+    # the server stays in the worker's process group: when the runner kills the group (timeout, deadline,
+    # crash, or after the last run) the server and its engine processes go with it
+    proc = subprocess.Popen(cmd, stdout=sys.stdout, stderr=sys.stderr)
 
     def stop(*_):
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except OSError:
-            pass
+        """Ask the server to shut down (it stops its engine), then make sure it is gone."""
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     signal.signal(signal.SIGTERM, lambda *a: (stop(), sys.exit(143)))
     base = f"http://127.0.0.1:{port}"
-    while True:
+    while not server_ready(base, name):
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode} during start-up")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
         time.sleep(2)
     events.emit(event="ready", startup_s=round(time.time() - t0, 1), engine_kwargs=kw, server_cmd=cmd)
 

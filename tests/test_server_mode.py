@@ -14,9 +14,9 @@ from dflash_lab.runner import read_lines
 FAKE = ROOT / "tests" / "fake_vllm"
 
 
-def _run(tmp_path, engines, name="m"):
+def _run(tmp_path, engines, name="m", **top):
     m = {"name": name, "run_timeout_s": 30, "startup_timeout_s": 60, "models_dir": str(tmp_path / "models"),
-         "defaults": {"target": "tiny-dense", "mode": "server", "acceptance": 1.86}, "engines": engines}
+         "defaults": {"target": "tiny-dense", "mode": "server", "acceptance": 1.86}, "engines": engines, **top}
     p = tmp_path / f"{name}.yaml"
     p.write_text(yaml.safe_dump(m))
     out, logs = tmp_path / f"{name}.jsonl", tmp_path / f"{name}-logs"
@@ -56,3 +56,27 @@ def test_a_server_dying_mid_run_is_a_crash_and_one_failing_at_start_up_is_named(
     start = [l for l in lines if l["engine_id"] == "nostart"]
     assert start and all(l["outcome"] == "startup_error" for l in start)
     assert "server exited with code 1 during start-up" in start[0]["error"]
+
+
+def _servers_alive(logs) -> list[str]:
+    """Served-model names (unique per engine) of fake servers still running after the runner returned."""
+    import re
+    import subprocess
+
+    names = set()
+    for log in logs.glob("*.log"):
+        names |= set(re.findall(r"--served-model-name (dflash-lab-\d+)", log.read_text()))
+    ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+    return sorted(n for n in names if n in ps)
+
+
+def test_a_hung_server_is_killed_and_the_next_engine_gets_its_own(tmp_path):
+    lines, logs = _run(tmp_path, [
+        {"id": "hangs", "env": {"FAKE_SERVER": json.dumps({"hang_after": 0})}, "runs": [{"concurrency": 1}]},
+        {"id": "next", "runs": [{"concurrency": 2, "max_tokens": 10}]}], name="hang", run_timeout_s=6)
+    by = {l["run_id"]: l for l in lines}
+    assert by["hangs/c1/r0"]["outcome"] == "timeout"
+    ok = by["next/c2/r0"]
+    assert ok["outcome"] == "ok" and ok["requests_completed"] == 2 and ok["spec_decode_metrics"]["num_drafts"] == 10
+    # every engine's server is gone once the runner is done: none holds the GPU or a port for the next call
+    assert _servers_alive(logs) == []

@@ -224,3 +224,11 @@ def test_logprob_agreement_compares_the_common_prefix_against_each_engines_noise
 def test_session_labels_sort_naturally():
     labels = ["2026-11-30-s10", "2026-11-30-s9", "2026-12-01-s1"]
     assert sorted(labels, key=V.session_key) == ["2026-11-30-s9", "2026-11-30-s10", "2026-12-01-s1"]
+
+
+def test_a_nan_logprob_is_never_read_as_agreement():
+    import math
+
+    n, w = V._prefix_logprob_diff([1, 2], [-1.0, float("nan")], [1, 2], [-1.0, -2.0])
+    assert n == 2 and math.isnan(w)
+    assert math.isnan(V._within_run([[1, 2], [1, 2], [1, 2]], [[-1.0, -2.0], [-1.0, float("nan")], [-1.0, -2.0]])[1])

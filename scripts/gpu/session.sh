@@ -10,6 +10,7 @@ MATRIX=$1; DEADLINE=$2; QUICK=${3:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 bash scripts/gpu/setup.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 tail -3 "$OUT/setup.log"
+grep -h "^cache.sh:" "$OUT/setup.log" || true   # whether carried compile caches were used
 export PYTHONPATH=/tmp/vllm-site VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DFLASH_LAB_COMMIT=$(cat .commit 2>/dev/null || echo unknown)

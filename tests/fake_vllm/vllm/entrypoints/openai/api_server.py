@@ -30,6 +30,10 @@ def main():
     if plan.get("startup") == "exit":
         print("RuntimeError: fake engine failed to start", file=sys.stderr, flush=True)
         sys.exit(1)
+    if plan.get("ignore_sigterm"):  # a server that does not shut down when asked
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lock = threading.Lock()
     state = {"requests": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0] * K}
     labels = f'engine="0",model_name="{args.served_model_name}"'
@@ -51,6 +55,11 @@ def main():
         def do_GET(self):
             if self.path == "/health":
                 return self._send(200, "")
+            if self.path == "/v1/models":
+                if self.headers.get("Authorization") != f"Bearer {args.api_key}":
+                    return self._send(401, '{"error": "Unauthorized"}')
+                return self._send(200, json.dumps({"object": "list", "data": [{"id": args.served_model_name,
+                                                                               "object": "model"}]}))
             if self.path == "/metrics":
                 with lock:
                     s = dict(state)
@@ -77,6 +86,8 @@ def main():
                 state["requests"] += 1
                 n_req = state["requests"]
             dying = "die_after" in plan and n_req > plan["die_after"]
+            if "hang_after" in plan and n_req > plan["hang_after"]:
+                time.sleep(3600)  # a hung engine: the request never answers
             n = int(plan.get("tokens", body.get("max_tokens", 16)))
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
