@@ -176,23 +176,29 @@ def position_matched(df, session: str, concurrency: int = 32):
     return pd.DataFrame(rows)
 
 
+def _paired_runs(df, session: str, reference: str):
+    """(FULL-graph run, the ``reference``-mode stock runs of the same concurrency, round and temperature)
+    for every FULL run of ``session`` that recorded its outputs and has such a reference."""
+    d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")]
+    if "output_digests" not in d:
+        return
+    d = d[d["output_digests"].apply(lambda x: isinstance(x, list))]
+    ref = d[(d["cudagraph_mode"] == reference) & (d["fix"] != True)]
+    for _, r in d[d["cudagraph_mode"] == FULL].iterrows():
+        m = ref[(ref["concurrency"] == r["concurrency"]) & (ref["round"] == r["round"])
+                & (ref["temperature"] == r["temperature"])]
+        if not m.empty:
+            yield r, m
+
+
 def output_agreement(df, session: str, reference: str = "PIECEWISE"):
     """Greedy outputs of FULL-graph runs against ``reference``-mode runs of the same session, run by run
     (same concurrency, same round): how many requests produced identical token ids (digests written by
     runs with ``record_outputs``). An engine of another graph mode is an independent reference path."""
     import pandas as pd
 
-    d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")]
-    if "output_digests" not in d:
-        return pd.DataFrame()
-    d = d[d["output_digests"].apply(lambda x: isinstance(x, list))]
-    ref = d[(d["cudagraph_mode"] == reference) & (d["fix"] != True)]
     rows = []
-    for _, r in d[d["cudagraph_mode"] == FULL].iterrows():
-        m = ref[(ref["concurrency"] == r["concurrency"]) & (ref["round"] == r["round"])
-                & (ref["temperature"] == r["temperature"])]
-        if m.empty:
-            continue
+    for r, m in _paired_runs(df, session, reference):
         a, b = r["output_digests"], m.iloc[0]["output_digests"]
         same = sum(x == y for x, y in zip(a, b))
         n = max(len(a), len(b))  # a request missing on one side counts as differing
@@ -280,17 +286,8 @@ def logprob_agreement(df, session: str, reference: str = "PIECEWISE", data_dir: 
     Runs recorded without log-probabilities (before 2026-11-30 s16) are left out."""
     import pandas as pd
 
-    d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")]
-    if "output_digests" not in d:
-        return pd.DataFrame()
-    d = d[d["output_digests"].apply(lambda x: isinstance(x, list))]
-    ref = d[(d["cudagraph_mode"] == reference) & (d["fix"] != True)]
     rows = []
-    for _, r in d[d["cudagraph_mode"] == FULL].iterrows():
-        m = ref[(ref["concurrency"] == r["concurrency"]) & (ref["round"] == r["round"])
-                & (ref["temperature"] == r["temperature"])]
-        if m.empty:
-            continue
+    for r, m in _paired_runs(df, session, reference):
         a, b = output_record(r, data_dir), output_record(m.iloc[0], data_dir)
         if not a or not b or "logprobs" not in a or "logprobs" not in b:
             continue
@@ -314,17 +311,8 @@ def token_divergence(df, session: str, reference: str = "PIECEWISE", data_dir: s
     with batch numerics)."""
     import pandas as pd
 
-    d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")]
-    if "output_digests" not in d:
-        return pd.DataFrame()
-    d = d[d["output_digests"].apply(lambda x: isinstance(x, list))]
-    ref = d[(d["cudagraph_mode"] == reference) & (d["fix"] != True)]
     rows = []
-    for _, r in d[d["cudagraph_mode"] == FULL].iterrows():
-        m = ref[(ref["concurrency"] == r["concurrency"]) & (ref["round"] == r["round"])
-                & (ref["temperature"] == r["temperature"])]
-        if m.empty:
-            continue
+    for r, m in _paired_runs(df, session, reference):
         a, b = output_tokens(r, data_dir), output_tokens(m.iloc[0], data_dir)
         if a is None or b is None:
             continue
