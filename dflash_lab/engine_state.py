@@ -23,10 +23,16 @@ def fix_enabled() -> bool:
     return os.environ.get(ENV_FIX, "0") not in ("", "0", "false", "False")
 
 
+def fix_part_names(value: str | None = None) -> list[str]:
+    """The part names ``DFLASH_LAB_FIX_PARTS`` (or ``value``) lists, unchecked; empty: all parts."""
+    raw = os.environ.get(ENV_FIX_PARTS, "") if value is None else value
+    return [x.strip() for x in raw.split(",") if x.strip()]
+
+
 def fix_kernel_patched() -> bool:
     """Whether the fix runs the patched DFlash kernel: the fix is on and ``DFLASH_LAB_FIX_PARTS`` is unset
     or names ``dflash_kernel_edits`` (a part-1-only engine launches the stock kernel)."""
-    names = [x.strip() for x in os.environ.get(ENV_FIX_PARTS, "").split(",") if x.strip()]
+    names = fix_part_names()
     return fix_enabled() and (not names or "dflash_kernel_edits" in names)
 
 

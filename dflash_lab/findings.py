@@ -168,9 +168,7 @@ def _end_to_end_line(df) -> str:
     o = osess[-1]
     ov = verification.verdict(verification.session_table(df, o))
     ag = verification.output_agreement(df, o)
-    fx = ag[ag["fix"].str.startswith("fix 2")]
-    same = sum(int(x.split("/")[0]) for x in fx["identical requests"])
-    total = sum(int(x.split("/")[1]) for x in fx["identical requests"])
+    same, total = verification.identical_totals(ag)
     div = verification.token_divergence(df, o)
     tp = verification.throughput_table(df, o).set_index("mode")
     f, p = tp.loc["fix 2, FULL_AND_PIECEWISE"], tp.loc["stock, PIECEWISE"]

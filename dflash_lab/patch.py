@@ -198,17 +198,14 @@ def _patched_jit():
 def selected_parts(value: str | None = None) -> tuple[str, ...]:
     """The parts ``DFLASH_LAB_FIX_PARTS`` names (comma-separated, in any order), or all of :data:`FIX_PARTS`
     when it is unset or empty. An unknown name is an error, not a silent no-op."""
-    import os
+    from .engine_state import ENV_FIX_PARTS, fix_part_names
 
-    from .engine_state import ENV_FIX_PARTS
-
-    raw = os.environ.get(ENV_FIX_PARTS, "") if value is None else value
-    names = [x.strip() for x in raw.split(",") if x.strip()]
+    names = fix_part_names(value)
     if not names:
         return FIX_PARTS
     bad = sorted(set(names) - set(FIX_PARTS))
     if bad:
-        raise LabError(f"{ENV_FIX_PARTS}={raw!r}: unknown part(s) {bad}; the parts are {list(FIX_PARTS)}")
+        raise LabError(f"{ENV_FIX_PARTS}={','.join(names)!r}: unknown part(s) {bad}; the parts are {list(FIX_PARTS)}")
     return tuple(p for p in FIX_PARTS if p in names)
 
 

@@ -228,6 +228,13 @@ def output_record(r, data_dir: str = "data") -> dict | None:
         return json.load(f)
 
 
+def identical_totals(agreement) -> tuple[int, int]:
+    """(identical requests, requests) over the fix-2 rows of an :func:`output_agreement` table."""
+    fx = agreement[agreement["fix"].str.startswith("fix 2")] if len(agreement) else agreement
+    pairs = [tuple(int(v) for v in x.split("/")) for x in (fx["identical requests"] if len(fx) else [])]
+    return sum(a for a, _ in pairs), sum(b for _, b in pairs)
+
+
 def output_tokens(r, data_dir: str = "data") -> list[list[int]] | None:
     """The token ids a ``record_outputs`` run wrote."""
     rec = output_record(r, data_dir)

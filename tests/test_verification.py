@@ -157,6 +157,7 @@ def test_end_to_end_tokens_against_piecewise_on_the_recorded_session(df):
     fx = ag[ag["fix"].str.startswith("fix 2")]
     assert sum(int(x.split("/")[0]) for x in fx["identical requests"]) == 128
     assert sum(int(x.split("/")[1]) for x in fx["identical requests"]) == 130
+    assert V.identical_totals(ag) == (128, 130) and V.identical_totals(ag.iloc[0:0]) == (0, 0)
     assert (ag["distinct outputs in the reference run"] >= 2).all()  # identical prompts, several outputs: noise floor
     div = V.token_divergence(df, S15)
     assert len(div) == 2 and set(div["first differing output position"]) == {1}
