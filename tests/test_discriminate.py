@@ -1,0 +1,131 @@
+"""discriminate: predictions from a run's configuration (never its outcome), what the engine log says ran, and
+whether outcomes agree - including a control that did not draft, which must not count as agreeing."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from dflash_lab import analysis, discriminate
+
+DRAFT = {"layers": 5, "heads": 32, "kv_heads": 4, "head_dim": 128}
+
+# lines in the form vLLM 0.22.1 logs them (from the engines' own logs in data/gpu)
+FA3_LOG = """(EngineCore pid=864) INFO [core.py:112] Initializing a V1 LLM engine (v0.22.1) with config: compilation_config={'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>, 'x': 1}
+(EngineCore pid=864) INFO [unquantized.py:212] Using TRITON Unquantized MoE backend out of potential backends: ['TRITON'].
+(EngineCore pid=864) INFO [cuda.py:378] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].
+(EngineCore pid=864) INFO [cuda.py:378] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLEX_ATTENTION'].
+Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  50%
+Capturing CUDA graphs (decode, FULL):  50%
+"""
+TRITON_LOG = FA3_LOG.replace(
+    "Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].",
+    "Using AttentionBackendEnum.TRITON_ATTN backend.")
+PIECEWISE_LOG = FA3_LOG.replace("FULL_AND_PIECEWISE: (2, 1)", "PIECEWISE: (1, 1)").replace(
+    "Capturing CUDA graphs (decode, FULL):  50%\n", "")
+
+
+def line(**kw):
+    r = {"spec_method": "dflash", "num_speculative_tokens": 15, "draft": DRAFT, "cudagraph_mode": "FULL_AND_PIECEWISE",
+         "enforce_eager": False, "fix": False, "fix_parts": None, "engine_args": {}, "concurrency": 32,
+         "probe": False, "canary": False, "coredump": True, "env": {}, "hook_dir": None,
+         "matrix": "discriminate2-tp1", "gpu_session": "s-test", "engine_id": "e", "attempt": 1, "round": 0,
+         "outcome": "ok", "output_tokens": 16384,
+         "spec_decode_metrics": {"num_drafts": 8800, "acceptance_length": 1.86}}
+    r.update(kw)
+    return r
+
+
+def test_engine_facts_read_the_log():
+    f = discriminate.engine_facts(FA3_LOG)
+    assert f == {"cudagraph_mode": "FULL_AND_PIECEWISE", "full_graphs_captured": True,
+                 "target_attention": "FLASH_ATTN", "drafter_attention": "FLASH_ATTN"}
+    t = discriminate.engine_facts(TRITON_LOG)
+    assert t["target_attention"] == "TRITON_ATTN" and t["drafter_attention"] == "FLASH_ATTN"
+    p = discriminate.engine_facts(PIECEWISE_LOG)
+    assert p["cudagraph_mode"] == "PIECEWISE" and p["full_graphs_captured"] is False
+    # a log stored as its tail only (no start-up) says nothing rather than "no FULL graphs"
+    assert discriminate.engine_facts("INFO Engine 000: Avg generation throughput")["full_graphs_captured"] is None
+
+
+@pytest.mark.parametrize("kw,expected", [
+    ({}, "crash"),                                                             # the crash configuration
+    ({"concurrency": 16}, "open"),                                             # divergence, no crash shown below 32
+    ({"fix": True, "fix_parts": ["fa3_schedule_refresh"]}, "completes"),      # part 1 alone
+    ({"fix": True, "fix_parts": ["dflash_kernel", "lookahead"]}, "crash"),    # fix 1: no part 1
+    ({"fix": True}, "crash"),                                                  # fix 1 lines before fix_parts existed
+    ({"cudagraph_mode": "FULL_DECODE_ONLY"}, "crash"),                         # FULL verify graphs still replay
+    ({"cudagraph_mode": "PIECEWISE"}, "completes"),
+    ({"enforce_eager": True}, "completes"),
+    ({"engine_args": {"attention_config": {"backend": "TRITON_ATTN"}}}, "completes"),
+    ({"engine_args": {"attention_config": {"flash_attn_max_num_splits_for_cuda_graph": 1}}}, "open"),
+    ({"spec_method": "mtp", "draft": None}, "completes"),                     # one attention group (vLLM's grouping)
+    ({"draft": dict(DRAFT, layers=10)}, "completes"),                          # a 10-layer draft does not split them
+])
+def test_predictions_come_from_the_configuration(kw, expected):
+    r = line(**kw)
+    assert discriminate.predict(r)[0] == expected
+    # the outcome never enters the prediction
+    assert discriminate.predict({**r, "outcome": "crash"})[0] == expected
+
+
+def test_the_engine_log_overrides_what_the_run_asked_for():
+    asked_triton = line(engine_args={"attention_config": {"backend": "TRITON_ATTN"}})
+    ran_fa3 = discriminate.engine_facts(FA3_LOG)
+    assert discriminate.predict(asked_triton, ran_fa3)[0] == "crash"
+    assert discriminate.predict(line(), discriminate.engine_facts(TRITON_LOG))[0] == "completes"
+    assert discriminate.predict(line(), discriminate.engine_facts(PIECEWISE_LOG))[0] == "completes"
+
+
+def _df(tmp_path, lines, logs):
+    """Lines through the real loader (data/runs + data/gpu layout under tmp_path)."""
+    runs = tmp_path / "data" / "runs"
+    runs.mkdir(parents=True)
+    f = runs / "x_discriminate.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    gpu = tmp_path / "data" / "gpu" / "x_discriminate"
+    gpu.mkdir(parents=True)
+    for name, text in logs.items():
+        (gpu / name).write_text(text)
+    return analysis.load_runs(str(runs / "*.jsonl"))
+
+
+def test_table_agreement_and_controls(tmp_path):
+    lines = [
+        line(engine_id="stock", outcome="crash", spec_decode_metrics=None, log="/h/stock.a1.log",
+             fault={"kernel": "copy_and_expand_dflash_inputs_kernel"}),
+        line(engine_id="p1", fix=True, fix_parts=["fa3_schedule_refresh"], log="/h/p1.a1.log"),
+        line(engine_id="p1", fix=True, fix_parts=["fa3_schedule_refresh"], log="/h/p1.a1.log", round=1),
+        # a "control" that completed but hardly drafted: not a control
+        line(engine_id="tri", engine_args={"attention_config": {"backend": "TRITON_ATTN"}}, log="/h/tri.a1.log",
+             spec_decode_metrics={"num_drafts": 20, "acceptance_length": 1.0}),
+        # predicted to crash, completed: a disagreement
+        line(engine_id="fdo", cudagraph_mode="FULL_DECODE_ONLY", log="/h/fdo.a1.log"),
+        line(engine_id="mtp", spec_method="mtp", draft=None, outcome="startup_error", spec_decode_metrics=None),
+        line(engine_id="other", matrix="verify-fix-tp1", outcome="crash"),      # not a discriminating matrix
+    ]
+    df = _df(tmp_path, lines, {"stock.a1.log": FA3_LOG, "p1.a1.log": FA3_LOG, "tri.a1.log": TRITON_LOG,
+                               "fdo.a1.log": FA3_LOG.replace("FULL_AND_PIECEWISE: (2, 1)", "FULL_DECODE_ONLY: (2, 0)")})
+    t = discriminate.table(df, data_dir=str(tmp_path / "data")).set_index("configuration")
+    assert len(t) == 5
+    stock = t.loc["dflash k=15, FULL_AND_PIECEWISE"]
+    assert stock["stock control"] and stock["agrees"] == "yes" and stock["crashed / runs"] == "1 / 1"
+    assert stock["faulting kernel (core dump)"] == "copy_and_expand_dflash_inputs_kernel"
+    p1 = t.loc["dflash k=15, FULL_AND_PIECEWISE (part 1 only: FA3 schedule refresh)"]
+    assert p1["agrees"] == "yes" and p1["runs"] == 2 and not p1["stock control"]
+    assert p1["FULL decode graphs captured"] == "True" and p1["target attention (log)"] == "FLASH_ATTN"
+    tri = t.loc["dflash k=15, FULL_AND_PIECEWISE (backend=TRITON_ATTN)"]
+    assert tri["agrees"].startswith("not a control") and tri["target attention (log)"] == "TRITON_ATTN"
+    assert t.loc["dflash k=15, FULL_DECODE_ONLY", "agrees"] == "no: 1 completed"
+    mtp = t.loc["mtp k=15, FULL_AND_PIECEWISE"]
+    assert mtp["runs"] == 0 and mtp["engine start failures"] == 1 and mtp["agrees"].startswith("- (no engine")
+    s = discriminate.session_summary(t.reset_index(), "s-test")
+    assert s == {"session": "s-test", "rows": 5, "decided": 4, "agree": 2, "disagree": 1, "not_controls": 1,
+                 "stock_control_crashed": 1, "stock_control_runs": 1}
+
+
+def test_a_missing_log_is_said_not_guessed(tmp_path):
+    df = _df(tmp_path, [line(engine_id="p1", fix=True, fix_parts=["fa3_schedule_refresh"], log="/h/gone.a1.log")], {})
+    t = discriminate.table(df, data_dir=str(tmp_path / "data"))
+    assert t.loc[0, "FULL decode graphs captured"] == "not in the stored log"
+    assert t.loc[0, "prediction"] == "completes"
