@@ -117,6 +117,7 @@ def write_findings(root: Path, out: Path) -> Path:
     else:
         fix_line += f" GPU runs with it: {len(fix2)}."
     summary.append(fix_line)
+    summary.append(_discriminating_line(df))
     summary.append(
         "Ruled out as the cause: the report's buffer-vs-capture-size suspicion (no drafter batch pads for its "
         "configuration, notebook 01); the DFlash input kernel's unmasked last_pos load is a real out-of-bounds read "
@@ -128,6 +129,8 @@ def write_findings(root: Path, out: Path) -> Path:
         ("The step probe and the core dumps", "matrices/root-probe-tp1.yaml; matrices/root-coredump-tp1.yaml"),
         ("Fix verification", "matrices/verify-fix-a-tp1.yaml, -b-, -c- (one GPU session); matrices/verify-fix-d-tp1.yaml "
                              "(tokens and throughput against PIECEWISE, with its own stock control)"),
+        ("Discriminating runs (stock control first, then each variant x3)",
+         "python -m dflash_lab run matrices/discriminate2-tp1.yaml --out ... [--skip-done data/runs/*discriminate2*.jsonl]"),
         ("Isolation cells", "python -m dflash_lab run matrices/isolate-tp1.yaml --out ...; matrices/isolate2-tp1.yaml; matrices/localize-blocking-tp1.yaml"),
         ("Replay a launch record (CPU)", "python -m dflash_lab replay data/records/req0_all_rejected.npz --json"),
         ("Render everything (CPU)", "make report"),
@@ -156,6 +159,33 @@ draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
     tmp.write_text(page)
     os.replace(tmp, path)
     return path
+
+
+def _discriminating_line(df) -> str:
+    """The discriminating runs of the latest session whose own stock control crashed: each variant's outcome beside
+    what the mechanism predicts from its configuration (dflash_lab.discriminate)."""
+    from . import discriminate
+
+    t = discriminate.table(df)
+    sessions = sorted((x for x in set(t["gpu_session"].dropna())
+                       if discriminate.session_summary(t, x)["stock_control_crashed"]), key=analysis.session_key)
+    if not sessions:
+        return "Discriminating runs: none recorded in a session whose stock control crashed."
+    x = sessions[-1]
+    sm = discriminate.session_summary(t, x)
+    rows = t[(t["gpu_session"] == x) & ~t["stock control"] & (t["runs"] > 0)]
+    parts = [f"{r['configuration'].replace('dflash k=15, ', '')}: {r['crashed / runs']} crashed (predicted: {r['prediction']}"
+             + (f"; core dump: {r['faulting kernel (core dump)']}" if r["faulting kernel (core dump)"] != "-" else "") + ")"
+             for _, r in rows.iterrows()]
+    verdict = ("Every decided prediction held" if sm["decided"] and sm["decided"] == sm["agree"]
+               else f"{sm['agree']} of {sm['decided']} decided predictions held, {sm['disagree']} failed, "
+                    f"{sm['not_controls']} completed without drafting")
+    shares = rows["output from drafting steps"].dropna()
+    drafting = (f"in the completed runs at least {shares.min():.1%} of the output came from drafting steps" if len(shares)
+                else "no run completed")
+    return (f"Discriminating runs, GPU session {x} (concurrency 32, stock control crashed {sm['stock_control_crashed']}/"
+            f"{sm['stock_control_runs']}; predictions from each configuration, notebook 03): " + "; ".join(parts)
+            + f". {verdict}; {drafting}.")
 
 
 def _end_to_end_line(df) -> str:

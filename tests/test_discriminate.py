@@ -129,3 +129,18 @@ def test_a_missing_log_is_said_not_guessed(tmp_path):
     t = discriminate.table(df, data_dir=str(tmp_path / "data"))
     assert t.loc[0, "FULL decode graphs captured"] == "not in the stored log"
     assert t.loc[0, "prediction"] == "completes"
+
+
+def test_findings_line_reports_outcomes_and_a_failed_prediction(tmp_path, monkeypatch):
+    from dflash_lab import findings
+
+    lines = [line(engine_id="stock", outcome="crash", spec_decode_metrics=None, log="/h/stock.a1.log"),
+             line(engine_id="fdo", cudagraph_mode="FULL_DECODE_ONLY", log="/h/fdo.a1.log")]
+    df = _df(tmp_path, lines, {"stock.a1.log": FA3_LOG, "fdo.a1.log": FA3_LOG})
+    monkeypatch.chdir(tmp_path)
+    text = findings._discriminating_line(df)
+    assert "stock control crashed 1/1" in text and "FULL_DECODE_ONLY: 0 / 1 crashed (predicted: crash)" in text
+    assert "1 of 2 decided predictions held, 1 failed" in text
+    # without a crashed stock control in the session there is nothing to report against
+    df2 = _df(tmp_path / "b", [line(engine_id="p1", fix=True, fix_parts=["fa3_schedule_refresh"])], {})
+    assert findings._discriminating_line(df2).startswith("Discriminating runs: none recorded")
