@@ -19,6 +19,7 @@ existing NAME is refused, so nothing already recorded is lost or half-written.
 
 from __future__ import annotations
 
+import filecmp
 import gzip
 import json
 import os
@@ -95,6 +96,7 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
                         kept.append(str(rel))
             except (tarfile.TarError, EOFError) as e:
                 raise LabError(f"{logs}: not a readable tar.gz ({e})") from None
+        kept, already = _drop_already_recorded(stage / "gpu", kept, data, gpu_session)
         for extra in ("gpu_replay.jsonl", "capture_sizes.json", "blocking_trace.txt", "setup.log",
                       "repro_min.json", "repro_min.log"):
             if (src / extra).exists():
@@ -112,6 +114,8 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
             if lines else None,
             "files": sorted(kept),
         }
+        if already:
+            meta["already_recorded"] = already
         (stage / "meta.json").write_text(json.dumps(meta, indent=1))
         runs_dst.parent.mkdir(parents=True, exist_ok=True)
         gpu_dst.parent.mkdir(parents=True, exist_ok=True)
@@ -125,3 +129,27 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
         return meta
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _drop_already_recorded(stage_gpu: Path, kept: list[str], data: Path, gpu_session: str | None):
+    """Files of this output that another folder of the same GPU session already holds byte for byte (a host
+    folder shared by a session's calls returns earlier calls' logs again): left out, and named in the meta."""
+    if not gpu_session:
+        return kept, []
+    others = []
+    for meta in sorted((data / "gpu").glob("*/meta.json")):
+        try:
+            if json.loads(meta.read_text()).get("gpu_session") == gpu_session:
+                others.append(meta.parent)
+        except (OSError, ValueError):
+            continue
+    out, already = [], []
+    for rel in kept:
+        mine = stage_gpu / rel
+        twin = next((o for o in others if (o / rel).is_file() and filecmp.cmp(mine, o / rel, shallow=False)), None)
+        if twin is None:
+            out.append(rel)
+        else:
+            mine.unlink()
+            already.append(f"{rel} (byte-identical to {twin.name}/{rel})")
+    return out, already

@@ -113,3 +113,27 @@ def test_bench_ingest_needs_server_lines_and_a_session(tmp_path):
     (out2 / "runs.jsonl").write_text(json.dumps({"run_id": "b", "outcome": "ok", "mode": "offline"}) + "\n")
     with pytest.raises(LabError, match="server-mode"):
         ingest(str(out2), "b2", data_dir=str(data), kind="bench", gpu_session="S")
+
+
+def test_a_later_call_of_the_same_session_does_not_record_earlier_logs_again(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in "123":
+        (tmp_path / k).mkdir()
+    first = make_out(tmp_path / "1", json.dumps({"run_id": "a", "outcome": "ok", "gpu_session": "S"}) + "\n")
+    ingest(str(first), "call1", data_dir=str(data), gpu_session="S")
+    # the second call's host folder still holds call 1's engine log (identical) beside its own
+    second = make_out(tmp_path / "2", json.dumps({"run_id": "b", "outcome": "ok", "gpu_session": "S"}) + "\n")
+    logs = tmp_path / "2" / "runlogs"
+    (logs / "f.a1.log").write_text("engine f\n")
+    with tarfile.open(second / "logs.tgz", "w:gz") as tf:
+        tf.add(logs, arcname="runlogs")
+    meta = ingest(str(second), "call2", data_dir=str(data), gpu_session="S")
+    assert meta["files"] == ["f.a1.log"]
+    assert sorted(meta["already_recorded"]) == ["e.a1.hook/stats-1.json (byte-identical to call1/e.a1.hook/stats-1.json)",
+                                                "e.a1.log (byte-identical to call1/e.a1.log)"]
+    assert not (data / "gpu" / "call2" / "e.a1.log").exists() and (data / "gpu" / "call2" / "f.a1.log").exists()
+    # another GPU session keeps its own copy: its files are its evidence
+    third = make_out(tmp_path / "3", json.dumps({"run_id": "c", "outcome": "ok", "gpu_session": "T"}) + "\n")
+    meta3 = ingest(str(third), "call3", data_dir=str(data), gpu_session="T")
+    assert "e.a1.log" in meta3["files"] and "already_recorded" not in meta3

@@ -23,7 +23,9 @@ if [ "$QUICK" = quick ]; then
 fi
 LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
 echo "runner deadline: $LEFT s"
-LOGS=/tmp/runlogs/$(basename "$MATRIX" .yaml)   # this step's engine logs only
+# this call's engine logs only: a later call of the same matrix on the same host gets its own folder (one shared
+# folder made s16's second and third calls return the earlier calls' logs again, and reuse their names)
+LOGS=/tmp/runlogs/$(basename "$MATRIX" .yaml)-$T0
 mkdir -p "$LOGS"
 # SKIP_DONE: runs.jsonl files of earlier calls of this matrix (carried into the checkout): continue where they stopped
 python3 -m dflash_lab run "$MATRIX" --out "$OUT/runs.jsonl" --logs "$LOGS" --deadline-s $LEFT ${SKIP_DONE:+--skip-done $SKIP_DONE}
