@@ -66,6 +66,9 @@ def cell_label(r: dict) -> str:
     engine_args = r.get("engine_args")
     if isinstance(engine_args, dict):
         extra += [a.replace("attention_config.", "") for a in _flat(engine_args)]
+    sizes = r.get("cudagraph_capture_sizes")
+    if isinstance(sizes, (list, tuple)) and sizes:
+        extra.append(f"capture sizes {min(sizes)}..{max(sizes)} ({len(sizes)})")
     if r.get("probe") is True:
         extra.append("step probe")
     if r.get("canary") is True:
@@ -94,12 +97,14 @@ def instruments(r: dict) -> list[str]:
 
 def stock_full(df):
     """Stock DFlash runs with the target's FULL_AND_PIECEWISE graphs (the crash configuration; drafter
-    graphs on or off): no fix, no engine-argument variant, no probe or raising canary. Launch hook,
+    graphs on or off): no fix, no engine-argument variant, vLLM's default capture sizes, no probe or raising canary. Launch hook,
     core dumps and extra environment may be attached: see the ``instruments`` column."""
     ea = df["engine_args"].apply(lambda x: not x if isinstance(x, dict) else True)
+    sizes = (df["cudagraph_capture_sizes"].apply(lambda x: not isinstance(x, (list, tuple)) or not x)
+             if "cudagraph_capture_sizes" in df else True)   # vLLM's default capture sizes only
     return df[(df["spec_method"] == "dflash") & (df["cudagraph_mode"] == "FULL_AND_PIECEWISE")
               & (df["enforce_eager"] != True) & (df["fix"] != True) & (df["probe"] != True)
-              & (df["canary"] != True) & ea]
+              & (df["canary"] != True) & ea & sizes]
 
 
 def breakdown(runs) -> str:

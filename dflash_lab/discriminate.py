@@ -5,12 +5,19 @@ The root cause (notebooks 03 and 04): a target KV-cache group that reuses anothe
 metadata at run time has FULL CUDA graphs that read its own builder's FA3 schedule, left stale since
 capture. A run's prediction comes from its configuration alone, never from its outcome:
 
-- **reuse**: vLLM 0.22.1's own grouping (``kvgroups``, run verbatim) gives the target an attention group that
-  reuses another's metadata, for this run's speculative method and draft shape (DFlash's draft layers split
-  the target's attention layers in two groups; MTP's one layer has the target's shape and does not);
+- **reuse**: vLLM 0.22.1's own grouping (``kvgroups``, run verbatim) gives the target two attention groups of
+  one spec, for this run's speculative method and draft shape (DFlash's draft layers split the target's attention
+  layers in two groups; MTP's one layer has the target's shape and does not), *and* the target's attention
+  builder reuses metadata across them (``supports_update_block_table``, read from the backend's 0.22.1 source:
+  FLASH_ATTN does, TRITON_ATTN does not and builds every group's metadata itself);
 - **FULL**: the target replays FULL graphs (``cudagraph_mode`` FULL_*, not ``--enforce-eager``);
 - **FA3 schedule**: the target's attention backend keeps an ahead-of-time schedule in a builder buffer
-  (FLASH_ATTN; TRITON_ATTN has none), and part 1 of the fix, which refreshes that buffer, is off.
+  (FLASH_ATTN on an H200, i.e. FA3; FA2 has none, not separated here), and part 1 of the fix, which refreshes that
+  buffer, is off.
+
+Which of these a variant removes matters: TRITON_ATTN removes the reuse itself (and the schedule with it), so it
+cannot tell the stale FA3 schedule from FlashAttention's metadata reuse in general; part 1 alone removes only the
+stale schedule, which makes it the specific test.
 
 With all three the stale schedule is read: at concurrency >= ``CRASH_CONCURRENCY`` (where every stock run has
 crashed) the prediction is a crash; below it, "open" (the divergence starts at concurrency 2 already, where
@@ -19,17 +26,23 @@ prediction is that the run completes. ``flash_attn_max_num_splits_for_cuda_graph
 but may make it harmless: "open", for the step probe to decide.
 
 The engine's own log says what actually ran (``engine_facts``): the cudagraph mode vLLM resolved, whether FULL
-decode graphs were captured, and the attention backends it chose (the target's first, the drafter's last).
-A run predicted to complete counts as agreeing only if it also did the work: drafting on (nearly) every step.
+decode graphs were captured (counted only once start-up finished: an engine that died during capture says nothing
+about it), and the attention backends it chose (the target's first, the drafter's last). A run predicted to complete
+counts as agreeing only if it also did the work: ``drafting_share`` >= ``MIN_DRAFTING_SHARE``, a proxy for drafting on
+nearly every step.
 """
 
 from __future__ import annotations
 
+import ast
 import gzip
+import math
 import os
 import re
 
 from . import analysis, kvgroups
+from .errors import LabError
+from .vllm_sources import read_source
 
 CRASH_CONCURRENCY = 32           # the lowest concurrency at which stock FULL_AND_PIECEWISE crashed in every run
 MIN_DRAFTING_SHARE = 0.9         # a run that completes is a control only if this share of its output came
@@ -39,6 +52,34 @@ _MODE_RE = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+):")
 _BACKEND_RES = (re.compile(r"Using AttentionBackendEnum\.(\w+) backend"),
                 re.compile(r"Using (\w+) attention backend out of potential backends"))
 _FULL_CAPTURE = "Capturing CUDA graphs (decode, FULL)"
+_STARTED = "init engine (profile, create kv cache, warmup model) took"   # vLLM's line once start-up has finished
+BACKEND_SOURCES = {"FLASH_ATTN": "vllm/v1/attention/backends/flash_attn.py",   # AttentionBackendEnum -> module
+                   "TRITON_ATTN": "vllm/v1/attention/backends/triton_attn.py",  # (vLLM's registry.py)
+                   "FLASHINFER": "vllm/v1/attention/backends/flashinfer.py",
+                   "FLEX_ATTENTION": "vllm/v1/attention/backends/flex_attention.py"}
+_REUSE_FLAG = {}
+
+
+def builder_reuses_metadata(backend: str) -> bool | None:
+    """Does this backend's metadata builder set ``supports_update_block_table = True`` in vLLM 0.22.1's source (the
+    condition under which ``_build_attn_group_metadata`` reuses a group's metadata for the next group of the same
+    spec)? None for a backend not listed in ``BACKEND_SOURCES``."""
+    if backend not in BACKEND_SOURCES:
+        return None
+    if backend not in _REUSE_FLAG:
+        tree = ast.parse(read_source(BACKEND_SOURCES[backend]))
+        builders = [c for c in tree.body if isinstance(c, ast.ClassDef) and c.name.endswith("MetadataBuilder")]
+        if not builders:
+            raise LabError(f"{BACKEND_SOURCES[backend]}: no *MetadataBuilder class (vLLM source changed?)")
+        flag = False
+        for c in builders:
+            for st in c.body:
+                if (isinstance(st, (ast.AnnAssign, ast.Assign)) and isinstance(st.value, ast.Constant)
+                        and any(isinstance(t, ast.Name) and t.id == "supports_update_block_table"
+                                for t in (st.targets if isinstance(st, ast.Assign) else [st.target]))):
+                    flag = flag or bool(st.value.value)
+        _REUSE_FLAG[backend] = flag
+    return _REUSE_FLAG[backend]
 
 
 def _read_text(path: str) -> str:
@@ -74,9 +115,8 @@ def engine_facts(text: str) -> dict:
             if m:
                 found.append(m.group(1))
                 break
-    started = bool(modes) or bool(found)
     return {"cudagraph_mode": modes[0] if modes else None,
-            "full_graphs_captured": (_FULL_CAPTURE in text) if started else None,
+            "full_graphs_captured": (_FULL_CAPTURE in text) if _STARTED in text else None,
             "target_attention": found[0] if found else None,
             "drafter_attention": found[-1] if len(found) > 1 else None}
 
@@ -86,16 +126,20 @@ def _attention_config(r) -> dict:
     return (ea.get("attention_config") or {}) if isinstance(ea, dict) else {}
 
 
-def _draft_layers(r) -> int:
+def _draft(r) -> dict:
     d = r.get("draft")
-    return int(d.get("layers") or 0) if isinstance(d, dict) else 0
+    return d if isinstance(d, dict) else {}
 
 
 def reuses_metadata(r) -> bool:
-    """Does vLLM 0.22.1's grouping give this run's target an attention group reusing another's metadata?"""
+    """Does vLLM 0.22.1's grouping give this run's target two attention groups of one spec (the second reusing the
+    first's metadata when the backend's builder allows it)? The draft's layer count and attention shape come from
+    the run line (the project's assumed shape when the line has none)."""
     method = r.get("spec_method")
     if method == "dflash":
-        layers = kvgroups.hybrid_layers(draft_layers=_draft_layers(r))
+        d = _draft(r)
+        shape = (int(d.get("kv_heads") or 4), int(d.get("head_dim") or 128))
+        layers = kvgroups.hybrid_layers(draft_layers=int(d.get("layers") or 0), draft_attn=shape)
     elif method == "mtp":
         layers = kvgroups.hybrid_layers(mtp_layers=max(1, int(r.get("mtp_layers") or 1)))
     else:   # no speculation, ngram: no draft layers
@@ -115,12 +159,18 @@ def predict(r, facts: dict | None = None) -> tuple[str, str]:
     backend = facts.get("target_attention") or _attention_config(r).get("backend") or "FLASH_ATTN"
     if not reuses_metadata(r):
         return "completes", "vLLM's grouping gives the target one attention group: no metadata reuse"
+    reuse = builder_reuses_metadata(backend)
+    if reuse is None:
+        return "open", f"{backend}: this project has not read whether its builder reuses metadata"
+    if not reuse:
+        return "completes", (f"{backend}'s builder does not reuse metadata across groups (supports_update_block_table "
+                             "False): every group builds its own, and no ahead-of-time schedule is kept")
     if r.get("enforce_eager") or not str(mode).startswith("FULL") or facts.get("full_graphs_captured") is False:
         return "completes", "no FULL graph replays: attention reads the step's own schedule"
     if refresh:
         return "completes", "part 1 copies the step's schedule into the reusing group's graph buffer"
     if backend != "FLASH_ATTN":
-        return "completes", f"{backend} keeps no ahead-of-time schedule in a builder buffer"
+        return "open", f"{backend} reuses metadata; whether its FULL graphs read a stale builder buffer is not modelled"
     if _attention_config(r).get("flash_attn_max_num_splits_for_cuda_graph") == 1:
         return "open", "the stale schedule is still read; with one split it may be harmless (the step probe decides)"
     if int(r.get("concurrency") or 0) >= CRASH_CONCURRENCY:
@@ -134,9 +184,13 @@ def drafting_share(r) -> float | None:
     length / output tokens (1.0: every decode step drafted). None without spec-decode metrics."""
     m = r.get("spec_decode_metrics")
     out = r.get("output_tokens")
-    if not isinstance(m, dict) or not m.get("num_drafts") or not isinstance(out, (int, float)) or not out:
+    if not isinstance(m, dict) or not isinstance(out, (int, float)) or not math.isfinite(out) or out <= 0:
         return None
-    return m["num_drafts"] * float(m.get("acceptance_length") or 0.0) / float(out)
+    drafts, length = m.get("num_drafts"), m.get("acceptance_length")
+    if not isinstance(drafts, (int, float)) or not isinstance(length, (int, float)) or not drafts \
+            or not math.isfinite(drafts) or not math.isfinite(length):
+        return None
+    return drafts * float(length) / float(out)
 
 
 def configuration(r) -> str:
@@ -146,61 +200,69 @@ def configuration(r) -> str:
 
 def table(df, matrix_contains: str = "discriminate", data_dir: str = "data"):
     """One row per (GPU session, configuration, concurrency) of the runs whose matrix name contains
-    ``matrix_contains``: prediction and why, crashed / runs (engines that never started counted apart),
-    whether the outcome agrees, drafting, what the engine log says ran, the faulting kernels of core dumps,
-    the instruments attached, the files."""
+    ``matrix_contains``: prediction and why, crashed / runs, whether the outcomes agree, drafting, what the engine
+    log says ran, the faulting kernels of core dumps, the instruments attached, the files. Engines that never
+    started and runs the session deadline cut short measured nothing: they are counted apart, not as runs."""
     import pandas as pd
 
     d = df[df["matrix"].astype(str).str.contains(matrix_contains, regex=False)].copy()
     d["configuration"] = [configuration(r) for _, r in d.iterrows()]
+    d["_cut"] = [analysis.is_deadline_cut(r) for _, r in d.iterrows()]
     stock = set(analysis.stock_full(d).index)
+    facts = {}
+    for i, r in d.iterrows():
+        p = engine_log(dict(r), data_dir) if r["outcome"] != "startup_error" else None
+        facts[i] = engine_facts(_read_text(p)) if p else {}
     rows = []
     for (session, cfg, conc), all_g in d.groupby(["gpu_session", "configuration", "concurrency"], dropna=False,
                                                  sort=False):
-        g = all_g[all_g["outcome"] != "startup_error"]
-        facts = []
-        for _, r in g.iterrows():
-            p = engine_log(dict(r), data_dir)
-            facts.append(engine_facts(_read_text(p)) if p else {})
-        preds = {predict(dict(r), f) for (_, r), f in zip(all_g.iterrows(), facts + [{}] * len(all_g))}
+        g = all_g[(all_g["outcome"] != "startup_error") & ~all_g["_cut"]]
+        preds = {predict(dict(r), facts[i]) for i, r in all_g.iterrows()}
         pred = "; ".join(sorted({p for p, _ in preds}))
         why = "; ".join(sorted({w for _, w in preds}))
         completed = g[g["outcome"] == "ok"]
-        shares = [s for s in (drafting_share(dict(r)) for _, r in completed.iterrows()) if s is not None]
         crashed = int(g["crashed"].sum())
+        other = g[(g["outcome"] != "ok") & ~g["crashed"]]
+        other_txt = ", ".join(f"{n} {o}" for o, n in other["outcome"].value_counts().items())
+        shares = [drafting_share(dict(r)) for _, r in completed.iterrows()]
         if not len(g):
-            agrees = "- (no engine started)"
+            agrees = "- (no run measured)"
         elif pred == "crash":
-            agrees = "yes" if crashed == len(g) else f"no: {len(g) - crashed} completed"
+            agrees = "yes" if crashed == len(g) else "no: " + ", ".join(
+                x for x in (f"{len(completed)} completed" if len(completed) else "", other_txt) if x)
         elif pred == "completes":
-            if crashed:
-                agrees = f"no: {crashed} crashed"
-            elif len(shares) < len(completed) or (shares and min(shares) < MIN_DRAFTING_SHARE):
-                agrees = "not a control: drafted on too few steps"
+            if crashed or len(other):
+                agrees = "no: " + ", ".join(x for x in (f"{crashed} crashed" if crashed else "", other_txt) if x)
+            elif any(x is None or x < MIN_DRAFTING_SHARE for x in shares):
+                agrees = "not a control: no evidence of drafting on nearly every step"
             else:
-                agrees = "yes" if len(completed) == len(g) else f"- ({len(g) - len(completed)} neither ok nor crashed)"
+                agrees = "yes"
         else:
             agrees = "-"
 
         def seen(key):
-            vals = {f.get(key) for f in facts if f.get(key) is not None}
+            vals = {facts[i].get(key) for i in g.index if facts[i].get(key) is not None}
             return ", ".join(sorted(map(str, vals))) if vals else "not in the stored log"
 
         faults = sorted({str(f["kernel"]) for f in (g["fault"] if "fault" in g else [])
                          if isinstance(f, dict) and f.get("kernel")})
+        dumps = sum(1 for f in (g["fault"] if "fault" in g else []) if isinstance(f, dict) and f.get("kernel"))
         drafts = completed["spec_decode_metrics"].apply(
             lambda m: m.get("num_drafts") if isinstance(m, dict) else None).dropna()
+        known = [x for x in shares if x is not None]
         rows.append({"gpu_session": session, "configuration": cfg, "concurrency": int(conc),
                      "stock control": len(g) > 0 and set(g.index) <= stock and int(conc) >= CRASH_CONCURRENCY,
                      "prediction": pred, "why": why, "runs": len(g), "crashed": crashed,
                      "crashed / runs": f"{crashed} / {len(g)}",
-                     "engine start failures": int((all_g["outcome"] == "startup_error").sum()),
+                     "other outcomes": other_txt or "-",
+                     "not measured": int((all_g["outcome"] == "startup_error").sum() + all_g["_cut"].sum()),
                      "agrees": agrees,
                      "drafts per completed run": round(float(drafts.mean())) if len(drafts) else None,
-                     "output from drafting steps": round(min(shares), 3) if shares else None,
+                     "output from drafting steps": round(min(known), 3) if known else None,
                      "FULL decode graphs captured": seen("full_graphs_captured") if len(g) else "-",
                      "target attention (log)": seen("target_attention") if len(g) else "-",
                      "faulting kernel (core dump)": ", ".join(faults) or "-",
+                     "crashed runs with a core dump": f"{dumps} of {crashed}" if crashed else "-",
                      "instruments": "; ".join(sorted(set(g["instruments"]))) if len(g) else "-",
                      "files": ", ".join(sorted(set(all_g["file"])))})
     return pd.DataFrame(rows)
@@ -214,5 +276,7 @@ def session_summary(t, session: str) -> dict:
     return {"session": session, "rows": len(s), "decided": len(decided),
             "agree": int((decided["agrees"] == "yes").sum()),
             "disagree": int(decided["agrees"].str.startswith("no:").sum()),
+            "min_drafting_share": (float(decided["output from drafting steps"].dropna().min())
+                                   if decided["output from drafting steps"].notna().any() else None),
             "not_controls": int(decided["agrees"].str.startswith("not a control").sum()),
             "stock_control_crashed": int(ctrl["crashed"].sum()), "stock_control_runs": int(ctrl["runs"].sum())}

@@ -17,6 +17,7 @@ FA3_LOG = """(EngineCore pid=864) INFO [core.py:112] Initializing a V1 LLM engin
 (EngineCore pid=864) INFO [cuda.py:378] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLEX_ATTENTION'].
 Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  50%
 Capturing CUDA graphs (decode, FULL):  50%
+(EngineCore pid=864) INFO [core.py:302] init engine (profile, create kv cache, warmup model) took 190.71 s (compilation: 65.84 s)
 """
 TRITON_LOG = FA3_LOG.replace(
     "Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].",
@@ -46,6 +47,18 @@ def test_engine_facts_read_the_log():
     assert p["cudagraph_mode"] == "PIECEWISE" and p["full_graphs_captured"] is False
     # a log stored as its tail only (no start-up) says nothing rather than "no FULL graphs"
     assert discriminate.engine_facts("INFO Engine 000: Avg generation throughput")["full_graphs_captured"] is None
+    # an engine that died during graph capture has not shown that it captures no FULL graphs
+    died = FA3_LOG.split("Capturing CUDA graphs (decode")[0]
+    f = discriminate.engine_facts(died)
+    assert f["full_graphs_captured"] is None and f["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    assert discriminate.predict(line(), f)[0] == "crash"
+
+
+def test_which_builders_reuse_metadata_is_read_from_vllm_source():
+    assert discriminate.builder_reuses_metadata("FLASH_ATTN") is True
+    assert discriminate.builder_reuses_metadata("TRITON_ATTN") is False
+    assert discriminate.builder_reuses_metadata("SOMETHING_ELSE") is None
+    assert discriminate.predict(line(engine_args={"attention_config": {"backend": "SOMETHING_ELSE"}}))[0] == "open"
 
 
 @pytest.mark.parametrize("kw,expected", [
@@ -61,12 +74,10 @@ def test_engine_facts_read_the_log():
     ({"engine_args": {"attention_config": {"flash_attn_max_num_splits_for_cuda_graph": 1}}}, "open"),
     ({"spec_method": "mtp", "draft": None}, "completes"),                     # one attention group (vLLM's grouping)
     ({"draft": dict(DRAFT, layers=10)}, "completes"),                          # a 10-layer draft does not split them
+    ({"draft": dict(DRAFT, kv_heads=2, head_dim=256)}, "completes"),           # a draft of the target's shape neither
 ])
 def test_predictions_come_from_the_configuration(kw, expected):
-    r = line(**kw)
-    assert discriminate.predict(r)[0] == expected
-    # the outcome never enters the prediction
-    assert discriminate.predict({**r, "outcome": "crash"})[0] == expected
+    assert discriminate.predict(line(**kw))[0] == expected
 
 
 def test_the_engine_log_overrides_what_the_run_asked_for():
@@ -118,9 +129,10 @@ def test_table_agreement_and_controls(tmp_path):
     assert tri["agrees"].startswith("not a control") and tri["target attention (log)"] == "TRITON_ATTN"
     assert t.loc["dflash k=15, FULL_DECODE_ONLY", "agrees"] == "no: 1 completed"
     mtp = t.loc["mtp k=15, FULL_AND_PIECEWISE"]
-    assert mtp["runs"] == 0 and mtp["engine start failures"] == 1 and mtp["agrees"].startswith("- (no engine")
+    assert mtp["runs"] == 0 and mtp["not measured"] == 1 and mtp["agrees"].startswith("- (no run")
     s = discriminate.session_summary(t.reset_index(), "s-test")
     assert s == {"session": "s-test", "rows": 5, "decided": 4, "agree": 2, "disagree": 1, "not_controls": 1,
+                 "min_drafting_share": pytest.approx(20 * 1.0 / 16384, abs=1e-3),
                  "stock_control_crashed": 1, "stock_control_runs": 1}
 
 
@@ -139,8 +151,51 @@ def test_findings_line_reports_outcomes_and_a_failed_prediction(tmp_path, monkey
     df = _df(tmp_path, lines, {"stock.a1.log": FA3_LOG, "fdo.a1.log": FA3_LOG})
     monkeypatch.chdir(tmp_path)
     text = findings._discriminating_line(df)
-    assert "stock control crashed 1/1" in text and "FULL_DECODE_ONLY: 0 / 1 crashed (predicted: crash)" in text
+    assert "stock control crashed 1/1" in text and "FULL_DECODE_ONLY at concurrency 32: 0 / 1 crashed (predicted: crash)" in text
     assert "1 of 2 decided predictions held, 1 failed" in text
     # without a crashed stock control in the session there is nothing to report against
     df2 = _df(tmp_path / "b", [line(engine_id="p1", fix=True, fix_parts=["fa3_schedule_refresh"])], {})
     assert findings._discriminating_line(df2).startswith("Discriminating runs: none recorded")
+
+
+def test_outcomes_that_are_neither_ok_nor_crash_are_disagreements(tmp_path):
+    lines = [line(engine_id="stock", outcome="timeout", spec_decode_metrics=None, log="/h/stock.a1.log"),
+             line(engine_id="p1", fix=True, fix_parts=["fa3_schedule_refresh"], outcome="timeout", log="/h/p1.a1.log")]
+    df = _df(tmp_path, lines, {"stock.a1.log": FA3_LOG, "p1.a1.log": FA3_LOG})
+    t = discriminate.table(df, data_dir=str(tmp_path / "data")).set_index("configuration")
+    assert t.loc["dflash k=15, FULL_AND_PIECEWISE", "agrees"] == "no: 1 timeout"
+    assert t.loc["dflash k=15, FULL_AND_PIECEWISE (part 1 only: FA3 schedule refresh)", "agrees"] == "no: 1 timeout"
+    assert discriminate.session_summary(t.reset_index(), "s-test")["disagree"] == 2
+
+
+def test_missing_drafting_evidence_is_not_agreement(tmp_path):
+    r = line(engine_id="p1", fix=True, fix_parts=["fa3_schedule_refresh"], log="/h/p1.a1.log")
+    del r["output_tokens"]
+    other = line(engine_id="p1", fix=True, fix_parts=["fa3_schedule_refresh"], log="/h/p1.a1.log", round=1)
+    df = _df(tmp_path, [r, other], {"p1.a1.log": FA3_LOG})   # the column exists, this line's value is NaN
+    assert discriminate.drafting_share(df.iloc[0].to_dict()) is None
+    t = discriminate.table(df, data_dir=str(tmp_path / "data"))
+    assert t.loc[0, "agrees"].startswith("not a control")
+
+
+def test_a_failed_start_before_a_run_does_not_shift_log_facts(tmp_path):
+    lines = [line(engine_id="tri", engine_args={"attention_config": {"backend": "TRITON_ATTN"}}, outcome="startup_error",
+                  spec_decode_metrics=None, log="/h/tri.a1.log"),
+             line(engine_id="tri", engine_args={"attention_config": {"backend": "TRITON_ATTN"}}, attempt=2,
+                  log="/h/tri.a2.log")]
+    df = _df(tmp_path, lines, {"tri.a1.log": FA3_LOG, "tri.a2.log": TRITON_LOG})
+    t = discriminate.table(df, data_dir=str(tmp_path / "data"))
+    assert len(t) == 1 and t.loc[0, "prediction"] == "completes" and t.loc[0, "agrees"] == "yes"
+    assert t.loc[0, "not measured"] == 1 and t.loc[0, "target attention (log)"] == "TRITON_ATTN"
+
+
+def test_other_capture_sizes_are_their_own_configuration_not_the_stock_control(tmp_path):
+    lines = [line(engine_id="stock", outcome="crash", spec_decode_metrics=None),
+             line(engine_id="no512", cudagraph_capture_sizes=[16, 32, 480, 496])]
+    df = _df(tmp_path, lines, {})
+    t = discriminate.table(df, data_dir=str(tmp_path / "data")).set_index("configuration")
+    assert len(t) == 2
+    assert t.loc["dflash k=15, FULL_AND_PIECEWISE", "stock control"]
+    v = t.loc["dflash k=15, FULL_AND_PIECEWISE (capture sizes 16..496 (4))"]
+    assert not v["stock control"] and v["agrees"] == "no: 1 completed"
+    assert len(analysis.stock_full(df)) == 1

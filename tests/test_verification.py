@@ -76,8 +76,10 @@ def test_instruments_are_named_and_recovered_from_the_matrix(df):
     blk = df[df["file"] == "2026-11-30_h200_localize-blocking-tp1.jsonl"]
     assert set(blk["instruments"]) == {"launch hook, CUDA_LAUNCH_BLOCKING=1"}
     assert "CUDA_LAUNCH_BLOCKING=1" in blk["cell"].iloc[0]
-    plain = df[df["run_id"] == "stock-control/c32/r0"]
+    plain = df[(df["run_id"] == "stock-control/c32/r0") & (df["file"] == "2026-11-30_h200_verify-fix-a-tp1.jsonl")]
     assert list(plain["instruments"]) == ["none"]
+    dumped = df[(df["run_id"] == "stock-control/c32/r0") & (df["file"] == "2026-11-30_h200_discriminate2-a-tp1.jsonl")]
+    assert list(dumped["instruments"]) == ["core dump on"]
     assert analysis.instruments({"hook_dir": float("nan"), "coredump": True, "env": {"A": "1"}}) == ["core dump on", "A=1"]
 
 
