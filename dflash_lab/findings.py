@@ -174,7 +174,8 @@ def _discriminating_line(df) -> str:
     x = sessions[-1]
     sm = discriminate.session_summary(t, x)
     rows = t[(t["gpu_session"] == x) & ~t["stock control"] & (t["runs"] > 0)]
-    parts = [f"{r['configuration'].replace('dflash k=15, ', '')}: {r['crashed / runs']} crashed (predicted: {r['prediction']}"
+    parts = [f"{r['configuration'].replace('dflash k=15, ', '')} at concurrency {r['concurrency']}: {r['crashed / runs']} "
+             f"crashed (predicted: {r['prediction']}"
              + (f"; core dump: {r['faulting kernel (core dump)']}" if r["faulting kernel (core dump)"] != "-" else "") + ")"
              for _, r in rows.iterrows()]
     verdict = ("Every decided prediction held" if sm["decided"] and sm["decided"] == sm["agree"]
@@ -183,7 +184,7 @@ def _discriminating_line(df) -> str:
     shares = rows["output from drafting steps"].dropna()
     drafting = (f"in the completed runs at least {shares.min():.1%} of the output came from drafting steps" if len(shares)
                 else "no run completed")
-    return (f"Discriminating runs, GPU session {x} (concurrency 32, stock control crashed {sm['stock_control_crashed']}/"
+    return (f"Discriminating runs, GPU session {x} (stock control crashed {sm['stock_control_crashed']}/"
             f"{sm['stock_control_runs']}; predictions from each configuration, notebook 03): " + "; ".join(parts)
             + f". {verdict}; {drafting}.")
 
