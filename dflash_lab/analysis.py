@@ -226,6 +226,10 @@ def fault_table(df):
                      "faulting kernel": (f or {}).get("kernel") or ("no core dump" if f is None else "unread"),
                      "exception": (f or {}).get("exception"), "source": (f or {}).get("source"),
                      "grid": (f or {}).get("grid"), "focus block": (f or {}).get("focus_block"),
+                     # which vLLM process dumped first, and every core (tensor parallelism: one per faulting rank)
+                     "process": (f or {}).get("process"),
+                     "cores": ("; ".join(f"{c.get('process') or c.get('pid')}: {c.get('kernel')}" for c in f["cores"])
+                               if f and f.get("cores") else (1 if f and f.get("kernel") else 0)),
                      "error line": r["error"], "file": r["file"]})
     return pd.DataFrame(rows)
 

@@ -53,13 +53,14 @@ def cores(core_dir: str | os.PathLike) -> list[Path]:
 
 def wait_for_core(core_dir, pgid: int | None, timeout_s: float, settle_s: float = 8.0,
                   sleep=time.sleep, clock=time.time) -> Path | None:
-    """Wait until the engine's processes are gone (or timeout) and the newest core stops growing."""
+    """Wait until the engine's processes are gone (or timeout) and no core grows any more (with tensor
+    parallelism every faulting rank writes its own); the newest core, or None."""
     t0 = clock()
     last, stable_since = None, None
     while clock() - t0 < timeout_s:
         alive = pgid is not None and _group_alive(pgid)
         found = cores(core_dir)
-        size = (found[-1], found[-1].stat().st_size) if found else None
+        size = tuple((p.name, p.stat().st_size) for p in found) or None
         if size != last:
             last, stable_since = size, clock()
         if not alive and (size is None or clock() - stable_since >= settle_s):
@@ -124,19 +125,55 @@ def parse_cuda_gdb(text: str) -> dict:
     return out
 
 
+PROCESS_RE = re.compile(r"\((\w+) pid=(\d+)\)")   # vLLM's log prefix: "(Worker_TP1 pid=4242) ..."
+MAX_CORES = 4
+
+
+def processes(engine_log: str | os.PathLike | None) -> dict[int, str]:
+    """{pid: vLLM process name} from an engine log's line prefixes (EngineCore, Worker_TP0, ...)."""
+    if engine_log is None or not os.path.isfile(engine_log):
+        return {}
+    out = {}
+    with open(engine_log, errors="replace") as fh:
+        for line in fh:
+            for name, pid in PROCESS_RE.findall(line):
+                out.setdefault(int(pid), name)
+    return out
+
+
+def _pid_of(core: Path) -> int | None:
+    m = re.search(r"(\d+)$", core.name)
+    return int(m.group(1)) if m else None
+
+
 def collect(core_dir, pgid: int | None, log_path: str | os.PathLike | None, wait_s: float = 240.0,
-            gdb_timeout_s: float = 180.0) -> dict:
-    """Wait for the core, read it, return the ``fault`` object; the cuda-gdb text goes to ``log_path``."""
+            gdb_timeout_s: float = 180.0, engine_log: str | os.PathLike | None = None) -> dict:
+    """Wait for the cores, read each (at most ``MAX_CORES``), return the ``fault`` object: the fields of the core
+    finished first, and with more than one (tensor parallelism: each faulting rank dumps its own) a ``cores`` list,
+    each core with its pid and the vLLM process that wrote it (from ``engine_log``). The cuda-gdb text goes to
+    ``log_path``."""
     t0 = time.time()
-    core = wait_for_core(core_dir, pgid, wait_s)
-    if core is None:
+    if wait_for_core(core_dir, pgid, wait_s) is None:
         return {"kernel": None, "error": f"no core file in {core_dir} after {time.time() - t0:.0f} s"}
-    text, err = read_core(core, gdb_timeout_s)
-    fault = parse_cuda_gdb(text)
-    fault.update(core_file=str(core), core_bytes=core.stat().st_size, wait_s=round(time.time() - t0, 1))
-    if err:
-        fault["error"] = err
+    found = cores(core_dir)   # oldest first: the first finished dump leads
+    names = processes(engine_log)
+    texts, readings = [], []
+    for core in found[:MAX_CORES]:
+        text, err = read_core(core, gdb_timeout_s)
+        f = parse_cuda_gdb(text)
+        pid = _pid_of(core)
+        f.update(core_file=str(core), core_bytes=core.stat().st_size, pid=pid, process=names.get(pid))
+        if err:
+            f["error"] = err
+        readings.append(f)
+        texts.append(f"=== {core} ({names.get(pid) or 'process unknown'})\n{text}")
+    fault = dict(readings[0], wait_s=round(time.time() - t0, 1))
+    if len(found) > 1:
+        fault["cores"] = [{k: r.get(k) for k in ("process", "pid", "kernel", "exception", "source", "core_bytes", "error")}
+                          for r in readings]
+        if len(found) > MAX_CORES:
+            fault["cores_not_read"] = len(found) - MAX_CORES
     if log_path is not None:
-        Path(log_path).write_text(text)
+        Path(log_path).write_text("\n".join(texts) if len(texts) > 1 else texts[0].split("\n", 1)[1])
         fault["gdb_log"] = str(log_path)
     return fault

@@ -386,8 +386,12 @@ class Runner:
             if core_dir is None:
                 return {}
             wait = max(0.0, min(self.m["coredump_wait_s"], self.time_left() - 30))
-            f = coredump.collect(core_dir, proc.pid, self.logdir / f"{tag}.coredump.log", wait_s=wait)
+            f = coredump.collect(core_dir, proc.pid, self.logdir / f"{tag}.coredump.log", wait_s=wait,
+                                 engine_log=log_path)
             self.log(f"{tag}: fault {f.get('kernel')} ({f.get('exception')}, {f.get('source')})"
+                     + (f" in {f['process']}" if f.get("process") else "")
+                     + (f"; {len(f['cores'])} cores: " + ", ".join(f"{c.get('process') or c.get('pid')}: {c.get('kernel')}"
+                                                                  for c in f["cores"]) if f.get("cores") else "")
                      + (f" [{f['error']}]" if f.get("error") else ""))
             return {"fault": f}
 

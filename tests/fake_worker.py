@@ -1,9 +1,10 @@
 """A stand-in for dflash_lab.worker in the runner's tests: no GPU, no vLLM.
 
 Behaviour per run id comes from the FAKE_PLAN environment variable (JSON: run id ->
-"ok" | "crash" | "hang" | "fail" | "coredump"), FAKE_STARTUP ("ok" | "error" | "hang").
+"ok" | "crash" | "hang" | "fail" | "coredump" | "coredump-tp2"), FAKE_STARTUP ("ok" | "error" | "hang").
 "coredump" crashes like a CUDA fault whose core file (at ``$CUDA_COREDUMP_FILE``) is written
-by a child process for a few seconds after this process has died, as the driver does.
+by a child process for a few seconds after this process has died, as the driver does; "coredump-tp2" has two
+such children print as vLLM's TP workers do and write one core each.
 """
 
 import json
@@ -46,6 +47,21 @@ def main():
                         time.sleep(1)
                     f.write("END")
                 os._exit(0)
+            print("[rank0]: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
+            os._exit(1)
+        if what == "coredump-tp2":
+            # two "ranks": each prints with vLLM's log prefix; rank 1's dump finishes first, rank 0's later
+            for rank, (chunks, tag) in enumerate(((5, "RANK0"), (2, "RANK1"))):
+                if os.fork() == 0:
+                    print(f"(Worker_TP{rank} pid={os.getpid()}) INFO loading weights", flush=True)
+                    core = os.environ["CUDA_COREDUMP_FILE"].replace("%p", str(os.getpid()))
+                    with open(core, "w") as f:
+                        for i in range(chunks):
+                            f.write(tag + "x" * 1000)
+                            f.flush()
+                            time.sleep(1)
+                        f.write("END")
+                    os._exit(0)
             print("[rank0]: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
             os._exit(1)
         ev.emit(event="run_end", run=run["id"], outcome="ok" if what == "ok" else "crash",

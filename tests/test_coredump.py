@@ -77,3 +77,27 @@ def test_runner_waits_for_the_core_and_records_the_fault(tmp_path):
     assert f["core_bytes"] == 4003 and "error" not in f
     assert os.path.exists(f["core_file"])  # the core stays on the host
     assert "fault" not in lines[1]
+
+
+def test_every_rank_core_is_read_and_named_by_its_process(tmp_path):
+    gdb = tmp_path / "fake-cuda-gdb"
+    (tmp_path / "stock.txt").write_text(STOCK)
+    (tmp_path / "gdn.txt").write_text(GDN)
+    # rank 0's core reads as the DFlash kernel, rank 1's as the GDN kernel
+    gdb.write_text("#!/bin/sh\ncore=$(echo \"$3\" | sed 's/target cudacore //')\n"
+                   f"if head -c 5 \"$core\" | grep -q RANK1; then cat {tmp_path / 'gdn.txt'}; else cat {tmp_path / 'stock.txt'}; fi\n")
+    gdb.chmod(gdb.stat().st_mode | stat.S_IEXEC)
+    m = matrix(tmp_path, [{"id": "e1", "coredump": True, "env": {"FAKE_PLAN": json.dumps({"e1/c2/r0": "coredump-tp2"})},
+                           "runs": [{"concurrency": 2, "rounds": 1}]}],
+               coredump_root=str(tmp_path / "cores"), run_timeout_s=60)
+    out = tmp_path / "runs.jsonl"
+    r = run_cli("dflash_lab", "run", str(m), "--out", str(out), env={"DFLASH_LAB_CUDA_GDB": str(gdb)})
+    assert r.returncode == 0, r.stderr + r.stdout
+    f = read_lines(out)[0]["fault"]
+    # the dump that finished first leads: rank 1's
+    assert f["process"] == "Worker_TP1" and f["kernel"] == "fused_sigmoid_gating_delta_rule_update_kernel"
+    assert [(c["process"], c["kernel"]) for c in f["cores"]] == [
+        ("Worker_TP1", "fused_sigmoid_gating_delta_rule_update_kernel"),
+        ("Worker_TP0", "copy_and_expand_dflash_inputs_kernel")]
+    text = open(f["gdb_log"]).read()
+    assert "(Worker_TP0)" in text and "(Worker_TP1)" in text
