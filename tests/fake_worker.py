@@ -15,6 +15,21 @@ import time
 from dflash_lab.worker import Events
 
 
+def _core_path(pid: int) -> str:
+    return os.environ["CUDA_COREDUMP_FILE"].replace("%p", str(pid))
+
+
+def _write_core(core: str, chunks: int, tag: str = "") -> None:
+    """Write a core slowly (one chunk a second, "END" last: only then is it complete), then exit this child."""
+    with open(core, "w") as f:
+        for _ in range(chunks):
+            f.write(tag + "x" * 1000)
+            f.flush()
+            time.sleep(1)
+        f.write("END")
+    os._exit(0)
+
+
 def main():
     spec = json.load(open(sys.argv[1]))
     ev = Events(sys.argv[2])
@@ -37,31 +52,17 @@ def main():
             os._exit(1)
         if what == "hang":
             time.sleep(3600)
-        if what == "coredump":
-            core = os.environ["CUDA_COREDUMP_FILE"].replace("%p", str(os.getpid()))
-            if os.fork() == 0:  # the "engine core" process, same process group, still writing
-                with open(core, "w") as f:
-                    for i in range(4):
-                        f.write("x" * 1000)
-                        f.flush()
-                        time.sleep(1)
-                    f.write("END")
-                os._exit(0)
-            print("[rank0]: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
-            os._exit(1)
-        if what == "coredump-tp2":
-            # two "ranks": each prints with vLLM's log prefix; rank 1's dump finishes first, rank 0's later
-            for rank, (chunks, tag) in enumerate(((5, "RANK0"), (2, "RANK1"))):
-                if os.fork() == 0:
-                    print(f"(Worker_TP{rank} pid={os.getpid()}) INFO loading weights", flush=True)
-                    core = os.environ["CUDA_COREDUMP_FILE"].replace("%p", str(os.getpid()))
-                    with open(core, "w") as f:
-                        for i in range(chunks):
-                            f.write(tag + "x" * 1000)
-                            f.flush()
-                            time.sleep(1)
-                        f.write("END")
-                    os._exit(0)
+        if what in ("coredump", "coredump-tp2"):
+            if what == "coredump":
+                core = _core_path(os.getpid())   # named by the crashing process, as the driver does
+                if os.fork() == 0:  # the "engine core" process, same process group, still writing
+                    _write_core(core, 4)
+            else:
+                # two "ranks": each prints with vLLM's log prefix; rank 1's dump finishes first, rank 0's later
+                for rank, (chunks, tag) in enumerate(((5, "RANK0"), (2, "RANK1"))):
+                    if os.fork() == 0:
+                        print(f"(Worker_TP{rank} pid={os.getpid()}) INFO loading weights", flush=True)
+                        _write_core(_core_path(os.getpid()), chunks, tag)
             print("[rank0]: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
             os._exit(1)
         ev.emit(event="run_end", run=run["id"], outcome="ok" if what == "ok" else "crash",
