@@ -67,6 +67,7 @@ ENGINE_DEFAULTS = {
     "hook": True,
     "hook_sync": False,
     "coredump": False,
+    "control": False,  # a session's control: --skip-done leaves it out only for lines of the same GPU session
     "probe": False,
     "canary": False,
     "acceptance": "natural",
@@ -297,17 +298,23 @@ class Runner:
     def skip_done(self, files) -> int:
         """Leave out the runs that earlier calls of the same matrix already measured (lines in ``files``
         with an outcome other than a deadline cut): a matrix larger than one device command continues in
-        the next one. Returns how many runs were left out."""
-        done = set()
+        the next one. Returns how many runs were left out. An engine marked ``control: true`` (e.g. the stock
+        control that must crash in the same GPU session as the variants) is left out only for lines of this
+        GPU session: continuing the matrix in a new session runs its control again."""
+        done, done_here = set(), set()
+        session = self.prov.get("gpu_session")
         for f in files:
             for r in read_lines(f):
                 if r.get("matrix") not in (None, self.m["name"]):
                     raise LabError(f"{f}: line {r.get('run_id')} is from matrix {r.get('matrix')!r}, not {self.m['name']!r}")
                 if r.get("outcome") in ("ok", "crash", "timeout") and not is_deadline_cut(r):
                     done.add(r["run_id"])
+                    if r.get("gpu_session") == session:
+                        done_here.add(r["run_id"])
         n = 0
         for eng in self.m["engines"]:
-            keep = [r for r in eng["runs"] if r.id not in done]
+            skip = done_here if eng["engine"]["control"] else done
+            keep = [r for r in eng["runs"] if r.id not in skip]
             n += len(eng["runs"]) - len(keep)
             eng["runs"] = keep
         self.m["engines"] = [e for e in self.m["engines"] if e["runs"]]

@@ -142,6 +142,27 @@ def test_skip_done_continues_a_matrix_where_an_earlier_call_stopped(tmp_path):
     assert bad.returncode != 0 and "from matrix 'another'" in bad.stderr
 
 
+def test_a_control_runs_again_in_a_new_gpu_session(tmp_path):
+    # the earlier session measured the control and one variant; a new session skips the variant, not the control
+    prev = tmp_path / "prev.jsonl"
+    prev.write_text("".join(json.dumps(l) + "\n" for l in [
+        {"run_id": "ctrl/c2/r0", "outcome": "crash", "matrix": "t", "gpu_session": "old"},
+        {"run_id": "var/c2/r0", "outcome": "ok", "matrix": "t", "gpu_session": "old"}]))
+    engines = [{"id": "ctrl", "control": True, "runs": [{"concurrency": 2}]},
+               {"id": "var", "runs": [{"concurrency": 2, "rounds": 2}]}]
+    out = tmp_path / "new.jsonl"
+    r = run_cli("dflash_lab", "run", str(matrix(tmp_path, engines)), "--out", str(out), "--skip-done", str(prev),
+                env={"DFLASH_LAB_GPU_SESSION": "new"}, timeout=300)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert [l["run_id"] for l in read_lines(out)] == ["ctrl/c2/r0", "var/c2/r1"]
+    # within the same session (a later call of it) the control is not run twice
+    out2 = tmp_path / "same.jsonl"
+    r = run_cli("dflash_lab", "run", str(matrix(tmp_path, engines)), "--out", str(out2), "--skip-done", str(prev),
+                env={"DFLASH_LAB_GPU_SESSION": "old"}, timeout=300)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert [l["run_id"] for l in read_lines(out2)] == ["var/c2/r1"]
+
+
 def test_fix_parts_reach_the_engine_and_the_line(tmp_path):
     from dflash_lab import analysis
 
