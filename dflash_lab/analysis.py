@@ -20,15 +20,28 @@ SCHED_RE = re.compile(r"Dumping scheduler output for model execution: (.*)$")
 STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\((.*)\)")
 
 
+def fix_parts_of(r: dict) -> set:
+    """The fix parts a run had: empty without the fix; lines written before part 1 existed (no ``fix_parts``,
+    pandas: NaN) had parts 2 and 3."""
+    if not r.get("fix"):
+        return set()
+    parts = r.get("fix_parts")
+    if isinstance(parts, float) or parts is None:
+        parts = FIX_PARTS_BEFORE_ROOT_CAUSE
+    return set(parts)
+
+
+def gpu_folder(r: dict, data_dir: str = "data") -> str:
+    """The folder ``ingest`` wrote a run line's files to: ``data/gpu/<runs file stem>``."""
+    return os.path.join(data_dir, "gpu", os.path.splitext(os.path.basename(str(r["file"])))[0])
+
+
 def fix_label(r: dict) -> str | None:
     """Which fix a run had: None, 'fix 1' (kernel edits + lookahead), 'fix 2' (all three parts), 'part 1 only'
     (the FA3 schedule refresh alone) or another subset ('fix parts: ...')."""
     if not r.get("fix"):
         return None
-    parts = r.get("fix_parts")
-    if isinstance(parts, float) or parts is None:  # lines written before part 1 existed (pandas: NaN)
-        parts = FIX_PARTS_BEFORE_ROOT_CAUSE
-    parts = set(parts)
+    parts = fix_parts_of(r)
     if parts == set(FIX_PARTS):
         return "fix 2: FA3 schedule refresh + kernel edits + k+1"
     if parts == set(FIX_PARTS_BEFORE_ROOT_CAUSE):

@@ -92,11 +92,10 @@ def _read_text(path: str) -> str:
 
 def engine_log(r, data_dir: str = "data") -> str | None:
     """The stored engine log of a run line: ``data/gpu/<runs file stem>/<log name>`` (or ``.gz``), else None."""
-    log, f = r.get("log"), r.get("file")
-    if not isinstance(log, str) or not isinstance(f, str):
+    log = r.get("log")
+    if not isinstance(log, str) or not isinstance(r.get("file"), str):
         return None
-    base = os.path.join(data_dir, "gpu", os.path.basename(f)[: -len(".jsonl")] if f.endswith(".jsonl") else f,
-                        os.path.basename(log))
+    base = os.path.join(analysis.gpu_folder(r, data_dir), os.path.basename(log))
     for p in (base, base + ".gz"):
         if os.path.isfile(p):
             return p
@@ -151,10 +150,7 @@ def predict(r, facts: dict | None = None) -> tuple[str, str]:
     """("crash" | "completes" | "open", why) for a run line, from its configuration (and the engine's log
     facts where present: they override what the run asked for)."""
     facts = facts or {}
-    parts = r.get("fix_parts")
-    if r.get("fix") and not isinstance(parts, (list, tuple)):   # lines before fix_parts: fix 1 (no part 1)
-        parts = []
-    refresh = bool(r.get("fix")) and "fa3_schedule_refresh" in (parts or [])
+    refresh = "fa3_schedule_refresh" in analysis.fix_parts_of(r)
     mode = facts.get("cudagraph_mode") or r.get("cudagraph_mode")
     backend = facts.get("target_attention") or _attention_config(r).get("backend") or "FLASH_ATTN"
     if not reuses_metadata(r):

@@ -219,9 +219,8 @@ def output_record(r, data_dir: str = "data") -> dict | None:
     import json
     import os
 
-    stem = os.path.splitext(str(r["file"]))[0]
     name = str(r["run_id"]).replace("/", "_") + ".json"
-    hits = sorted(glob.glob(os.path.join(data_dir, "gpu", stem, f"{r['engine_id']}.a*.outputs", name)))
+    hits = sorted(glob.glob(os.path.join(analysis.gpu_folder(r, data_dir), f"{r['engine_id']}.a*.outputs", name)))
     if not hits:
         return None
     with open(hits[-1]) as f:
