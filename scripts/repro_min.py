@@ -2,7 +2,7 @@
 """Minimal reproducer for the vLLM 0.22.1 DFlash + FULL CUDA graph bug (needs only vLLM 0.22.1 and a GPU).
 
     python scripts/repro_min.py [--concurrency 4] [--tokens 48] [--no-reference] [--json OUT.json]
-                                [--coredump-dir DIR] [--timeout-s 420]
+                                [--coredump-dir DIR] [--timeout-s 420] [--deadline-s S]
 
 What it builds: a tiny random Qwen3.5-MoE target (8 layers: 6 Gated-DeltaNet + 2 full attention,
 layers 3 and 7) and a 1-layer DFlash draft whose attention shape differs from the target's, both
@@ -19,10 +19,14 @@ one after the other, DFlash k=15, greedy, the same prompts:
      at every ``update_block_table`` call, the schedule the reusing group's FULL graphs read (its
      builder's buffer) with the step's schedule, and appends the first mismatches to a file at
      once, so they survive a crash of the engine;
-  2. ``fixed``: the same engine with the one-function fix applied in the worker before the first
-     request (the reused schedule is copied into the group's own buffer), same check;
-  3. ``reference`` (unless ``--no-reference``): ``cudagraph_mode=PIECEWISE`` (never replays a FULL
-     graph); greedy tokens and log-probabilities of stock and fixed are compared with it.
+  2. ``reference`` (unless ``--no-reference``): ``cudagraph_mode=PIECEWISE`` (never replays a FULL
+     graph); greedy tokens and log-probabilities of stock and fixed are compared with it. It runs before
+     the fixed engine because it is what attributes a stock crash to the FULL graphs;
+  3. ``fixed``: the same engine as stock with the one-function fix applied in the worker before the
+     first request (the reused schedule is copied into the group's own buffer), same check.
+A child whose crash is written (CUDA error printed, core dump finished) and that has not exited 20 s later
+is stopped. ``--deadline-s`` bounds all engines together: one that would start with too little time left is
+recorded as not run and the verdict is still printed (for a host command with a hard time limit).
 
 Last line: a one-line verdict, e.g.
   ``REPRODUCED: stock: group 7 (layer 7)'s FULL graphs would replay a stale FA3 schedule at 3 uniform-decode
@@ -371,19 +375,87 @@ def fault_from_log(text: str) -> dict | None:
             "dump_progress_pct": progress}  # the last "N%..." the driver printed while writing memory
 
 
+# After a child's crash is fully written (the driver's core dump finished, or vLLM printed the CUDA error)
+# the child gets this long to exit by itself; then it is stopped. Measured 2026-11-30 (s17): a stock child
+# wrote its light core dump in 5 s and then hung for 57 s until its per-engine timeout killed it, which left
+# the PIECEWISE reference no time inside a 10-minute command.
+CRASH_GRACE_S = 20.0
+MIN_ENGINE_S = 90  # the tiny hybrid's fastest measured start-up is ~100 s (s15, s17)
+
+
+def crash_written(text: str) -> bool:
+    """The child's crash is on record: a CUDA error, a dead engine, or a finished core dump. A core dump in progress
+    (started, not finished) is not: stopping the child then would cut the dump."""
+    if _dump_unfinished(text):
+        return False
+    # only the unmistakable signs (a plain "Error: " line can be a warning of a healthy engine)
+    return any(p in text for p in ("coredump: All done", "CUDA error: ", "AcceleratorError", "EngineDeadError"))
+
+
+def _stop(proc) -> None:
+    """Stop a child and everything it started (the engine core is a process of its own)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
 def run_role(role: str, workdir: str, concurrency: int, tokens: int, timeout_s: float,
-             coredump_dir: str | None = None) -> dict:
-    """Run one engine in a child process; what it wrote survives its crash."""
+             coredump_dir: str | None = None, grace_s: float = CRASH_GRACE_S) -> dict:
+    """Run one engine in a child process; what it wrote survives its crash. A child whose crash is written
+    and that has not exited ``grace_s`` later is stopped (rc "stopped"); one still running at ``timeout_s``
+    is killed (rc "timeout")."""
     log_path = os.path.join(workdir, f"{role}.log")
     t0 = time.time()
     env = dict(os.environ, **coredump_env(coredump_dir and os.path.join(coredump_dir, role)))
+    # Triton's autotuning results cached on disk, so the second and third engine do not time the same
+    # kernels again (the s17 fixed child's profiling run took 72 s with its compiled graphs already cached)
+    env.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+    crashed_at = None
     with open(log_path, "w") as log:
-        try:
-            rc = subprocess.run(child_cmd(role, workdir, concurrency, tokens), stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout_s, env=env).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+        proc = subprocess.Popen(child_cmd(role, workdir, concurrency, tokens), stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        while True:
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.time()
+            if now - t0 >= timeout_s:
+                _stop(proc)
+                rc = "timeout"
+                break
+            if crashed_at is None:
+                log.flush()
+                if crash_written(_read_text(log_path)):
+                    crashed_at = now
+            elif now - crashed_at >= grace_s:
+                _stop(proc)
+                rc = "stopped"
+                break
     return collect_role(role, workdir, rc, round(time.time() - t0, 1), coredump_dir)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _dump_unfinished(text: str) -> bool:
+    return "coredump: Starting GPU coredump generation" in text and "coredump: All done" not in text
+
+
+def not_run(role: str, why: str) -> dict:
+    """The record of an engine the parent did not start (its --deadline-s budget was spent)."""
+    return {"role": role, "not_run": why, "completed": False, "engine_started": False, "crashed": False,
+            "error": f"not run: {why}", "checks": [], "returncode": None, "wall_s": None}
 
 
 def collect_role(role: str, workdir: str, rc, wall_s: float | None = None, coredump_dir: str | None = None) -> dict:
@@ -392,16 +464,14 @@ def collect_role(role: str, workdir: str, rc, wall_s: float | None = None, cored
     ``rc``: the child's exit code, "timeout" when the parent killed it, None when unknown (``--rejudge``
     of a folder whose parent process was killed before it saw the child end)."""
     log_path = os.path.join(workdir, f"{role}.log")
-    try:
-        with open(log_path, errors="replace") as f:
-            text = f.read()
-    except OSError:
-        text = ""
+    text = _read_text(log_path)
     res = _read_json(os.path.join(workdir, f"{role}.json")) or {"role": role}
     started = _read_json(os.path.join(workdir, f"{role}.started.json"))
     if started and "startup_s" not in res:
         res["startup_s"] = started["startup_s"]
-    res["returncode"] = None if rc == "timeout" else rc
+    res["returncode"] = None if rc in ("timeout", "stopped") else rc
+    if rc == "stopped":
+        res["stopped_after_crash"] = True  # it had not exited CRASH_GRACE_S after its crash was written
     res["wall_s"] = wall_s
     # a result file is written only after generate() returned: it is the completion record
     res["completed"] = (rc == 0 or (rc is None and "outputs" in res)) and "outputs" in res
@@ -415,7 +485,8 @@ def collect_role(role: str, workdir: str, rc, wall_s: float | None = None, cored
         if not why and fault:
             where = f" in {fault['kernel']}" if fault.get("kernel") else ""
             why = f"GPU exception {fault['exception']}{where} (from the core-dump log)"
-        res["error"] = (why + " - then timed out writing the core dump" if why and rc == "timeout"
+        res["error"] = (why + (" - then timed out writing the core dump" if _dump_unfinished(text)
+                               else " - then did not exit until the per-engine timeout") if why and rc == "timeout"
                         else why or ("timeout" if rc == "timeout" else f"exit code {rc}" if rc is not None
                                      else "no result file and no error in its log (killed?)"))
     else:
@@ -548,6 +619,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the PIECEWISE reference engine")
     ap.add_argument("--json", help="write the detailed result here")
     ap.add_argument("--timeout-s", type=float, default=420, help="per engine (start-up included)")
+    ap.add_argument("--deadline-s", type=float,
+                    help="for all engines together: an engine that would start with less than "
+                         f"{MIN_ENGINE_S} s left is not run, and the verdict is printed before this runs out")
     ap.add_argument("--write-configs-only", metavar="DIR", help="write the two config.json files and stop")
     ap.add_argument("--coredump-dir", help="CUDA core dumps of a crashing engine go here (read them with cuda-gdb)")
     ap.add_argument("--rejudge", metavar="WORKDIR",
@@ -564,6 +638,9 @@ def main(argv=None) -> int:
         return 0
     if a.child:
         return child(a.child, a.workdir, a.concurrency, a.tokens)
+    if a.timeout_s <= 0 or (a.deadline_s is not None and a.deadline_s <= 0):
+        print("repro_min: --timeout-s and --deadline-s must be > 0", file=sys.stderr)
+        return 2
     if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
         print(f"repro_min: --json {a.json}: its folder does not exist", file=sys.stderr)
         return 2
@@ -586,10 +663,18 @@ def main(argv=None) -> int:
            "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     _write(os.path.join(root, "run.json"), res)  # what --rejudge needs if this process dies before its verdict
-    for role in ("stock", "fixed") + (() if a.no_reference else ("reference",)):
-        res[role] = run_role(role, root, a.concurrency, a.tokens, a.timeout_s, a.coredump_dir)
+    # the reference before the fix: it is what attributes a stock crash to the FULL graphs, so when the
+    # budget runs out it is the fixed engine that goes unrun
+    for role in ("stock",) + (() if a.no_reference else ("reference",)) + ("fixed",):
+        left = None if a.deadline_s is None else a.deadline_s - (time.time() - t0)
+        if left is not None and left < MIN_ENGINE_S:
+            res[role] = not_run(role, f"{round(left)} s of --deadline-s {a.deadline_s:g} left, an engine needs {MIN_ENGINE_S} s")
+        else:
+            res[role] = run_role(role, root, a.concurrency, a.tokens,
+                                 a.timeout_s if left is None else min(a.timeout_s, left), a.coredump_dir)
         print(f"repro_min: {role}: " + ("completed" if res[role]["completed"] else f"failed ({res[role]['error']})")
               + f" in {res[role]['wall_s']} s", file=sys.stderr, flush=True)
+        _write(os.path.join(root, "partial.json"), res)
     res["verdict"], line = judge(res["stock"], res["fixed"], res.get("reference"), a.concurrency)
     res["verdict_line"] = line
     res["wall_s"] = round(time.time() - t0, 1)

@@ -221,3 +221,112 @@ def test_a_child_killed_with_a_clean_log_is_not_a_crash(root, tmp_path):
     assert r["engine_started"] and not r["completed"] and not r["crashed"] and r["error"] == "timeout"
     r = rm.collect_role("stock", str(tmp_path), None)
     assert not r["crashed"] and "killed?" in r["error"]
+
+
+REPRO3 = ("data", "gpu", "2026-11-30_h200_repro-min-3", "children")
+
+# a child that crashes, finishes its core dump and then hangs (as the s17 stock child did for 57 s)
+HANG_AFTER_DUMP = """
+import json, os, sys, time
+w = sys.argv[1]
+json.dump({"startup_s": 1.0}, open(os.path.join(w, "stock.started.json"), "w"))
+print("[t] coredump: Starting GPU coredump generation", flush=True)
+print("[t] coredump: Detected an exception of type CUDBG_EXCEPTION_WARP_ILLEGAL_ADDRESS (14)", flush=True)
+time.sleep(float(os.environ.get("DUMP_S", "0")))
+print("[t] coredump: All done (took 01s)", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_crashed_child_that_hangs_is_stopped_after_the_grace(root, tmp_path, monkeypatch):
+    rm = _load(root)
+    monkeypatch.setattr(rm, "child_cmd", lambda role, w, c, t: [sys.executable, "-c", HANG_AFTER_DUMP, w])
+    t0 = __import__("time").time()
+    r = rm.run_role("stock", str(tmp_path), 2, 3, 60, grace_s=1.0)
+    assert __import__("time").time() - t0 < 20  # not the 60 s timeout
+    assert r["stopped_after_crash"] and r["crashed"] and r["returncode"] is None
+    assert r["error"] == "GPU exception CUDBG_EXCEPTION_WARP_ILLEGAL_ADDRESS (14) (from the core-dump log)"
+
+
+def test_a_core_dump_in_progress_is_not_cut(root, tmp_path, monkeypatch):
+    rm = _load(root)
+    # a dump still being written is not a written crash: the child is left alone until the dump is done
+    assert not rm.crash_written("[t] coredump: Starting GPU coredump generation\nCUDA error: an illegal memory access\n")
+    assert rm.crash_written("[t] coredump: Starting GPU coredump generation\n[t] coredump: All done (took 05s)\n")
+    assert rm.crash_written("(EngineCore pid=1) ERROR CUDA error: an illegal memory access was encountered\n")
+    assert not rm.crash_written("WARNING ImportError: optional module missing\nINFO engine ready\n")
+    monkeypatch.setenv("DUMP_S", "3")
+    monkeypatch.setattr(rm, "child_cmd", lambda role, w, c, t: [sys.executable, "-c", HANG_AFTER_DUMP, w])
+    r = rm.run_role("stock", str(tmp_path), 2, 3, 60, grace_s=0.5)
+    assert r["stopped_after_crash"] and r["wall_s"] >= 3  # waited for the dump, then the grace
+    assert "All done" in (tmp_path / "stock.log").read_text()
+    # a child still writing its dump at the per-engine timeout says so
+    (tmp_path / "b").mkdir()
+    monkeypatch.setenv("DUMP_S", "30")
+    r = rm.run_role("stock", str(tmp_path / "b"), 2, 3, 2, grace_s=0.5)
+    assert r["error"].endswith("then timed out writing the core dump")
+
+
+def test_the_s17_run_is_reproduced_but_not_attributed(root, tmp_path):
+    out = tmp_path / "v.json"
+    r = subprocess.run([sys.executable, str(root / "scripts" / "repro_min.py"), "--rejudge", str(root.joinpath(*REPRO3)),
+                        "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    line = r.stdout.strip().splitlines()[-1]
+    assert line == (root.joinpath(*REPRO3).parent / "verdict.txt").read_text().strip()
+    # call 3: 4 requests x (K + 1) tokens, a step FULL graphs replay
+    assert line.startswith("REPRODUCED: stock: group 7 (layer 7)'s FULL graphs would replay a stale FA3 schedule at 1 "
+                           "uniform-decode step(s) (first at call 3, 4 requests: 9 of 13 entries differ)")
+    assert "not attributed: no completed PIECEWISE reference" in line
+
+
+def test_the_deadline_leaves_engines_unrun_and_still_gives_a_verdict(root, tmp_path, monkeypatch):
+    rm = _load(root)
+    calls = []
+
+    def fake_run_role(role, w, c, t, timeout_s, coredump_dir=None):
+        calls.append((role, timeout_s))
+        __import__("time").sleep(0.3)
+        return {"role": role, "completed": True, "engine_started": True, "outputs": OUT, "checks": [],
+                "check_counts": {"calls": 5}, "error": None, "wall_s": 0.3}
+
+    monkeypatch.setattr(rm, "run_role", fake_run_role)
+    monkeypatch.setattr(rm, "write_models", lambda d: None)
+    monkeypatch.setattr(rm, "MIN_ENGINE_S", 0.5)
+    import importlib.metadata as md
+    monkeypatch.setattr(md, "version", lambda name: "0.22.1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    out = tmp_path / "v.json"
+    rc = rm.main(["--deadline-s", "1.0", "--json", str(out)])
+    v = json.load(open(out))
+    # stock ran (0.3 s), the reference ran with what was left, the fixed engine did not start
+    assert [c[0] for c in calls] == ["stock", "reference"] and calls[1][1] < 0.8
+    assert v["fixed"]["not_run"].startswith("0 s of --deadline-s 1 left") and rc == 1
+    assert "fixed: did not complete (not run: " in v["verdict_line"]
+    assert rm.main(["--deadline-s", "0"]) == 2
+
+
+def test_recorded_reproducer_runs_are_listed_by_session(tmp_path):
+    from dflash_lab import findings
+
+    def run(name, session, verdict=None, meta_text=None):
+        d = tmp_path / "data" / "gpu" / name
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(meta_text if meta_text is not None else json.dumps(
+            {"gpu_session": session, "verdict_by": "scripts/repro_min.py --rejudge"}))
+        if verdict:
+            (d / "verdict.txt").write_text(verdict + "\n")
+
+    run("x_repro-min-b", "2026-11-30-s10", "REPRODUCED: stock: ...")
+    run("x_repro-min-a", "2026-11-30-s9", "INCONCLUSIVE: stock: ...")
+    run("x_repro-min-first", "2026-11-30-s8")                       # no verdict recorded
+    run("x_repro-min-c", None, "NOT REPRODUCED: x", meta_text="{corrupt")  # unreadable meta: listed, no session
+    t = findings.repro_min_runs(tmp_path)
+    assert list(t["gpu_session"].fillna("-")) == ["-", "2026-11-30-s8", "2026-11-30-s9", "2026-11-30-s10"]
+    assert list(t["verdict"].fillna("-")) == ["NOT REPRODUCED", "-", "INCONCLUSIVE", "REPRODUCED"]
+    assert t["judged"].iloc[-1].startswith("on the CPU")
+    # the latest session's verdict (s10 sorts after s9: natural order)
+    assert "data/gpu/x_repro-min-b (session 2026-11-30-s10)" in findings._repro_min_label(tmp_path)
+    empty = tmp_path / "e"
+    empty.mkdir()
+    assert "no GPU verdict recorded yet" in findings._repro_min_label(empty)
