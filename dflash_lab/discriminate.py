@@ -276,3 +276,31 @@ def session_summary(t, session: str) -> dict:
                                    if decided["output from drafting steps"].notna().any() else None),
             "not_controls": int(decided["agrees"].str.startswith("not a control").sum()),
             "stock_control_crashed": int(ctrl["crashed"].sum()), "stock_control_runs": int(ctrl["runs"].sum())}
+
+
+def controlled_sessions(t) -> list[str]:
+    """GPU sessions whose own stock control crashed: only their variant runs can be compared with stock."""
+    return sorted({s for s in t["gpu_session"].dropna()
+                   if session_summary(t, s)["stock_control_crashed"] > 0}, key=analysis.session_key)
+
+
+def variant(t, configuration: str, concurrency: int = CRASH_CONCURRENCY) -> dict:
+    """One configuration at one concurrency over every session whose stock control crashed: the runs measured,
+    how many crashed, whether every measured row agreed with its prediction, the lowest drafting share, the
+    faulting kernels and what the engine logs say ran. ``runs`` is 0 when no such session measured it."""
+    sessions = controlled_sessions(t)
+    v = t[(t["configuration"] == configuration) & (t["concurrency"] == concurrency)
+          & t["gpu_session"].isin(sessions) & (t["runs"] > 0)]
+    shares = v["output from drafting steps"].dropna()
+    drafts = v["drafts per completed run"].dropna()
+    kernels = sorted({k for x in v["faulting kernel (core dump)"] for k in str(x).split(", ") if k and k != "-"})
+    return {"configuration": configuration, "concurrency": concurrency,
+            "sessions": list(dict.fromkeys(v["gpu_session"])),
+            "runs": int(v["runs"].sum()), "crashed": int(v["crashed"].sum()),
+            "predictions": sorted(set(v["prediction"])),
+            "all_agree": bool(len(v)) and bool((v["agrees"] == "yes").all()),
+            "min_drafting_share": float(shares.min()) if len(shares) else None,
+            "min_drafts_per_run": int(drafts.min()) if len(drafts) else None,
+            "faulting_kernels": kernels,
+            "target_attention": sorted({x for x in v["target attention (log)"] if x not in ("-", "not in the stored log")}),
+            "full_graphs_captured": sorted(set(v["FULL decode graphs captured"]))}

@@ -162,31 +162,34 @@ draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
 
 
 def _discriminating_line(df) -> str:
-    """The discriminating runs of the latest session whose own stock control crashed: each variant's outcome beside
+    """The discriminating runs of every session whose own stock control crashed: each variant's outcome beside
     what the mechanism predicts from its configuration (dflash_lab.discriminate)."""
     from . import discriminate
 
     t = discriminate.table(df)
-    sessions = sorted((x for x in set(t["gpu_session"].dropna())
-                       if discriminate.session_summary(t, x)["stock_control_crashed"]), key=analysis.session_key)
+    sessions = discriminate.controlled_sessions(t)
     if not sessions:
         return "Discriminating runs: none recorded in a session whose stock control crashed."
-    x = sessions[-1]
-    sm = discriminate.session_summary(t, x)
-    rows = t[(t["gpu_session"] == x) & ~t["stock control"] & (t["runs"] > 0)]
-    parts = [f"{r['configuration'].replace('dflash k=15, ', '')} at concurrency {r['concurrency']}: {r['crashed / runs']} "
-             f"crashed (predicted: {r['prediction']}"
-             + (f"; core dump: {r['faulting kernel (core dump)']}" if r["faulting kernel (core dump)"] != "-" else "") + ")"
-             for _, r in rows.iterrows()]
-    verdict = ("Every decided prediction held" if sm["decided"] and sm["decided"] == sm["agree"]
-               else f"{sm['agree']} of {sm['decided']} decided predictions held, {sm['disagree']} failed, "
-                    f"{sm['not_controls']} completed without drafting")
-    shares = rows["output from drafting steps"].dropna()
-    drafting = (f"in the completed runs at least {shares.min():.1%} of the output came from drafting steps" if len(shares)
+    per, agree, decided, disagree, not_controls, shares = [], 0, 0, 0, 0, []
+    for x in sessions:
+        sm = discriminate.session_summary(t, x)
+        agree, decided = agree + sm["agree"], decided + sm["decided"]
+        disagree, not_controls = disagree + sm["disagree"], not_controls + sm["not_controls"]
+        rows = t[(t["gpu_session"] == x) & ~t["stock control"] & (t["runs"] > 0)]
+        shares += list(rows["output from drafting steps"].dropna())
+        parts = [f"{r['configuration'].replace('dflash k=15, ', '')} at concurrency {r['concurrency']}: {r['crashed / runs']} "
+                 f"crashed (predicted: {r['prediction']}"
+                 + (f"; core dump: {r['faulting kernel (core dump)']}" if r["faulting kernel (core dump)"] != "-" else "") + ")"
+                 for _, r in rows.iterrows()]
+        per.append(f"session {x} (stock control crashed {sm['stock_control_crashed']}/{sm['stock_control_runs']}): "
+                   + ("; ".join(parts) or "no variant measured"))
+    verdict = ("Every decided prediction held" if decided and decided == agree
+               else f"{agree} of {decided} decided predictions held, {disagree} failed, "
+                    f"{not_controls} completed without drafting")
+    drafting = (f"in the completed runs at least {min(shares):.1%} of the output came from drafting steps" if shares
                 else "no run completed")
-    return (f"Discriminating runs, GPU session {x} (stock control crashed {sm['stock_control_crashed']}/"
-            f"{sm['stock_control_runs']}; predictions from each configuration, notebook 03): " + "; ".join(parts)
-            + f". {verdict}; {drafting}.")
+    return ("Discriminating runs (predictions from each configuration, notebook 03), by GPU session: "
+            + " | ".join(per) + f". {verdict}; {drafting}.")
 
 
 def _end_to_end_line(df) -> str:
@@ -221,21 +224,36 @@ def _end_to_end_line(df) -> str:
     return out
 
 
-def _repro_min_label(root) -> str:
-    """The minimal reproducer's latest recorded GPU run (by its GPU session) and the verdict on its files."""
+def repro_min_runs(root="."):
+    """Every recorded GPU run of scripts/repro_min.py (data/gpu/*repro-min*/), oldest first: its GPU session, how
+    its verdict was reached (printed on the host, or --rejudge on the CPU from the children's files), the verdict's
+    first word and the verdict line. A run without a verdict.txt has ``verdict`` None."""
+    import pandas as pd
+
     from .analysis import session_key
 
-    runs = []
-    for v in Path(root).glob("data/gpu/*repro-min*/verdict.txt"):
+    rows = []
+    for d in Path(root).glob("data/gpu/*repro-min*"):
         try:
-            meta = json.loads((v.parent / "meta.json").read_text())
+            meta = json.loads((d / "meta.json").read_text())
         except (OSError, ValueError):
             meta = {}
-        runs.append((session_key(meta.get("gpu_session") or ""), v.parent.name, v, meta))
-    if not runs:
+        v = d / "verdict.txt"
+        line = v.read_text().strip() if v.exists() else None
+        rows.append({"folder": str(d.relative_to(root)), "gpu_session": meta.get("gpu_session"),
+                     "judged": ("on the CPU from the files its engines wrote (scripts/repro_min.py --rejudge)"
+                                if "rejudge" in json.dumps(meta) else "as printed on the GPU host") if line else None,
+                     "verdict": line.split(":", 1)[0] if line else None, "verdict line": line})
+    rows.sort(key=lambda r: (session_key(r["gpu_session"] or ""), r["folder"]))
+    return pd.DataFrame(rows, columns=["folder", "gpu_session", "judged", "verdict", "verdict line"])
+
+
+def _repro_min_label(root) -> str:
+    """The minimal reproducer's latest recorded GPU verdict (by its GPU session)."""
+    runs = repro_min_runs(root)
+    runs = runs[runs["verdict"].notna()]
+    if not len(runs):
         return "Minimal reproducer (vLLM 0.22.1 only; no GPU verdict recorded yet)"
-    _, _, v, meta = max(runs, key=lambda x: (x[0], x[1]))
-    how = ("judged on the CPU from the files its engines wrote (scripts/repro_min.py --rejudge)"
-           if "rejudge" in json.dumps(meta) else "as printed on the GPU host")
-    return (f"Minimal reproducer (vLLM 0.22.1 only). Its GPU run {v.parent.relative_to(root)} "
-            f"(session {meta.get('gpu_session')}), {how}: {v.read_text().strip()}")
+    r = runs.iloc[-1]
+    return (f"Minimal reproducer (vLLM 0.22.1 only). Its GPU run {r['folder']} "
+            f"(session {r['gpu_session']}), {r['judged']}: {r['verdict line']}")

@@ -199,3 +199,31 @@ def test_other_capture_sizes_are_their_own_configuration_not_the_stock_control(t
     v = t.loc["dflash k=15, FULL_AND_PIECEWISE (capture sizes 16..496 (4))"]
     assert not v["stock control"] and v["agrees"] == "no: 1 completed"
     assert len(analysis.stock_full(df)) == 1
+
+
+def test_a_variant_is_summed_only_over_sessions_whose_stock_control_crashed(tmp_path):
+    p1 = {"fix": True, "fix_parts": ["fa3_schedule_refresh"], "log": "/h/p1.a1.log"}
+    lines = [
+        line(gpu_session="s1", engine_id="stock", outcome="crash", spec_decode_metrics=None, log="/h/stock.a1.log",
+             fault={"kernel": "copy_and_expand_dflash_inputs_kernel"}),
+        line(gpu_session="s1", engine_id="p1", **p1),
+        line(gpu_session="s1", engine_id="p1", round=1, **p1),
+        # a later session: its own control completed, so its part-1 run cannot count
+        line(gpu_session="s2", engine_id="stock", log="/h/stock.a1.log"),
+        line(gpu_session="s2", engine_id="p1", **p1),
+        # a third session with a crashed control: its part-1 run at 2 is another cell, at 32 it adds
+        line(gpu_session="s3", engine_id="stock", outcome="crash", spec_decode_metrics=None, log="/h/stock.a1.log"),
+        line(gpu_session="s3", engine_id="p1", **p1),
+        line(gpu_session="s3", engine_id="p1", concurrency=2, **p1),
+    ]
+    df = _df(tmp_path, lines, {"stock.a1.log": FA3_LOG, "p1.a1.log": FA3_LOG})
+    t = discriminate.table(df, data_dir=str(tmp_path / "data"))
+    assert discriminate.controlled_sessions(t) == ["s1", "s3"]
+    v = discriminate.variant(t, "dflash k=15, FULL_AND_PIECEWISE (part 1 only: FA3 schedule refresh)")
+    assert v["sessions"] == ["s1", "s3"] and v["runs"] == 3 and v["crashed"] == 0 and v["all_agree"]
+    assert v["min_drafts_per_run"] == 8800 and v["target_attention"] == ["FLASH_ATTN"]
+    assert discriminate.variant(t, "dflash k=15, FULL_AND_PIECEWISE (part 1 only: FA3 schedule refresh)", 2)["runs"] == 1
+    stock = discriminate.variant(t, "dflash k=15, FULL_AND_PIECEWISE")
+    assert stock["crashed"] == 2 and stock["faulting_kernels"] == ["copy_and_expand_dflash_inputs_kernel"]
+    assert discriminate.variant(t, "nothing like it") == {**discriminate.variant(t, "nothing like it"), "runs": 0,
+                                                          "all_agree": False}
