@@ -79,6 +79,9 @@ def cell_label(r: dict) -> str:
     engine_args = r.get("engine_args")
     if isinstance(engine_args, dict):
         extra += [a.replace("attention_config.", "") for a in _flat(engine_args)]
+    if isinstance(r.get("fa_splits"), str) and r.get("fa_splits"):
+        side, _, n = r["fa_splits"].partition(":")
+        extra.append(f"FA3 splits {n} for the {side} only")
     sizes = r.get("cudagraph_capture_sizes")
     if isinstance(sizes, (list, tuple)) and sizes:
         extra.append(f"capture sizes {min(sizes)}..{max(sizes)} ({len(sizes)})")
@@ -110,14 +113,17 @@ def instruments(r: dict) -> list[str]:
 
 def stock_full(df):
     """Stock DFlash runs with the target's FULL_AND_PIECEWISE graphs (the crash configuration; drafter
-    graphs on or off): no fix, no engine-argument variant, vLLM's default capture sizes, no probe or raising canary. Launch hook,
+    graphs on or off): no fix, no engine-argument variant, vLLM's default capture sizes, no one-sided FA3 split
+    bound, no probe or raising canary. Launch hook,
     core dumps and extra environment may be attached: see the ``instruments`` column."""
     ea = df["engine_args"].apply(lambda x: not x if isinstance(x, dict) else True)
     sizes = (df["cudagraph_capture_sizes"].apply(lambda x: not isinstance(x, (list, tuple)) or not x)
              if "cudagraph_capture_sizes" in df else True)   # vLLM's default capture sizes only
+    splits = (df["fa_splits"].apply(lambda x: not isinstance(x, str) or not x)
+              if "fa_splits" in df else True)   # no one-sided FA3 split bound (plugin)
     return df[(df["spec_method"] == "dflash") & (df["cudagraph_mode"] == "FULL_AND_PIECEWISE")
               & (df["enforce_eager"] != True) & (df["fix"] != True) & (df["probe"] != True)
-              & (df["canary"] != True) & ea & sizes]
+              & (df["canary"] != True) & ea & sizes & splits]
 
 
 def breakdown(runs) -> str:

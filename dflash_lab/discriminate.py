@@ -146,6 +146,13 @@ def reuses_metadata(r) -> bool:
     return bool(kvgroups.metadata_reusers(kvgroups.groups(layers)))
 
 
+def _target_one_split(r) -> bool:
+    """Whether the plugin bounded the target's FA3 splits for FULL graphs to 1 (``fa_splits: target:1``). The
+    drafter's bound does not touch the target's reusing group, so it changes no prediction."""
+    v = r.get("fa_splits")
+    return isinstance(v, str) and v.replace(" ", "") == "target:1"
+
+
 def predict(r, facts: dict | None = None) -> tuple[str, str]:
     """("crash" | "completes" | "open", why) for a run line, from its configuration (and the engine's log
     facts where present: they override what the run asked for)."""
@@ -167,7 +174,7 @@ def predict(r, facts: dict | None = None) -> tuple[str, str]:
         return "completes", "part 1 copies the step's schedule into the reusing group's graph buffer"
     if backend != "FLASH_ATTN":
         return "open", f"{backend} reuses metadata; whether its FULL graphs read a stale builder buffer is not modelled"
-    if _attention_config(r).get("flash_attn_max_num_splits_for_cuda_graph") == 1:
+    if _attention_config(r).get("flash_attn_max_num_splits_for_cuda_graph") == 1 or _target_one_split(r):
         return "open", "the stale schedule is still read; with one split it may be harmless (the step probe decides)"
     if int(r.get("concurrency") or 0) >= CRASH_CONCURRENCY:
         return "crash", "the reusing group's FULL graphs read the stale FA3 schedule"

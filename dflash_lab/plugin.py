@@ -7,7 +7,9 @@ Nothing happens unless asked for:
 - ``DFLASH_LAB_HOOK=<folder>``: record and check every DFlash input-setup launch
   (:mod:`dflash_lab.hook`);
 - ``DFLASH_LAB_PROBE=<folder>`` / ``DFLASH_LAB_CANARY=1``: per-step invariants of the target
-  forward and the FULL-graph-versus-reference divergence check (:mod:`dflash_lab.probe`).
+  forward and the FULL-graph-versus-reference divergence check (:mod:`dflash_lab.probe`);
+- ``DFLASH_LAB_FA_SPLITS=drafter:N`` / ``target:N``: FA3's split bound for FULL graphs on one side of the
+  speculative pair only (:mod:`dflash_lab.splits`).
 
 Each is logged once per process, so a log shows exactly which processes ran patched.
 """
@@ -35,6 +37,11 @@ def register() -> None:
 
         hook.install(hook_dir)
         log_once(f"launch hook active, writing to {hook_dir}")
+    from . import splits
+
+    if os.environ.get(splits.ENV) and "splits" not in _done:
+        _done.add("splits")
+        log_once(splits.install())
     from . import probe
 
     if probe.enabled() and "probe" not in _done:

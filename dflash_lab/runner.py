@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import coredump, provenance
+from . import coredump, provenance, splits
 from .errors import LabError
 from .models import REPORT_PROMPT, describe
 from .patch import FIX_PARTS
@@ -64,6 +64,7 @@ ENGINE_DEFAULTS = {
     "mode": "offline",
     "fix": False,
     "fix_parts": None,  # with fix: a subset of patch.FIX_PARTS (None: all of them)
+    "fa_splits": None,  # "drafter:N" / "target:N": FA3's split bound for FULL graphs on one side only (splits.py)
     "hook": True,
     "hook_sync": False,
     "coredump": False,
@@ -148,6 +149,11 @@ def validate_matrix(m, where="matrix") -> dict:
         _check(fp is None or (isinstance(fp, list) and fp and set(fp) <= set(FIX_PARTS)),
                f"{where}: engine {e['id']}: fix_parts must be a non-empty list of {list(FIX_PARTS)}")
         _check(fp is None or eng["fix"], f"{where}: engine {e['id']}: fix_parts needs fix: true")
+        if eng["fa_splits"] is not None:
+            try:
+                splits.parse(eng["fa_splits"])
+            except LabError as err:
+                _check(False, f"{where}: engine {e['id']}: fa_splits: {err}")
         acc = eng["acceptance"]
         _check(acc == "natural" or isinstance(acc, (int, float)) or
                (isinstance(acc, list) and all(isinstance(x, (int, float)) for x in acc)),
@@ -275,7 +281,7 @@ class Runner:
             "max_num_seqs": e["max_num_seqs"], "max_model_len": e["max_model_len"],
             "max_num_batched_tokens": e["max_num_batched_tokens"], "mode": e["mode"], "fix": e["fix"],
             "fix_parts": ([p for p in FIX_PARTS if p in (e["fix_parts"] or FIX_PARTS)] if e["fix"] else None),
-            "engine_args": e["engine_args"], "cudagraph_capture_sizes": e["cudagraph_capture_sizes"],
+            "fa_splits": e["fa_splits"], "engine_args": e["engine_args"], "cudagraph_capture_sizes": e["cudagraph_capture_sizes"],
             "probe": e["probe"], "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
             "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
@@ -359,7 +365,8 @@ class Runner:
         events_path = self.logdir / f"{tag}.events.jsonl"
         events_path.write_text("")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **NVLINK_OFF, **{k: str(v) for k, v in e["env"].items()})
-        for var in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_PROBE", "DFLASH_LAB_CANARY"):
+        for var in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_PROBE", "DFLASH_LAB_CANARY",
+                    splits.ENV):
             env.pop(var, None)
         core_dir = None
         if e["coredump"]:
@@ -374,6 +381,8 @@ class Runner:
             env["DFLASH_LAB_FIX"] = "1"
             if e["fix_parts"]:
                 env["DFLASH_LAB_FIX_PARTS"] = ",".join(e["fix_parts"])
+        if e["fa_splits"]:
+            env[splits.ENV] = e["fa_splits"]
         if hook_dir:
             env["DFLASH_LAB_HOOK"] = hook_dir
             if e["hook_sync"]:

@@ -75,6 +75,8 @@ def test_existing_lines_survive_a_later_crash(tmp_path):
     ({"engines": [{"id": "a", "colour": 1, "runs": [{}]}]}, "unknown key"),
     ({"engines": [{"id": "a", "fix": True, "fix_parts": ["fa3_refresh"], "runs": [{}]}]}, "fix_parts must be"),
     ({"engines": [{"id": "a", "fix_parts": ["fa3_schedule_refresh"], "runs": [{}]}]}, "fix_parts needs fix"),
+    ({"engines": [{"id": "a", "fa_splits": "draft:1", "runs": [{}]}]}, "fa_splits: DFLASH_LAB_FA_SPLITS='draft:1'"),
+    ({"engines": [{"id": "a", "fa_splits": "drafter:0", "runs": [{}]}]}, "N must be an integer >= 1"),
 ])
 def test_bad_matrix(bad, msg):
     with pytest.raises(LabError, match=msg):
@@ -177,5 +179,21 @@ def test_fix_parts_reach_the_engine_and_the_line(tmp_path):
     assert analysis.fix_label(by["p1"]) == "part 1 only: FA3 schedule refresh"
     assert analysis.fix_label(by["all"]).startswith("fix 2")
     env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
-    assert "DFLASH_LAB_FIX=1 DFLASH_LAB_FIX_PARTS=fa3_schedule_refresh" in env["p1"]
-    assert "DFLASH_LAB_FIX=1 DFLASH_LAB_FIX_PARTS=\n" in env["all"] and "DFLASH_LAB_FIX= " in env["stock"]
+    assert "DFLASH_LAB_FIX=1 DFLASH_LAB_FIX_PARTS=fa3_schedule_refresh DFLASH_LAB_FA_SPLITS=\n" in env["p1"]
+    assert "DFLASH_LAB_FIX=1 DFLASH_LAB_FIX_PARTS= " in env["all"] and "DFLASH_LAB_FIX= " in env["stock"]
+
+
+def test_a_one_sided_split_bound_reaches_the_engine_and_the_line(tmp_path, monkeypatch):
+    from dflash_lab import analysis
+
+    logs = tmp_path / "logs"
+    # an inherited variable must not leak into an engine that did not ask for it
+    monkeypatch.setenv("DFLASH_LAB_FA_SPLITS", "target:4")
+    lines, _ = run(tmp_path, [
+        {"id": "ds", "fa_splits": "drafter:1", "runs": [{"concurrency": 1}]},
+        {"id": "stock", "runs": [{"concurrency": 1}]}], extra=("--logs", str(logs)))
+    by = {l["engine_id"]: l for l in lines}
+    assert by["ds"]["fa_splits"] == "drafter:1" and by["stock"]["fa_splits"] is None
+    assert "(FA3 splits 1 for the drafter only, launch hook)" in analysis.cell_label(by["ds"])
+    env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+    assert "DFLASH_LAB_FA_SPLITS=drafter:1\n" in env["ds"] and "DFLASH_LAB_FA_SPLITS=\n" in env["stock"]
