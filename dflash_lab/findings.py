@@ -46,8 +46,10 @@ def write_findings(root: Path, out: Path) -> Path:
     sig = analysis.crash_signatures(df)
     ft = analysis.fault_table(df)
     named = ft[ft["faulting kernel"] != "no core dump"]
-    faults = "; ".join(f"{r['cell']}: {r['faulting kernel']} ({r['exception']}"
-                       + (f", {r['source']}" if isinstance(r["source"], str) else "") + ")" for _, r in named.iterrows())
+    # one entry per (configuration, kernel, exception, source), with the number of core dumps that named it
+    each = [f"{r['cell']}: {r['faulting kernel']} ({r['exception']}"
+            + (f", {r['source']}" if isinstance(r["source"], str) else "") + ")" for _, r in named.iterrows()]
+    faults = "; ".join(f"{e} x{each.count(e)} dumps" if each.count(e) > 1 else e for e in dict.fromkeys(each))
     probes = [divergence.load_probe(p) for p in divergence.probe_files()]
     stock_probe = next((p for p in probes if p["engine"].startswith("stock-probe")), None)
     fd = divergence.first_divergence(stock_probe) if stock_probe else None
