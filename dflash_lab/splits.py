@@ -8,9 +8,12 @@ sets the bound for one side only, in the plugin (``DFLASH_LAB_FA_SPLITS=drafter:
 - a builder's side is read from its layers' indices: vLLM numbers draft (and MTP) layers after the target's
   (``model.layers.40``.. for a 40-layer target), so a layer at or past the target's ``num_hidden_layers`` is the
   drafter's; a builder holding both (never seen) is left alone and logged;
-- only builders that keep an ahead-of-time FA3 schedule for FULL graphs (``use_full_cuda_graph`` and
-  ``aot_schedule``, where vLLM itself applies the bound) are changed: ``build()`` reads ``self.max_num_splits`` at
-  every step whose token count a FULL graph covers (``flash_attn.py``, the ``max_num_splits`` block of ``build``).
+- only builders for which vLLM itself applies the bound are changed (``use_full_cuda_graph`` and ``aot_schedule`` at
+  construction, ``flash_attn.py`` ``__init__``); ``build()`` then passes ``self.max_num_splits`` to FA3 at every step
+  of at most the largest capture size. For the target's groups that is what their FULL graphs were captured with.
+  The drafter's builders get the flag from the target's cudagraph mode too, but (read from the 0.22.1 source) the
+  drafter builds its metadata with ``fast_build=True`` - no ahead-of-time schedule, ``scheduler_metadata=None`` -
+  and runs attention outside FULL graphs: for it the bound is the ``num_splits`` FA3 gets (32 by default, 1 here).
 
 Each changed builder is logged once with its layers and the old and new bound, so an engine log shows what ran.
 """
@@ -77,9 +80,9 @@ def install(value: str | None = None, builder_cls=None, log=None) -> str:
             return
         elif getattr(self, "use_full_cuda_graph", False) and getattr(self, "aot_schedule", False):
             old, self.max_num_splits = self.max_num_splits, n
-            log(f"FA3 splits: {side} builder of {first}: max_num_splits for FULL graphs {old} -> {n}")
+            log(f"FA3 splits: {side} builder of {first}: max_num_splits {old} -> {n}")
         else:
-            log(f"FA3 splits: {side} builder of {first}: no FULL-graph FA3 schedule kept, bound unchanged")
+            log(f"FA3 splits: {side} builder of {first}: vLLM sets no bound here (no FULL graphs or no FA3), unchanged")
 
     __init__._dflash_lab_splits = (side, n)
     builder_cls.__init__ = __init__

@@ -75,9 +75,9 @@ def test_only_the_chosen_sides_full_graph_builders_change():
     mixed = B(None, TARGET + DRAFT, FakeConfig, "cuda")
     assert mixed.max_num_splits == 32
     assert logged == ["FA3 splits: drafter builder of model.layers.40.self_attn.attn .. (5 layers): max_num_splits "
-                      "for FULL graphs 32 -> 1",
-                      "FA3 splits: drafter builder of model.layers.40.self_attn.attn .. (5 layers): no FULL-graph FA3 "
-                      "schedule kept, bound unchanged",
+                      "32 -> 1",
+                      "FA3 splits: drafter builder of model.layers.40.self_attn.attn .. (5 layers): vLLM sets no bound "
+                      "here (no FULL graphs or no FA3), unchanged",
                       "FA3 splits: builder of language_model.model.layers.7.self_attn.attn .. (10 layers) holds target "
                       "and drafter layers: left alone"]
     # installing twice does not wrap twice
