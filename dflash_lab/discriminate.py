@@ -256,6 +256,8 @@ def table(df, matrix_contains: str = "discriminate", data_dir: str = "data"):
         rows.append({"gpu_session": session, "configuration": cfg, "concurrency": int(conc),
                      "stock control": len(g) > 0 and set(g.index) <= stock and int(conc) >= CRASH_CONCURRENCY,
                      "prediction": pred, "why": why, "runs": len(g), "crashed": crashed,
+                     # below the concurrency where stock crashes in every run, a completed run tells nothing apart
+                     "discriminates": int(conc) >= CRASH_CONCURRENCY,
                      "crashed / runs": f"{crashed} / {len(g)}",
                      "other outcomes": other_txt or "-",
                      "not measured": int((all_g["outcome"] == "startup_error").sum() + all_g["_cut"].sum()),
@@ -272,9 +274,10 @@ def table(df, matrix_contains: str = "discriminate", data_dir: str = "data"):
 
 
 def session_summary(t, session: str) -> dict:
-    """Counts of one session's rows: whether its stock control crashed, and how the predictions fared."""
+    """Counts of one session's rows: whether its stock control crashed, and how the predictions fared (decided:
+    rows at or above the crash concurrency with a crash/completes prediction and a measured run)."""
     s = t[t["gpu_session"] == session]
-    decided = s[s["prediction"].isin(["crash", "completes"]) & (s["runs"] > 0)]
+    decided = s[s["prediction"].isin(["crash", "completes"]) & (s["runs"] > 0) & s["discriminates"]]
     ctrl = s[s["stock control"]]
     return {"session": session, "rows": len(s), "decided": len(decided),
             "agree": int((decided["agrees"] == "yes").sum()),

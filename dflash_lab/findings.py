@@ -178,11 +178,12 @@ def _discriminating_line(df) -> str:
         agree, decided = agree + sm["agree"], decided + sm["decided"]
         disagree, not_controls = disagree + sm["disagree"], not_controls + sm["not_controls"]
         rows = t[(t["gpu_session"] == x) & ~t["stock control"] & (t["runs"] > 0)]
-        shares += list(rows["output from drafting steps"].dropna())
+        shares += list(rows[rows["discriminates"]]["output from drafting steps"].dropna())
         parts = [f"{r['configuration'].replace('dflash k=15, ', '')} at concurrency {r['concurrency']}: {r['crashed / runs']} "
                  f"crashed (predicted: {r['prediction']}"
-                 + (f"; core dump: {r['faulting kernel (core dump)']}" if r["faulting kernel (core dump)"] != "-" else "") + ")"
-                 for _, r in rows.iterrows()]
+                 + (f"; core dump: {r['faulting kernel (core dump)']}" if r["faulting kernel (core dump)"] != "-" else "")
+                 + ("" if r["discriminates"] else f"; below concurrency {discriminate.CRASH_CONCURRENCY}: not discriminating")
+                 + ")" for _, r in rows.iterrows()]
         per.append(f"session {x} (stock control crashed {sm['stock_control_crashed']}/{sm['stock_control_runs']}): "
                    + ("; ".join(parts) or "no variant measured"))
     verdict = ("Every decided prediction held" if decided and decided == agree
@@ -244,7 +245,8 @@ def repro_min_runs(root="."):
         line = v.read_text().strip() if v.exists() else None
         rows.append({"folder": str(d.relative_to(root)), "gpu_session": meta.get("gpu_session"),
                      "judged": ("on the CPU from the files its engines wrote (scripts/repro_min.py --rejudge)"
-                                if "rejudge" in json.dumps(meta) else "as printed on the GPU host") if line else None,
+                                if "--rejudge" in str(meta.get("verdict_by", "")) else "as printed on the GPU host")
+                     if line else None,
                      "verdict": line.split(":", 1)[0] if line else None, "verdict line": line})
     rows.sort(key=lambda r: (session_key(r["gpu_session"] or ""), r["folder"]))
     return pd.DataFrame(rows, columns=["folder", "gpu_session", "judged", "verdict", "verdict line"])

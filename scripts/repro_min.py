@@ -35,7 +35,9 @@ REPRODUCED needs the mismatch at a step FULL graphs replay (every query K + 1 to
 crash of stock where the PIECEWISE engine completed; INCONCLUSIVE when neither is shown but a mismatch of
 unknown step kind or an unattributed crash is. The fixed engine's check holds by construction (the fix copies
 the step's schedule into the buffer compared): the fix is credited by completing and matching the reference.
-Exit 0 when the bug reproduced and the fix removed it, 1 otherwise, 2 on a setup error.
+Exit 0 when the bug reproduced and the fix removed it; 2 on a setup error (the stock engine not starting
+included: then the other engines are not run); 3 when incomplete (inconclusive, or an engine not run or not
+started: run again with more time); 1 otherwise.
 --rejudge WORKDIR judges again from the files the children wrote (when the parent died before its verdict).
 """
 
@@ -380,7 +382,8 @@ def fault_from_log(text: str) -> dict | None:
 # wrote its light core dump in 5 s and then hung for 57 s until its per-engine timeout killed it, which left
 # the PIECEWISE reference no time inside a 10-minute command.
 CRASH_GRACE_S = 20.0
-MIN_ENGINE_S = 90  # the tiny hybrid's fastest measured start-up is ~100 s (s15, s17)
+MIN_ENGINE_S = 150  # the tiny hybrid's measured start-ups: 101.5-145.2 s (s15, s17); less cannot finish
+RESERVE_S = 20      # of --deadline-s, kept for collecting the last engine's files and printing the verdict
 
 
 def crash_written(text: str) -> bool:
@@ -392,15 +395,27 @@ def crash_written(text: str) -> bool:
     return any(p in text for p in ("coredump: All done", "CUDA error: ", "AcceleratorError", "EngineDeadError"))
 
 
+_RUNNING: list = []   # the child being waited for (run_role), for the signal handler
+
+
 def _stop(proc) -> None:
-    """Stop a child and everything it started (the engine core is a process of its own)."""
+    """Stop a child and everything it started (the engine core is a process of its own session)."""
     import signal
 
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        proc.kill()
+        if proc.poll() is None:
+            proc.kill()
     proc.wait()
+
+
+def _on_signal(signum, frame):
+    for proc in list(_RUNNING):
+        _stop(proc)
+    print(f"repro_min: stopped by signal {signum}; the children's files are in the work folder "
+          "(judge them with --rejudge)", file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
 
 
 def run_role(role: str, workdir: str, concurrency: int, tokens: int, timeout_s: float,
@@ -411,32 +426,36 @@ def run_role(role: str, workdir: str, concurrency: int, tokens: int, timeout_s: 
     log_path = os.path.join(workdir, f"{role}.log")
     t0 = time.time()
     env = dict(os.environ, **coredump_env(coredump_dir and os.path.join(coredump_dir, role)))
-    # Triton's autotuning results cached on disk, so the second and third engine do not time the same
-    # kernels again (the s17 fixed child's profiling run took 72 s with its compiled graphs already cached)
+    # Triton's autotuning results cached on disk, so the second and third engine need not time the same kernels
+    # again (the s17 fixed child's first profiling run took 72 s with its compiled graphs already cached; whether
+    # autotuning is what took that time is not measured)
     env.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     crashed_at = None
     with open(log_path, "w") as log:
+        # its own session, so that stopping it reaches the engine core it starts; _RUNNING lets a signal to this
+        # process (a host command's `timeout`, Ctrl-C) stop it too, instead of leaving an engine on the GPU
         proc = subprocess.Popen(child_cmd(role, workdir, concurrency, tokens), stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
-        while True:
-            try:
-                rc = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.time()
-            if now - t0 >= timeout_s:
-                _stop(proc)
-                rc = "timeout"
-                break
-            if crashed_at is None:
-                log.flush()
-                if crash_written(_read_text(log_path)):
-                    crashed_at = now
-            elif now - crashed_at >= grace_s:
-                _stop(proc)
-                rc = "stopped"
-                break
+        _RUNNING.append(proc)
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.time()
+                if now - t0 >= timeout_s:
+                    rc = "timeout"
+                    break
+                # a core dump that starts after the error line restarts the wait: the grace never cuts a dump
+                crashed_at = (now if crashed_at is None else crashed_at) if crash_written(_read_text(log_path)) else None
+                if crashed_at is not None and now - crashed_at >= grace_s:
+                    rc = "stopped"
+                    break
+        finally:
+            _stop(proc)   # also after a normal exit: an engine core left behind in its session
+            _RUNNING.remove(proc)
     return collect_role(role, workdir, rc, round(time.time() - t0, 1), coredump_dir)
 
 
@@ -665,10 +684,18 @@ def main(argv=None) -> int:
     _write(os.path.join(root, "run.json"), res)  # what --rejudge needs if this process dies before its verdict
     # the reference before the fix: it is what attributes a stock crash to the FULL graphs, so when the
     # budget runs out it is the fixed engine that goes unrun
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
     for role in ("stock",) + (() if a.no_reference else ("reference",)) + ("fixed",):
-        left = None if a.deadline_s is None else a.deadline_s - (time.time() - t0)
-        if left is not None and left < MIN_ENGINE_S:
-            res[role] = not_run(role, f"{round(left)} s of --deadline-s {a.deadline_s:g} left, an engine needs {MIN_ENGINE_S} s")
+        left = None if a.deadline_s is None else a.deadline_s - RESERVE_S - (time.time() - t0)
+        if role != "stock" and not res["stock"].get("engine_started"):
+            # nothing to compare with: the setup is broken, and the later engines would only use up the time
+            res[role] = not_run(role, "the stock engine did not start")
+        elif left is not None and left < MIN_ENGINE_S:
+            res[role] = not_run(role, f"{max(0, round(left))} s of --deadline-s {a.deadline_s:g} left after a "
+                                      f"{RESERVE_S} s reserve, an engine needs {MIN_ENGINE_S} s")
         else:
             res[role] = run_role(role, root, a.concurrency, a.tokens,
                                  a.timeout_s if left is None else min(a.timeout_s, left), a.coredump_dir)
@@ -681,7 +708,22 @@ def main(argv=None) -> int:
     if a.json:
         _write(a.json, res)
     print(line, flush=True)
-    return 0 if res["verdict"]["reproduced"] and res["verdict"]["fix_removes_it"] else 1
+    return exit_code(res)
+
+
+def exit_code(res: dict) -> int:
+    """0: reproduced and removed by the fix; 2: the stock engine did not start (a setup problem, no verdict on
+    the bug); 3: incomplete - inconclusive, or an engine was not run or did not finish its start-up (run again
+    with more time); 1: otherwise (not reproduced, or the fix not credited)."""
+    v = res["verdict"]
+    if not res["stock"].get("engine_started"):
+        return 2
+    if v["reproduced"] and v["fix_removes_it"]:
+        return 0
+    if v["inconclusive"] or any(r.get("not_run") or not r.get("engine_started")
+                                for r in (res.get("reference"), res.get("fixed")) if r):
+        return 3
+    return 1
 
 
 def rejudge(workdir: str, json_out: str | None, concurrency: int, tokens: int, no_reference: bool,
@@ -705,7 +747,7 @@ def rejudge(workdir: str, json_out: str | None, concurrency: int, tokens: int, n
     if json_out:
         _write(json_out, res)
     print(line, flush=True)
-    return 0 if res["verdict"]["reproduced"] and res["verdict"]["fix_removes_it"] else 1
+    return exit_code(res)
 
 
 if __name__ == "__main__":

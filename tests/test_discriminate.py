@@ -223,6 +223,9 @@ def test_a_variant_is_summed_only_over_sessions_whose_stock_control_crashed(tmp_
     assert v["sessions"] == ["s1", "s3"] and v["runs"] == 3 and v["crashed"] == 0 and v["all_agree"]
     assert v["min_drafts_per_run"] == 8800 and v["target_attention"] == ["FLASH_ATTN"]
     assert discriminate.variant(t, "dflash k=15, FULL_AND_PIECEWISE (part 1 only: FA3 schedule refresh)", 2)["runs"] == 1
+    # a completed run at concurrency 2 agrees with any account (stock does not crash there): not a decided prediction
+    assert discriminate.session_summary(t, "s3")["decided"] == 2
+    assert not t[(t["gpu_session"] == "s3") & (t["concurrency"] == 2)]["discriminates"].iloc[0]
     stock = discriminate.variant(t, "dflash k=15, FULL_AND_PIECEWISE")
     assert stock["crashed"] == 2 and stock["faulting_kernels"] == ["copy_and_expand_dflash_inputs_kernel"]
     assert discriminate.variant(t, "nothing like it") == {**discriminate.variant(t, "nothing like it"), "runs": 0,

@@ -169,8 +169,8 @@ def test_rejudge_gives_the_verdict_a_killed_parent_never_printed(root, tmp_path)
     out = tmp_path / "v.json"
     r = subprocess.run([sys.executable, str(root / "scripts" / "repro_min.py"), "--rejudge", str(root.joinpath(*REPRO2)),
                         "--json", str(out)], capture_output=True, text=True, timeout=120)
-    # the s15 run: mismatches at calls of unrecorded kind, a crash without a completed reference: inconclusive
-    assert r.returncode == 1, r.stderr
+    # the s15 run: mismatches at calls of unrecorded kind, a crash without a completed reference: inconclusive (3)
+    assert r.returncode == 3, r.stderr
     line = r.stdout.strip().splitlines()[-1]
     assert line == (root.joinpath(*REPRO2).parent / "verdict.txt").read_text().strip()
     assert line.startswith("INCONCLUSIVE: stock: the reusing group's graph buffer held a schedule different from the "
@@ -271,7 +271,7 @@ def test_the_s17_run_is_reproduced_but_not_attributed(root, tmp_path):
     out = tmp_path / "v.json"
     r = subprocess.run([sys.executable, str(root / "scripts" / "repro_min.py"), "--rejudge", str(root.joinpath(*REPRO3)),
                         "--json", str(out)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 3, r.stderr   # incomplete: the reference never started
     line = r.stdout.strip().splitlines()[-1]
     assert line == (root.joinpath(*REPRO3).parent / "verdict.txt").read_text().strip()
     # call 3: 4 requests x (K + 1) tokens, a step FULL graphs replay
@@ -293,6 +293,7 @@ def test_the_deadline_leaves_engines_unrun_and_still_gives_a_verdict(root, tmp_p
     monkeypatch.setattr(rm, "run_role", fake_run_role)
     monkeypatch.setattr(rm, "write_models", lambda d: None)
     monkeypatch.setattr(rm, "MIN_ENGINE_S", 0.5)
+    monkeypatch.setattr(rm, "RESERVE_S", 0.0)
     import importlib.metadata as md
     monkeypatch.setattr(md, "version", lambda name: "0.22.1")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
@@ -301,7 +302,7 @@ def test_the_deadline_leaves_engines_unrun_and_still_gives_a_verdict(root, tmp_p
     v = json.load(open(out))
     # stock ran (0.3 s), the reference ran with what was left, the fixed engine did not start
     assert [c[0] for c in calls] == ["stock", "reference"] and calls[1][1] < 0.8
-    assert v["fixed"]["not_run"].startswith("0 s of --deadline-s 1 left") and rc == 1
+    assert v["fixed"]["not_run"].startswith("0 s of --deadline-s 1 left") and rc == 3
     assert "fixed: did not complete (not run: " in v["verdict_line"]
     assert rm.main(["--deadline-s", "0"]) == 2
 
@@ -330,3 +331,58 @@ def test_recorded_reproducer_runs_are_listed_by_session(tmp_path):
     empty = tmp_path / "e"
     empty.mkdir()
     assert "no GPU verdict recorded yet" in findings._repro_min_label(empty)
+
+
+def test_a_stock_engine_that_does_not_start_stops_the_run(root, tmp_path, monkeypatch):
+    rm = _load(root)
+    calls = []
+
+    def fake_run_role(role, w, c, t, timeout_s, coredump_dir=None):
+        calls.append(role)
+        return {"role": role, "completed": False, "engine_started": False, "checks": [], "crashed": False,
+                "error": "ValueError: bad config", "wall_s": 1.0}
+
+    monkeypatch.setattr(rm, "run_role", fake_run_role)
+    monkeypatch.setattr(rm, "write_models", lambda d: None)
+    import importlib.metadata as md
+    monkeypatch.setattr(md, "version", lambda name: "0.22.1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    out = tmp_path / "v.json"
+    assert rm.main(["--json", str(out)]) == 2 and calls == ["stock"]
+    v = json.load(open(out))
+    assert v["reference"]["not_run"] == v["fixed"]["not_run"] == "the stock engine did not start"
+    assert "the engine did not start (ValueError: bad config)" in v["verdict_line"]
+
+
+def test_a_signal_to_the_parent_stops_the_running_engine(root, tmp_path):
+    # the host command's `timeout` signals the parent only; the engine runs in its own session
+    pidfile = tmp_path / "child.pid"
+    driver = f"""
+import importlib.util, signal, sys
+spec = importlib.util.spec_from_file_location("repro_min", {str(root / "scripts" / "repro_min.py")!r})
+rm = importlib.util.module_from_spec(spec); spec.loader.exec_module(rm)
+rm.child_cmd = lambda role, w, c, t: [sys.executable, "-c",
+    "import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(600)"]
+signal.signal(signal.SIGTERM, rm._on_signal)
+rm.run_role("stock", {str(tmp_path)!r}, 2, 3, 600)
+"""
+    import os
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", driver], stderr=subprocess.PIPE, text=True)
+    for _ in range(200):
+        if pidfile.exists() and pidfile.read_text():
+            break
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=30)[1]
+    assert p.returncode == 128 + signal.SIGTERM and "stopped by signal" in err
+    time.sleep(0.2)
+    try:
+        os.kill(child, 0)
+        alive = open(f"/proc/{child}/stat").read().split()[2] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        alive = False
+    assert not alive
