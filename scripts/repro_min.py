@@ -384,6 +384,8 @@ def fault_from_log(text: str) -> dict | None:
 CRASH_GRACE_S = 20.0
 MIN_ENGINE_S = 150  # the tiny hybrid's measured start-ups: 101.5-145.2 s (s15, s17); less cannot finish
 RESERVE_S = 20      # of --deadline-s, kept for collecting the last engine's files and printing the verdict
+DUMP_STARTED = "coredump: Starting GPU coredump generation"   # the driver's progress lines (CUDA_COREDUMP_SHOW_PROGRESS)
+DUMP_DONE = "coredump: All done"
 
 
 def crash_written(text: str) -> bool:
@@ -392,7 +394,7 @@ def crash_written(text: str) -> bool:
     if _dump_unfinished(text):
         return False
     # only the unmistakable signs (a plain "Error: " line can be a warning of a healthy engine)
-    return any(p in text for p in ("coredump: All done", "CUDA error: ", "AcceleratorError", "EngineDeadError"))
+    return any(p in text for p in (DUMP_DONE, "CUDA error: ", "AcceleratorError", "EngineDeadError"))
 
 
 _RUNNING: list = []   # the child being waited for (run_role), for the signal handler
@@ -468,7 +470,7 @@ def _read_text(path: str) -> str:
 
 
 def _dump_unfinished(text: str) -> bool:
-    return "coredump: Starting GPU coredump generation" in text and "coredump: All done" not in text
+    return DUMP_STARTED in text and DUMP_DONE not in text
 
 
 def not_run(role: str, why: str) -> dict:
