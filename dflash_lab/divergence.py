@@ -42,6 +42,24 @@ def load_probe(path: str) -> dict:
             "engine": parts[-2].replace(".probe", "") if len(parts) >= 2 else None}
 
 
+def probe_key(probe: dict) -> str:
+    """'<session>/<engine>', e.g. '2026-11-30_h200_root-probe-tp1/stock-probe.a1': what names one probed engine."""
+    return f"{probe['session']}/{probe['engine']}"
+
+
+def pick_probe(probes: list[dict], key: str) -> dict:
+    """The one probe named by ``key``: its full '<session>/<engine>' key, or an engine name ('stock-probe.a1')
+    that only one session has. A prefix does not select: 'stock-probe' would also name 'stock-probe-low', whose
+    file sorts first."""
+    hits = [p for p in probes if probe_key(p) == key] or [p for p in probes if p["engine"] == key]
+    have = sorted(probe_key(p) for p in probes)
+    if not hits:
+        raise LabError(f"no probed engine {key!r} (have {have})")
+    if len(hits) > 1:
+        raise LabError(f"{key!r} names {len(hits)} probed engines: give '<session>/<engine>' (have {have})")
+    return hits[0]
+
+
 def short(layer: str) -> str:
     """'language_model.model.layers.7.self_attn.attn' -> 'L7 attn'; '...linear_attn' -> 'L8 gdn'."""
     m = re.search(r"layers\.(\d+)\.", layer)

@@ -45,3 +45,29 @@ def test_bad_probe_file_names_its_line(tmp_path, text, msg):
 def test_missing_probe_file(tmp_path):
     with pytest.raises(LabError, match="no such file"):
         D.load_probe(str(tmp_path / "nope.jsonl"))
+
+
+def _p(session, engine):
+    return {"session": session, "engine": engine, "steps": []}
+
+
+def test_pick_probe_by_key_or_unique_engine_never_by_prefix():
+    probes = [_p("s-low", "stock-probe-low.a1"), _p("s-root", "stock-probe.a1"), _p("s-fix", "fix2-probe.a1")]
+    assert D.pick_probe(probes, "s-root/stock-probe.a1")["session"] == "s-root"
+    assert D.pick_probe(probes, "stock-probe.a1")["session"] == "s-root"   # the low-concurrency probe sorts first
+    with pytest.raises(LabError, match="no probed engine 'stock-probe'.*s-low/stock-probe-low.a1"):
+        D.pick_probe(probes, "stock-probe")
+    with pytest.raises(LabError, match="names 2 probed engines"):
+        D.pick_probe(probes + [_p("s-again", "stock-probe.a1")], "stock-probe.a1")
+
+
+def test_stock_diverges_at_low_concurrency_too():
+    """s18's stock probe at concurrency 2 and 16 (beside part 1 alone's identical steps there): every FULL step
+    of the target differs from the no-graph pass, first at GDN layer 8 (attention layer 7's output), as at 32."""
+    low = [D.load_probe(f) for f in D.probe_files() if "/stock-probe-low.a1.probe/" in f]
+    assert len(low) == 2
+    for p in low:
+        full = [s for s in p["steps"] if s["mode"] == "FULL"]
+        assert full and all(s["diverge"]["diverged"] for s in full)
+        assert D.short(D.first_divergence(p)["first_layer_written_differently"]) == "L8 gdn"
+        assert D.nan_onset(p) is None
