@@ -229,8 +229,8 @@ def _end_to_end_line(df) -> str:
 
 def repro_min_runs(root="."):
     """Every recorded GPU run of scripts/repro_min.py (data/gpu/*repro-min*/), oldest first: its GPU session, how
-    its verdict was reached (printed on the host, or --rejudge on the CPU from the children's files), the verdict's
-    first word and the verdict line. A run without a verdict.txt has ``verdict`` None."""
+    its verdict was reached (meta.json's "judged"; else printed on the host, or --rejudge on the CPU from the
+    children's files), the verdict's first word and the verdict line. A run without a verdict.txt has ``verdict`` None."""
     import pandas as pd
 
     from .analysis import session_key
@@ -244,8 +244,10 @@ def repro_min_runs(root="."):
         v = d / "verdict.txt"
         line = v.read_text().strip() if v.exists() else None
         rows.append({"folder": str(d.relative_to(root)), "gpu_session": meta.get("gpu_session"),
-                     "judged": ("on the CPU from the files its engines wrote (scripts/repro_min.py --rejudge)"
-                                if "--rejudge" in str(meta.get("verdict_by", "")) else "as printed on the GPU host")
+                     # a run whose verdict was reached some other way says so in its meta.json ("judged")
+                     "judged": (meta.get("judged") or (
+                         "on the CPU from the files its engines wrote (scripts/repro_min.py --rejudge)"
+                         if "--rejudge" in str(meta.get("verdict_by", "")) else "as printed on the GPU host"))
                      if line else None,
                      "verdict": line.split(":", 1)[0] if line else None, "verdict line": line})
     rows.sort(key=lambda r: (session_key(r["gpu_session"] or ""), r["folder"]))

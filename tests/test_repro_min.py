@@ -326,8 +326,12 @@ def test_recorded_reproducer_runs_are_listed_by_session(tmp_path):
     assert list(t["gpu_session"].fillna("-")) == ["-", "2026-11-30-s8", "2026-11-30-s9", "2026-11-30-s10"]
     assert list(t["verdict"].fillna("-")) == ["NOT REPRODUCED", "-", "INCONCLUSIVE", "REPRODUCED"]
     assert t["judged"].iloc[-1].startswith("on the CPU")
+    # a run judged some other way says so in its meta.json, and that is what is shown
+    run("x_repro-min-d", "2026-11-30-s11", "REPRODUCED: y",
+        meta_text=json.dumps({"gpu_session": "2026-11-30-s11", "verdict_by": "--rejudge", "judged": "on the GPU host"}))
+    assert findings.repro_min_runs(tmp_path)["judged"].iloc[-1] == "on the GPU host"
     # the latest session's verdict (s10 sorts after s9: natural order)
-    assert "data/gpu/x_repro-min-b (session 2026-11-30-s10)" in findings._repro_min_label(tmp_path)
+    assert "data/gpu/x_repro-min-d (session 2026-11-30-s11), on the GPU host: REPRODUCED: y" in findings._repro_min_label(tmp_path)
     empty = tmp_path / "e"
     empty.mkdir()
     assert "no GPU verdict recorded yet" in findings._repro_min_label(empty)
