@@ -3,6 +3,7 @@
 
     python scripts/repro_min.py [--concurrency 4] [--tokens 48] [--no-reference] [--json OUT.json]
                                 [--coredump-dir DIR] [--timeout-s 420] [--deadline-s S]
+    python scripts/repro_min.py --resume WORKDIR [--deadline-s S] [--json OUT.json]   # run what an earlier run left out
 
 What it builds: a tiny random Qwen3.5-MoE target (8 layers: 6 Gated-DeltaNet + 2 full attention,
 layers 3 and 7) and a 1-layer DFlash draft whose attention shape differs from the target's, both
@@ -39,6 +40,8 @@ Exit 0 when the bug reproduced and the fix removed it; 2 on a setup error (the s
 included: then the other engines are not run); 3 when incomplete (inconclusive, or an engine not run or not
 started: run again with more time); 1 otherwise.
 --rejudge WORKDIR judges again from the files the children wrote (when the parent died before its verdict).
+--resume WORKDIR continues an earlier run in its work folder (printed at its start): the engines it did not start
+(e.g. left out by --deadline-s) run now, the others' files stand as their record, and all three are judged.
 """
 
 from __future__ import annotations
@@ -648,6 +651,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rejudge", metavar="WORKDIR",
                     help="no engines: judge again from the files the children of an earlier run wrote in WORKDIR "
                          "(its repro-min-* folder), e.g. when that run's parent was killed before its verdict")
+    ap.add_argument("--resume", metavar="WORKDIR",
+                    help="continue an earlier run in its WORKDIR: run the engines it did not start (e.g. left out by "
+                         "--deadline-s), keep the others' files as their record, then judge all three")
     ap.add_argument("--child", choices=sorted(ROLES), help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -665,6 +671,12 @@ def main(argv=None) -> int:
     if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
         print(f"repro_min: --json {a.json}: its folder does not exist", file=sys.stderr)
         return 2
+    if a.rejudge and a.resume:
+        print("repro_min: --rejudge and --resume exclude each other", file=sys.stderr)
+        return 2
+    if a.resume and not os.path.isdir(a.resume):
+        print(f"repro_min: --resume {a.resume}: no such folder", file=sys.stderr)
+        return 2
     if a.rejudge:
         return rejudge(a.rejudge, a.json, a.concurrency, a.tokens, a.no_reference, a.coredump_dir)
     try:
@@ -677,21 +689,38 @@ def main(argv=None) -> int:
     if have != "0.22.1":
         print(f"repro_min: written for vLLM 0.22.1, this is {have}", file=sys.stderr)
         return 2
-    root = tempfile.mkdtemp(prefix="repro-min-")
-    write_models(root)
     t0 = time.time()
-    res = {"vllm": have, "concurrency": a.concurrency, "tokens": a.tokens, "workdir": root,
-           "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    _write(os.path.join(root, "run.json"), res)  # what --rejudge needs if this process dies before its verdict
-    # the reference before the fix: it is what attributes a stock crash to the FULL graphs, so when the
-    # budget runs out it is the fixed engine that goes unrun
+    if a.resume:
+        root = a.resume
+        res = _read_json(os.path.join(root, "run.json"))
+        if not isinstance(res, dict) or "concurrency" not in res or "tokens" not in res:
+            print(f"repro_min: --resume {root}: no readable run.json there (give the work folder an earlier run "
+                  "printed)", file=sys.stderr)
+            return 2
+        a.concurrency, a.tokens = int(res["concurrency"]), int(res["tokens"])
+        res["resumed"] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                          "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+    else:
+        root = tempfile.mkdtemp(prefix="repro-min-")
+        write_models(root)
+        res = {"vllm": have, "concurrency": a.concurrency, "tokens": a.tokens, "workdir": root,
+               "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        _write(os.path.join(root, "run.json"), res)  # what --rejudge needs if this process dies before its verdict
+    print(f"repro_min: work folder {root} (--resume and --rejudge take it)", file=sys.stderr, flush=True)
     import signal
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
+    # the reference before the fix: it is what attributes a stock crash to the FULL graphs, so when the
+    # budget runs out it is the fixed engine that goes unrun
     for role in ("stock",) + (() if a.no_reference else ("reference",)) + ("fixed",):
         left = None if a.deadline_s is None else a.deadline_s - RESERVE_S - (time.time() - t0)
+        if a.resume and os.path.exists(os.path.join(root, f"{role}.log")):
+            # this engine ran in the earlier call: its files are its record (exit code unknown, as for --rejudge)
+            res[role] = collect_role(role, root, None, None, a.coredump_dir)
+            print(f"repro_min: {role}: from the earlier run's files", file=sys.stderr, flush=True)
+            continue
         if role != "stock" and not res["stock"].get("engine_started"):
             # nothing to compare with: the setup is broken, and the later engines would only use up the time
             res[role] = not_run(role, "the stock engine did not start")

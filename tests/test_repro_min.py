@@ -390,3 +390,53 @@ rm.run_role("stock", {str(tmp_path)!r}, 2, 3, 600)
     except (ProcessLookupError, FileNotFoundError):
         alive = False
     assert not alive
+
+
+REPRO4 = ("data", "gpu", "2026-11-30_h200_repro-min-4", "children")
+
+
+def test_resume_runs_only_what_the_earlier_run_left_out(root, tmp_path, monkeypatch):
+    """s18: the parent's --deadline-s left the fixed engine out (stock crashed, the reference completed). --resume
+    on that folder runs the fixed engine alone and judges all three: here the fixed child is stood in for by the
+    files the real one wrote on the GPU, and the verdict is the recorded one."""
+    import shutil
+
+    rm = _load(root)
+    rec = root.joinpath(*REPRO4)
+    w = tmp_path / "w"
+    shutil.copytree(rec, w)
+    for f in w.glob("fixed.*"):
+        f.unlink()
+    calls = []
+
+    def fake_run_role(role, workdir, c, t, timeout_s, coredump_dir=None):
+        calls.append((role, c, t))
+        for f in rec.glob(f"{role}.*"):
+            shutil.copy(f, workdir)
+        return rm.collect_role(role, workdir, 0, 131.0, coredump_dir)
+
+    monkeypatch.setattr(rm, "run_role", fake_run_role)
+    import importlib.metadata as md
+    monkeypatch.setattr(md, "version", lambda name: "0.22.1")
+    out = tmp_path / "v.json"
+    rc = rm.main(["--resume", str(w), "--deadline-s", "400", "--json", str(out)])
+    assert calls == [("fixed", 4, 48)]       # concurrency and tokens from the earlier run's run.json
+    v = json.load(open(out))
+    assert rc == 0 and v["verdict"]["reproduced"] and v["verdict"]["fix_removes_it"]
+    assert v["verdict_line"] == (rec.parent / "verdict.txt").read_text().strip()
+    assert v["resumed"]["at"] and v["started_at"] == "2026-11-30T15:03:16Z"   # the earlier run's start is kept
+    # a second resume has nothing left to run
+    calls.clear()
+    assert rm.main(["--resume", str(w)]) == 0 and calls == []
+
+
+def test_resume_needs_an_earlier_runs_folder(root, tmp_path, monkeypatch, capsys):
+    rm = _load(root)
+    import importlib.metadata as md
+    monkeypatch.setattr(md, "version", lambda name: "0.22.1")
+    assert rm.main(["--resume", str(tmp_path / "nope")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    (tmp_path / "run.json").write_text("{corrupt")
+    assert rm.main(["--resume", str(tmp_path)]) == 2
+    assert "no readable run.json" in capsys.readouterr().err
+    assert rm.main(["--resume", str(tmp_path), "--rejudge", str(tmp_path)]) == 2
