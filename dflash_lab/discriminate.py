@@ -53,6 +53,8 @@ _BACKEND_RES = (re.compile(r"Using AttentionBackendEnum\.(\w+) backend"),
                 re.compile(r"Using (\w+) attention backend out of potential backends"))
 _FULL_CAPTURE = "Capturing CUDA graphs (decode, FULL)"
 _STARTED = "init engine (profile, create kv cache, warmup model) took"   # vLLM's line once start-up has finished
+# the plugin's line for each FA3 builder whose split bound it changed (dflash_lab.splits)
+_SPLITS_RE = re.compile(r"FA3 splits: (drafter|target) builder of .*?: max_num_splits (\d+) -> (\d+)")
 BACKEND_SOURCES = {"FLASH_ATTN": "vllm/v1/attention/backends/flash_attn.py",   # AttentionBackendEnum -> module
                    "TRITON_ATTN": "vllm/v1/attention/backends/triton_attn.py",  # (vLLM's registry.py)
                    "FLASHINFER": "vllm/v1/attention/backends/flashinfer.py",
@@ -104,7 +106,8 @@ def engine_log(r, data_dir: str = "data") -> str | None:
 
 def engine_facts(text: str) -> dict:
     """What an engine log says ran: the resolved cudagraph mode, whether FULL decode graphs were captured, the
-    attention backends in the order vLLM chose them (target first, drafter last). None where the stored log
+    attention backends in the order vLLM chose them (target first, drafter last), the FA3 split bounds the
+    plugin changed. None where the stored log
     does not say (logs over 3 MB are stored as their tail, without the start-up)."""
     modes = _MODE_RE.findall(text)
     found = []
@@ -114,10 +117,13 @@ def engine_facts(text: str) -> dict:
             if m:
                 found.append(m.group(1))
                 break
+    bounds = sorted({f"{side} {a} -> {b}" for side, a, b in _SPLITS_RE.findall(text)})
     return {"cudagraph_mode": modes[0] if modes else None,
             "full_graphs_captured": (_FULL_CAPTURE in text) if _STARTED in text else None,
             "target_attention": found[0] if found else None,
-            "drafter_attention": found[-1] if len(found) > 1 else None}
+            "drafter_attention": found[-1] if len(found) > 1 else None,
+            # e.g. "drafter 32 -> 1": the FA3 split bounds the plugin changed (None: the log shows none)
+            "split_bounds_changed": "; ".join(bounds) or None}
 
 
 def _attention_config(r) -> dict:
@@ -266,6 +272,7 @@ def table(df, matrix_contains: str = "discriminate", data_dir: str = "data"):
                      "output from drafting steps": round(min(known), 3) if known else None,
                      "FULL decode graphs captured": seen("full_graphs_captured") if len(g) else "-",
                      "target attention (log)": seen("target_attention") if len(g) else "-",
+                     "FA3 split bounds changed (log)": seen("split_bounds_changed") if len(g) else "-",
                      "faulting kernel (core dump)": ", ".join(faults) or "-",
                      "crashed runs with a core dump": f"{dumps} of {crashed}" if crashed else "-",
                      "instruments": "; ".join(sorted(set(g["instruments"]))) if len(g) else "-",
@@ -313,4 +320,5 @@ def variant(t, configuration: str, concurrency: int = CRASH_CONCURRENCY) -> dict
             "min_drafts_per_run": int(drafts.min()) if len(drafts) else None,
             "faulting_kernels": kernels,
             "target_attention": sorted({x for x in v["target attention (log)"] if x not in ("-", "not in the stored log")}),
+            "split_bounds_changed": sorted(set(v["FA3 split bounds changed (log)"])),
             "full_graphs_captured": sorted(set(v["FULL decode graphs captured"]))}

@@ -51,7 +51,12 @@ def write_findings(root: Path, out: Path) -> Path:
             + (f", {r['source']}" if isinstance(r["source"], str) else "") + ")" for _, r in named.iterrows()]
     faults = "; ".join(f"{e} x{each.count(e)} dumps" if each.count(e) > 1 else e for e in dict.fromkeys(each))
     probes = [divergence.load_probe(p) for p in divergence.probe_files()]
-    stock_probe = next((p for p in probes if p["engine"].startswith("stock-probe")), None)
+    pt = verification.probe_table(df)
+    # the stock probe that reached the most requests per FULL step (the concurrency-32 run that ends in NaN); the
+    # others (lower concurrency) are summed up beside it
+    sp = pt[pt["fix"] == "stock"].sort_values("max requests in a FULL step", kind="stable")
+    stock_probe = divergence.pick_probe(probes, f"{sp.iloc[-1]['session']}/{sp.iloc[-1]['engine']}") if len(sp) else None
+    low = sp.iloc[:-1]
     fd = divergence.first_divergence(stock_probe) if stock_probe else None
     nan = divergence.nan_onset(stock_probe) if stock_probe else None
     reuse = kvgroups.metadata_reusers(kvgroups.groups(kvgroups.hybrid_layers(draft_layers=5)))
@@ -75,15 +80,20 @@ def write_findings(root: Path, out: Path) -> Path:
     ]
     if fd:
         summary.append(
-            f"First wrong value (step probe, one run at concurrency 32, every FULL-graph step replayed against a no-graph "
-            f"pass of the same step): "
+            f"First wrong value (step probe, one run at concurrency {int(sp.iloc[-1]['max requests in a FULL step'])}, every "
+            f"FULL-graph step replayed against a no-graph pass of the same step): "
             f"from the first FULL step (step {fd['step']}, {fd['num_reqs']} requests) on, {fd['hidden_rows_differ']} of "
             f"{fd['num_tokens']} output rows differ; "
             + ("layers 0-7 write bit-identically, " if fd["all_before_bit_identical"] else "")
             + f"the first layer writing differently is "
             f"{divergence.short(fd['first_layer_written_differently'])}: the output of attention layer 7 diverged."
             + (f" The first {nan['num_tokens']}-token replay (step {nan['step']}, {nan['num_reqs']} requests) is NaN in "
-               f"{nan['rows_nonfinite_graph']} rows, the reference pass in {nan['rows_nonfinite_reference']}." if nan else ""))
+               f"{nan['rows_nonfinite_graph']} rows, the reference pass in {nan['rows_nonfinite_reference']}." if nan else "")
+            + (f" Stock probed at lower concurrency too ({len(low)} probe log(s), up to "
+               f"{int(low['max requests in a FULL step'].max())} requests per step): {int(low['FULL steps diverging'].sum())} "
+               f"of {int(low['FULL steps'].sum())} FULL steps diverge, first at "
+               f"{', '.join(sorted(set(low['first layer written differently'].dropna())))}, "
+               f"{'no NaN' if low['first NaN step'].isna().all() else 'with NaN'}." if len(low) else ""))
     can = verification.canary_table(df)
     stock_can = can[(can["fix"] == "stock") & (can["field"] == "attn.scheduler_metadata")]
     summary.append(
@@ -106,7 +116,6 @@ def write_findings(root: Path, out: Path) -> Path:
     if sessions:
         cs = verification.counts_session(df)
         v = verification.verdict(verification.session_table(df, cs))
-        pt = verification.probe_table(df)
         fp = pt[pt["fix"].str.startswith("fix 2")]
         fix_line += (f" GPU session {cs}, through the plugin: stock control crashed {v['stock_crashed']}/{v['stock_runs']}; "
                      "with the fix "
@@ -115,6 +124,12 @@ def write_findings(root: Path, out: Path) -> Path:
                      + (f"; the step probe with the fix (one engine, concurrency 2, 16, 32): the target's outputs on all "
                         f"{int(fp['FULL steps'].sum())} FULL-graph steps identical to a no-graph pass of the same step with the "
                         f"same metadata ({int(fp['FULL steps diverging'].sum())} differ)" if len(fp) else "") + ".")
+        p1 = pt[pt["fix"] == "part 1 only: FA3 schedule refresh"]
+        if len(p1):
+            fix_line += (f" Part 1 alone (the schedule copy, no kernel edits, no k+1) under the step probe ({len(p1)} engine(s), "
+                         f"up to {int(p1['max requests in a FULL step'].max())} requests per step): "
+                         f"{int(p1['FULL steps'].sum()) - int(p1['FULL steps diverging'].sum())} of {int(p1['FULL steps'].sum())} "
+                         "FULL-graph steps identical to the no-graph pass.")
         fix_line += " " + _end_to_end_line(df)
     else:
         fix_line += f" GPU runs with it: {len(fix2)}."

@@ -40,7 +40,7 @@ def line(**kw):
 def test_engine_facts_read_the_log():
     f = discriminate.engine_facts(FA3_LOG)
     assert f == {"cudagraph_mode": "FULL_AND_PIECEWISE", "full_graphs_captured": True,
-                 "target_attention": "FLASH_ATTN", "drafter_attention": "FLASH_ATTN"}
+                 "target_attention": "FLASH_ATTN", "drafter_attention": "FLASH_ATTN", "split_bounds_changed": None}
     t = discriminate.engine_facts(TRITON_LOG)
     assert t["target_attention"] == "TRITON_ATTN" and t["drafter_attention"] == "FLASH_ATTN"
     p = discriminate.engine_facts(PIECEWISE_LOG)
@@ -52,6 +52,12 @@ def test_engine_facts_read_the_log():
     f = discriminate.engine_facts(died)
     assert f["full_graphs_captured"] is None and f["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     assert discriminate.predict(line(), f)[0] == "crash"
+    # the plugin's one-sided split bound, as its lines read in s18's drafter-splits1 logs
+    sp = discriminate.engine_facts(FA3_LOG + (
+        "(EngineCore pid=4206) dflash-lab [4206]: FA3 splits: drafter builder of model.layers.40.self_attn.attn .. "
+        "(5 layers): max_num_splits 32 -> 1\n(EngineCore pid=4206) dflash-lab [4206]: FA3 splits: drafter builder of "
+        "model.layers.40.self_attn.attn: max_num_splits 32 -> 1\n"))
+    assert sp["split_bounds_changed"] == "drafter 32 -> 1"
 
 
 def test_which_builders_reuse_metadata_is_read_from_vllm_source():
@@ -230,3 +236,17 @@ def test_a_variant_is_summed_only_over_sessions_whose_stock_control_crashed(tmp_
     assert stock["crashed"] == 2 and stock["faulting_kernels"] == ["copy_and_expand_dflash_inputs_kernel"]
     assert discriminate.variant(t, "nothing like it") == {**discriminate.variant(t, "nothing like it"), "runs": 0,
                                                           "all_agree": False}
+
+
+def test_the_recorded_one_sided_split_bound(root):
+    """s18 (data/runs): FA3 splits 1 for the drafter only crashed 3 of 3 at concurrency 32, as predicted, with the
+    stock fault, and each engine log shows the plugin moved the drafter's builders from 32 splits to 1; the bound on
+    both sides (s17) completed 3 of 3."""
+    df = analysis.load_runs(str(root / "data" / "runs" / "*.jsonl"))
+    t = discriminate.table(df, data_dir=str(root / "data"))
+    d = discriminate.variant(t, "dflash k=15, FULL_AND_PIECEWISE (FA3 splits 1 for the drafter only)")
+    assert (d["runs"], d["crashed"], d["predictions"], d["all_agree"]) == (3, 3, ["crash"], True)
+    assert d["faulting_kernels"] == ["copy_and_expand_dflash_inputs_kernel"]
+    assert d["split_bounds_changed"] == ["drafter 32 -> 1"]
+    both = discriminate.variant(t, "dflash k=15, FULL_AND_PIECEWISE (flash_attn_max_num_splits_for_cuda_graph=1)")
+    assert (both["runs"], both["crashed"]) == (3, 0)
