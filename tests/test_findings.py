@@ -1,0 +1,24 @@
+"""The findings page, written from the recorded data (data/): what it says must follow the data."""
+
+import html
+import re
+
+
+def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
+    from dflash_lab import findings
+
+    monkeypatch.chdir(root)     # write_findings changes into the project root
+    out = findings.write_findings(root, tmp_path)
+    text = html.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"<img[^>]*>", "", out.read_text())))
+    text = re.sub(r"\s+", " ", text)
+    # the first wrong value comes from the stock probe that reached 32 requests (it ends in NaN), not from the
+    # low-concurrency stock probe whose engine name shares its prefix and whose file sorts first
+    assert "First wrong value (step probe, one run at concurrency 32" in text
+    assert "The first 480-token replay (step 273, 30 requests) is NaN in 480 rows, the reference pass in 0." in text
+    assert "Stock probed at lower concurrency too (2 probe log(s), up to 16 requests per step): 556 of 556 FULL steps " \
+           "diverge, first at L8 gdn, no NaN." in text
+    assert "986 of 986 FULL-graph steps identical to the no-graph pass" in text
+    assert ("FULL_AND_PIECEWISE (FA3 splits 1 for the drafter only) at concurrency 32: 3 / 3 crashed (predicted: crash; "
+            "core dump: copy_and_expand_dflash_inputs_kernel)") in text
+    assert "Every decided prediction held" in text
+    assert "4/4 requests identical to the PIECEWISE reference" in text and "not attributed" not in text
