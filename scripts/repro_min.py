@@ -431,10 +431,6 @@ def run_role(role: str, workdir: str, concurrency: int, tokens: int, timeout_s: 
     log_path = os.path.join(workdir, f"{role}.log")
     t0 = time.time()
     env = dict(os.environ, **coredump_env(coredump_dir and os.path.join(coredump_dir, role)))
-    # Triton's autotuning results cached on disk, so the second and third engine need not time the same kernels
-    # again (the s17 fixed child's first profiling run took 72 s with its compiled graphs already cached; whether
-    # autotuning is what took that time is not measured)
-    env.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     crashed_at = None
     with open(log_path, "w") as log:
         # its own session, so that stopping it reaches the engine core it starts; _RUNNING lets a signal to this
