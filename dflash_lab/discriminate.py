@@ -273,8 +273,10 @@ def table(df, matrix_contains: str = "discriminate", data_dir: str = "data"):
                      "FULL decode graphs captured": seen("full_graphs_captured") if len(g) else "-",
                      "target attention (log)": seen("target_attention") if len(g) else "-",
                      "FA3 split bounds changed (log)": seen("split_bounds_changed") if len(g) else "-",
+                     "runs whose log shows a changed split bound": sum(1 for i in g.index if facts[i].get("split_bounds_changed")),
                      "faulting kernel (core dump)": ", ".join(faults) or "-",
                      "crashed runs with a core dump": f"{dumps} of {crashed}" if crashed else "-",
+                     "core dumps": dumps,
                      "instruments": "; ".join(sorted(set(g["instruments"]))) if len(g) else "-",
                      "files": ", ".join(sorted(set(all_g["file"])))})
     return pd.DataFrame(rows)
@@ -321,4 +323,6 @@ def variant(t, configuration: str, concurrency: int = CRASH_CONCURRENCY) -> dict
             "faulting_kernels": kernels,
             "target_attention": sorted({x for x in v["target attention (log)"] if x not in ("-", "not in the stored log")}),
             "split_bounds_changed": sorted(set(v["FA3 split bounds changed (log)"])),
+            "runs_with_split_bound_log": int(v["runs whose log shows a changed split bound"].sum()),
+            "core_dumps": int(v["core dumps"].sum()),
             "full_graphs_captured": sorted(set(v["FULL decode graphs captured"]))}

@@ -48,15 +48,18 @@ def probe_key(probe: dict) -> str:
 
 
 def pick_probe(probes: list[dict], key: str) -> dict:
-    """The one probe named by ``key``: its full '<session>/<engine>' key, or an engine name ('stock-probe.a1')
-    that only one session has. A prefix does not select: 'stock-probe' would also name 'stock-probe-low', whose
-    file sorts first."""
-    hits = [p for p in probes if probe_key(p) == key] or [p for p in probes if p["engine"] == key]
+    """The one probe named by ``key``: its file's path, its '<session>/<engine>' key, or an engine name
+    ('stock-probe.a1') that only one session has. A prefix does not select: 'stock-probe' would also name
+    'stock-probe-low', whose file sorts first. An engine with several probe files (one per process, e.g. one per
+    tensor-parallel rank) is named by path."""
+    hits = ([p for p in probes if p["path"] == key] or [p for p in probes if probe_key(p) == key]
+            or [p for p in probes if p["engine"] == key])
     have = sorted(probe_key(p) for p in probes)
     if not hits:
         raise LabError(f"no probed engine {key!r} (have {have})")
     if len(hits) > 1:
-        raise LabError(f"{key!r} names {len(hits)} probed engines: give '<session>/<engine>' (have {have})")
+        raise LabError(f"{key!r} names {len(hits)} probe files: give '<session>/<engine>', or a file's path for an "
+                       f"engine with one file per process ({sorted(p['path'] for p in hits)})")
     return hits[0]
 
 

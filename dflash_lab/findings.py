@@ -52,10 +52,10 @@ def write_findings(root: Path, out: Path) -> Path:
     faults = "; ".join(f"{e} x{each.count(e)} dumps" if each.count(e) > 1 else e for e in dict.fromkeys(each))
     probes = [divergence.load_probe(p) for p in divergence.probe_files()]
     pt = verification.probe_table(df)
-    # the stock probe that reached the most requests per FULL step (the concurrency-32 run that ends in NaN); the
-    # others (lower concurrency) are summed up beside it
-    sp = pt[pt["fix"] == "stock"].sort_values("max requests in a FULL step", kind="stable")
-    stock_probe = divergence.pick_probe(probes, f"{sp.iloc[-1]['session']}/{sp.iloc[-1]['engine']}") if len(sp) else None
+    # stock's own configuration under the probe; the log that reached the most requests per FULL step (the
+    # concurrency-32 run that ends in NaN) is described, the others (lower concurrency) are summed up beside it
+    sp = pt[pt["configuration"] == verification.STOCK_PROBE].sort_values("max requests in a FULL step", kind="stable")
+    stock_probe = next(p for p in probes if p["path"] == sp.iloc[-1]["path"]) if len(sp) else None
     low = sp.iloc[:-1]
     fd = divergence.first_divergence(stock_probe) if stock_probe else None
     nan = divergence.nan_onset(stock_probe) if stock_probe else None
@@ -80,7 +80,7 @@ def write_findings(root: Path, out: Path) -> Path:
     ]
     if fd:
         summary.append(
-            f"First wrong value (step probe, one run at concurrency {int(sp.iloc[-1]['max requests in a FULL step'])}, every "
+            f"First wrong value (step probe, one run at concurrency {sp.iloc[-1]['reached']}, every "
             f"FULL-graph step replayed against a no-graph pass of the same step): "
             f"from the first FULL step (step {fd['step']}, {fd['num_reqs']} requests) on, {fd['hidden_rows_differ']} of "
             f"{fd['num_tokens']} output rows differ; "
@@ -171,6 +171,7 @@ target: {html.escape(str(prov['target']['architecture']))}; weights: dummy (vLLM
 draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
 <p>Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from data/ by <code>make report</code>.</p>
 </body></html>"""
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "findings.html"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(page)

@@ -353,9 +353,13 @@ crashed again at 32; with the change, greedy runs at 2 and 32 beside a PIECEWISE
 output (128/130 requests token-identical; with dummy weights nearly every token is one repeated id, a
 coarse check that stock also passed at 2), and throughput is at parity with PIECEWISE (1.05x on
 medians of 4 warm runs, 0.92x-1.18x run by run). Hunk 1's own update_block_table is run on the CPU by
-tests/test_root_cause.py. Not measured: hunk 1 alone at real size (every real-size run used all four
-hunks' plugin equivalent), TP > 1, real weights; scripts/repro_min.py's tiny hybrid is inconclusive so
-far (data/gpu/2026-11-30_h200_repro-min-2).
+tests/test_root_cause.py. Hunk 1 alone (its plugin equivalent, no kernel edits, no k+1) at real size:
+3/3 runs at concurrency 32 completed in GPU session 2026-11-30-s16, whose stock control crashed; under
+the step probe (s17, s18) 986 FULL-graph steps at concurrency 2, 16 and 32 identical to the no-graph
+pass (data/runs/2026-11-30_h200_discriminate2-*-tp1.jsonl). scripts/repro_min.py (vLLM only, a tiny
+hybrid, hunk 1 as one function): reproduced and attributed in s18, the fixed engine's greedy tokens
+and log-probabilities identical to a PIECEWISE engine's (data/gpu/2026-11-30_h200_repro-min-4). Not
+measured: TP > 1, real weights, this diff applied as a diff.
 """
 
 

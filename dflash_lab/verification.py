@@ -85,25 +85,43 @@ def verdict(table) -> dict:
             and sum(bad.values()) == 0}
 
 
+# the stock engine's configuration under the step probe (dflash_lab.discriminate.configuration): what "stock" means
+# where a probe is compared with the fix (a probe of another variant, e.g. FA3 splits 1, has no fix either)
+STOCK_PROBE = "dflash k=15, FULL_AND_PIECEWISE (step probe)"
+PROBE_COLUMNS = ["session", "engine", "path", "fix", "configuration", "gpu_session", "concurrencies", "reached",
+                 "runs ok / runs", "steps", "FULL steps", "max requests in a FULL step", "FULL steps diverging",
+                 "max |output diff|", "first diverging step", "layers written identically before it",
+                 "last layer written identically", "first layer written differently", "first NaN step",
+                 "NaN rows graph / reference", "violations"]
+
+
 def probe_table(df, pattern: str = divergence.PROBE_GLOB):
-    """Every step-probe log, matched to its run lines: fix or stock, FULL steps, diverging steps,
-    largest output difference, first divergence and first NaN (None when there is none)."""
+    """Every step-probe log, matched to its run lines: fix or stock, configuration, FULL steps, diverging steps,
+    largest output difference, first divergence and first NaN (None when there is none). ``concurrencies``: what
+    the engine's runs asked for; ``reached``: those of them some FULL step actually ran with (a run cut by a
+    deadline before its first FULL step reached nothing). Empty data gives an empty table with these columns."""
     import pandas as pd
+
+    from .discriminate import configuration
 
     rows = []
     for path in divergence.probe_files(pattern):
         p = divergence.load_probe(path)
         runs = df[(df["file"] == f"{p['session']}.jsonl")
-                  & ((df["engine_id"] + ".a" + df["attempt"].astype(str)) == p["engine"])]
+                  & ((df["engine_id"] + ".a" + df["attempt"].astype(str)) == p["engine"])] if len(df) else df
         full = [s for s in p["steps"] if s["mode"] == "FULL"]
         diffs = [s.get("diverge", {}).get("outputs", {}).get("hidden", {}).get("max_abs") for s in full]
         diffs = [x for x in diffs if x is not None]
         fd, nan = divergence.first_divergence(p), divergence.nan_onset(p)
+        asked = sorted({int(c) for c in runs["concurrency"]}) if len(runs) else []
+        sizes = {s.get("num_reqs") for s in full}
         rows.append({
-            "session": p["session"], "engine": p["engine"],
+            "session": p["session"], "engine": p["engine"], "path": path,
             "fix": (analysis.fix_label(dict(runs.iloc[0])) or "stock") if len(runs) else "unmatched",
+            "configuration": configuration(dict(runs.iloc[0])) if len(runs) else None,
             "gpu_session": runs["gpu_session"].iloc[0] if len(runs) else None,
-            "concurrencies": ", ".join(str(int(c)) for c in sorted(runs["concurrency"])) if len(runs) else "",
+            "concurrencies": ", ".join(str(c) for c in asked),
+            "reached": ", ".join(str(c) for c in asked if c in sizes),
             "runs ok / runs": f"{int((runs['outcome'] == 'ok').sum())}/{len(runs)}",
             "steps": len(p["steps"]), "FULL steps": len(full),
             "max requests in a FULL step": max((s.get("num_reqs") or 0 for s in full), default=0),
@@ -118,7 +136,12 @@ def probe_table(df, pattern: str = divergence.PROBE_GLOB):
                                           f"({nan['num_reqs']} req, {nan['num_tokens']} tokens)" if nan else None,
             "violations": sum(s.get("n_violations", 0) for s in p["steps"]),
         })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=PROBE_COLUMNS)
+
+
+def reached(rows) -> set:
+    """The concurrencies the probe rows' FULL steps actually ran with."""
+    return {int(c) for x in rows["reached"] for c in str(x).split(", ") if c}
 
 
 CANARY_RE = re.compile(r"canary: step (\d+), ([\w.]+), row (\S+), value (\S+?)(?:,|\s|$)")

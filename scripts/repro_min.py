@@ -40,8 +40,9 @@ Exit 0 when the bug reproduced and the fix removed it; 2 on a setup error (the s
 included: then the other engines are not run); 3 when incomplete (inconclusive, or an engine not run or not
 started: run again with more time); 1 otherwise.
 --rejudge WORKDIR judges again from the files the children wrote (when the parent died before its verdict).
---resume WORKDIR continues an earlier run in its work folder (printed at its start): the engines it did not start
-(e.g. left out by --deadline-s) run now, the others' files stand as their record, and all three are judged.
+--resume WORKDIR continues an earlier run in its work folder (printed at its start): an engine that completed or
+crashed there stands on its files; one that was never started (e.g. left out by --deadline-s) or was stopped from
+outside (a timeout, a signal) runs now, its old files set aside; then all three are judged.
 """
 
 from __future__ import annotations
@@ -419,7 +420,7 @@ def _on_signal(signum, frame):
     for proc in list(_RUNNING):
         _stop(proc)
     print(f"repro_min: stopped by signal {signum}; the children's files are in the work folder "
-          "(judge them with --rejudge)", file=sys.stderr, flush=True)
+          "(continue with --resume, or judge them as they are with --rejudge)", file=sys.stderr, flush=True)
     sys.exit(128 + signum)
 
 
@@ -470,6 +471,30 @@ def _read_text(path: str) -> str:
 
 def _dump_unfinished(text: str) -> bool:
     return DUMP_STARTED in text and DUMP_DONE not in text
+
+
+def settled(rec: dict) -> bool:
+    """An engine record that stands as it is: the engine completed, or it crashed (it started and its log holds
+    the error). Anything else - never started, or stopped from outside (a timeout, a signal, the host command's
+    limit) with a clean log - is run again by --resume."""
+    return bool(rec.get("completed") or rec.get("crashed"))
+
+
+def set_aside(workdir: str, role: str) -> str | None:
+    """Move an unsettled engine's files into ``<role>.before-resume-N/`` before it runs again (its checks file is
+    appended to, and its log would be overwritten). None when it left no file."""
+    files = [role + x for x in (".log", ".started.json", ".checks.jsonl", ".json")
+             if os.path.exists(os.path.join(workdir, role + x))]
+    if not files:
+        return None
+    n = 1
+    while os.path.exists(os.path.join(workdir, f"{role}.before-resume-{n}")):
+        n += 1
+    d = os.path.join(workdir, f"{role}.before-resume-{n}")
+    os.mkdir(d)
+    for f in files:
+        os.rename(os.path.join(workdir, f), os.path.join(d, f))
+    return d
 
 
 def not_run(role: str, why: str) -> dict:
@@ -648,8 +673,8 @@ def main(argv=None) -> int:
                     help="no engines: judge again from the files the children of an earlier run wrote in WORKDIR "
                          "(its repro-min-* folder), e.g. when that run's parent was killed before its verdict")
     ap.add_argument("--resume", metavar="WORKDIR",
-                    help="continue an earlier run in its WORKDIR: run the engines it did not start (e.g. left out by "
-                         "--deadline-s), keep the others' files as their record, then judge all three")
+                    help="continue an earlier run in its WORKDIR: engines that completed or crashed there stand on their "
+                         "files; the others (never started, or stopped by a timeout or signal) run now; then judge all three")
     ap.add_argument("--child", choices=sorted(ROLES), help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -693,13 +718,20 @@ def main(argv=None) -> int:
             print(f"repro_min: --resume {root}: no readable run.json there (give the work folder an earlier run "
                   "printed)", file=sys.stderr)
             return 2
+        # the earlier run's own settings: its prompts, its reference choice, where its core dumps went
         a.concurrency, a.tokens = int(res["concurrency"]), int(res["tokens"])
-        res["resumed"] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                          "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+        a.no_reference = a.no_reference or bool(res.get("no_reference"))
+        a.coredump_dir = a.coredump_dir or res.get("coredump_dir")
+        res["workdir"] = root
+        res["resumed"] = list(res.get("resumed") or []) + [{
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}]
+        _write(os.path.join(root, "run.json"), res)
     else:
         root = tempfile.mkdtemp(prefix="repro-min-")
         write_models(root)
         res = {"vllm": have, "concurrency": a.concurrency, "tokens": a.tokens, "workdir": root,
+               "no_reference": a.no_reference, "coredump_dir": a.coredump_dir,
                "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         _write(os.path.join(root, "run.json"), res)  # what --rejudge needs if this process dies before its verdict
@@ -712,11 +744,15 @@ def main(argv=None) -> int:
     # budget runs out it is the fixed engine that goes unrun
     for role in ("stock",) + (() if a.no_reference else ("reference",)) + ("fixed",):
         left = None if a.deadline_s is None else a.deadline_s - RESERVE_S - (time.time() - t0)
-        if a.resume and os.path.exists(os.path.join(root, f"{role}.log")):
-            # this engine ran in the earlier call: its files are its record (exit code unknown, as for --rejudge)
-            res[role] = collect_role(role, root, None, None, a.coredump_dir)
-            print(f"repro_min: {role}: from the earlier run's files", file=sys.stderr, flush=True)
-            continue
+        earlier = None
+        if a.resume:
+            # an engine that completed or crashed in the earlier call: its files are its record (exit code unknown,
+            # as for --rejudge); one that never started or was stopped from outside runs again
+            earlier = collect_role(role, root, None, None, a.coredump_dir)
+            if settled(earlier):
+                res[role] = earlier
+                print(f"repro_min: {role}: from the earlier run's files", file=sys.stderr, flush=True)
+                continue
         if role != "stock" and not res["stock"].get("engine_started"):
             # nothing to compare with: the setup is broken, and the later engines would only use up the time
             res[role] = not_run(role, "the stock engine did not start")
@@ -724,6 +760,10 @@ def main(argv=None) -> int:
             res[role] = not_run(role, f"{max(0, round(left))} s of --deadline-s {a.deadline_s:g} left after a "
                                       f"{RESERVE_S} s reserve, an engine needs {MIN_ENGINE_S} s")
         else:
+            moved = set_aside(root, role) if a.resume else None
+            if moved:
+                print(f"repro_min: {role}: the earlier run's engine neither completed nor crashed "
+                      f"({earlier.get('error')}); its files moved to {moved}, running it again", file=sys.stderr, flush=True)
             res[role] = run_role(role, root, a.concurrency, a.tokens,
                                  a.timeout_s if left is None else min(a.timeout_s, left), a.coredump_dir)
         print(f"repro_min: {role}: " + ("completed" if res[role]["completed"] else f"failed ({res[role]['error']})")

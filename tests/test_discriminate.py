@@ -248,5 +248,6 @@ def test_the_recorded_one_sided_split_bound(root):
     assert (d["runs"], d["crashed"], d["predictions"], d["all_agree"]) == (3, 3, ["crash"], True)
     assert d["faulting_kernels"] == ["copy_and_expand_dflash_inputs_kernel"]
     assert d["split_bounds_changed"] == ["drafter 32 -> 1"]
+    assert d["runs_with_split_bound_log"] == 3 and d["core_dumps"] == 3     # every run's own engine log and core dump
     both = discriminate.variant(t, "dflash k=15, FULL_AND_PIECEWISE (flash_attn_max_num_splits_for_cuda_graph=1)")
     assert (both["runs"], both["crashed"]) == (3, 0)

@@ -47,8 +47,8 @@ def test_missing_probe_file(tmp_path):
         D.load_probe(str(tmp_path / "nope.jsonl"))
 
 
-def _p(session, engine):
-    return {"session": session, "engine": engine, "steps": []}
+def _p(session, engine, pid=1):
+    return {"session": session, "engine": engine, "steps": [], "path": f"data/gpu/{session}/{engine}.probe/probe-{pid}.jsonl"}
 
 
 def test_pick_probe_by_key_or_unique_engine_never_by_prefix():
@@ -57,8 +57,13 @@ def test_pick_probe_by_key_or_unique_engine_never_by_prefix():
     assert D.pick_probe(probes, "stock-probe.a1")["session"] == "s-root"   # the low-concurrency probe sorts first
     with pytest.raises(LabError, match="no probed engine 'stock-probe'.*s-low/stock-probe-low.a1"):
         D.pick_probe(probes, "stock-probe")
-    with pytest.raises(LabError, match="names 2 probed engines"):
+    with pytest.raises(LabError, match="names 2 probe files"):
         D.pick_probe(probes + [_p("s-again", "stock-probe.a1")], "stock-probe.a1")
+    # one engine, a probe file per process (tensor parallelism): the path picks one
+    tp = probes + [_p("s-root", "stock-probe.a1", pid=2)]
+    with pytest.raises(LabError, match="probe-1.jsonl.*probe-2.jsonl"):
+        D.pick_probe(tp, "s-root/stock-probe.a1")
+    assert D.pick_probe(tp, "data/gpu/s-root/stock-probe.a1.probe/probe-2.jsonl")["path"].endswith("probe-2.jsonl")
 
 
 def test_stock_diverges_at_low_concurrency_too():

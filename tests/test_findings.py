@@ -22,3 +22,16 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "core dump: copy_and_expand_dflash_inputs_kernel)") in text
     assert "Every decided prediction held" in text
     assert "4/4 requests identical to the PIECEWISE reference" in text and "not attributed" not in text
+
+
+def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):
+    """The run lines alone (no data/gpu: no probe logs, engine logs or reproducer runs) still give a page."""
+    import shutil
+
+    from dflash_lab import findings
+
+    shutil.copytree(root / "data" / "runs", tmp_path / "data" / "runs")
+    monkeypatch.chdir(tmp_path)
+    out = findings.write_findings(tmp_path, tmp_path / "out")
+    text = out.read_text()
+    assert "First wrong value" not in text and "Workaround today" in text

@@ -395,6 +395,24 @@ rm.run_role("stock", {str(tmp_path)!r}, 2, 3, 600)
 REPRO4 = ("data", "gpu", "2026-11-30_h200_repro-min-4", "children")
 
 
+def _fake_engines(rm, rec, calls):
+    """run_role stood in for by the files a real child wrote on the GPU (copied from ``rec``)."""
+    import shutil
+
+    def fake_run_role(role, workdir, c, t, timeout_s, coredump_dir=None):
+        calls.append((role, c, t))
+        for f in rec.glob(f"{role}.*"):
+            shutil.copy(f, workdir)
+        return rm.collect_role(role, workdir, 0, 131.0, coredump_dir)
+
+    return fake_run_role
+
+
+def _vllm_0221(monkeypatch):
+    import importlib.metadata as md
+    monkeypatch.setattr(md, "version", lambda name: "0.22.1")
+
+
 def test_resume_runs_only_what_the_earlier_run_left_out(root, tmp_path, monkeypatch):
     """s18: the parent's --deadline-s left the fixed engine out (stock crashed, the reference completed). --resume
     on that folder runs the fixed engine alone and judges all three: here the fixed child is stood in for by the
@@ -407,33 +425,62 @@ def test_resume_runs_only_what_the_earlier_run_left_out(root, tmp_path, monkeypa
     shutil.copytree(rec, w)
     for f in w.glob("fixed.*"):
         f.unlink()
+    cores = tmp_path / "cores" / "stock"
+    cores.mkdir(parents=True)
+    (cores / "core_vm_2104.nvcudmp").write_text("")
+    run = json.loads((w / "run.json").read_text())
+    (w / "run.json").write_text(json.dumps({**run, "coredump_dir": str(tmp_path / "cores")}))
     calls = []
-
-    def fake_run_role(role, workdir, c, t, timeout_s, coredump_dir=None):
-        calls.append((role, c, t))
-        for f in rec.glob(f"{role}.*"):
-            shutil.copy(f, workdir)
-        return rm.collect_role(role, workdir, 0, 131.0, coredump_dir)
-
-    monkeypatch.setattr(rm, "run_role", fake_run_role)
-    import importlib.metadata as md
-    monkeypatch.setattr(md, "version", lambda name: "0.22.1")
+    monkeypatch.setattr(rm, "run_role", _fake_engines(rm, rec, calls))
+    _vllm_0221(monkeypatch)
     out = tmp_path / "v.json"
-    rc = rm.main(["--resume", str(w), "--deadline-s", "400", "--json", str(out)])
-    assert calls == [("fixed", 4, 48)]       # concurrency and tokens from the earlier run's run.json
+    # the earlier run's prompts and core-dump folder win over this command's arguments
+    rc = rm.main(["--resume", str(w), "--deadline-s", "400", "--json", str(out), "--concurrency", "7", "--tokens", "9"])
+    assert calls == [("fixed", 4, 48)]
     v = json.load(open(out))
     assert rc == 0 and v["verdict"]["reproduced"] and v["verdict"]["fix_removes_it"]
     assert v["verdict_line"] == (rec.parent / "verdict.txt").read_text().strip()
-    assert v["resumed"]["at"] and v["started_at"] == "2026-11-30T15:03:16Z"   # the earlier run's start is kept
+    assert v["started_at"] == "2026-11-30T15:03:16Z" and v["workdir"] == str(w)   # the earlier run's start is kept
+    # the engines that stood: exit code unknown (None), their core dumps found where the earlier run put them
+    assert v["stock"]["returncode"] is None and v["reference"]["returncode"] is None
+    assert v["stock"]["core_dumps"] == [str(cores / "core_vm_2104.nvcudmp")]
+    assert len(json.loads((w / "run.json").read_text())["resumed"]) == 1
     # a second resume has nothing left to run
     calls.clear()
     assert rm.main(["--resume", str(w)]) == 0 and calls == []
+    assert len(json.loads((w / "run.json").read_text())["resumed"]) == 2
+
+
+def test_resume_runs_again_an_engine_stopped_from_outside(root, tmp_path, monkeypatch):
+    """s17: the host command's time limit killed the PIECEWISE reference before it generated (a clean log, no
+    result). --resume runs it again, with its old files set aside, and keeps stock's crash and fixed's completion."""
+    import shutil
+
+    rm = _load(root)
+    w = tmp_path / "w"
+    shutil.copytree(root.joinpath(*REPRO3), w)
+    calls = []
+    monkeypatch.setattr(rm, "run_role", _fake_engines(rm, root.joinpath(*REPRO4), calls))
+    _vllm_0221(monkeypatch)
+    # too little time left for an engine: the reference is recorded as not run, and the run stays incomplete
+    monkeypatch.setattr(rm, "MIN_ENGINE_S", 1000)
+    assert rm.main(["--resume", str(w), "--deadline-s", "100"]) == 3 and calls == []
+    assert (w / "reference.log").exists() and not list(w.glob("*.before-resume-*"))   # not run: nothing moved
+    monkeypatch.setattr(rm, "MIN_ENGINE_S", 150)
+    out = tmp_path / "v.json"
+    rc = rm.main(["--resume", str(w), "--json", str(out)])
+    assert calls == [("reference", 4, 48)]
+    old = w / "reference.before-resume-1" / "reference.log"
+    assert old.read_text() == root.joinpath(*REPRO3, "reference.log").read_text()
+    v = json.load(open(out))
+    assert v["reference"]["completed"] and v["stock"]["crashed"] and v["fixed"]["completed"]
+    assert "not attributed" not in v["verdict_line"] and "reference: completed" in v["verdict_line"]
+    assert rc == 0
 
 
 def test_resume_needs_an_earlier_runs_folder(root, tmp_path, monkeypatch, capsys):
     rm = _load(root)
-    import importlib.metadata as md
-    monkeypatch.setattr(md, "version", lambda name: "0.22.1")
+    _vllm_0221(monkeypatch)
     assert rm.main(["--resume", str(tmp_path / "nope")]) == 2
     assert "no such folder" in capsys.readouterr().err
     (tmp_path / "run.json").write_text("{corrupt")
