@@ -50,12 +50,11 @@ def write_findings(root: Path, out: Path) -> Path:
     each = [f"{r['cell']}: {r['faulting kernel']} ({r['exception']}"
             + (f", {r['source']}" if isinstance(r["source"], str) else "") + ")" for _, r in named.iterrows()]
     faults = "; ".join(f"{e} x{each.count(e)} dumps" if each.count(e) > 1 else e for e in dict.fromkeys(each))
-    probes = [divergence.load_probe(p) for p in divergence.probe_files()]
     pt = verification.probe_table(df)
     # stock's own configuration under the probe; the log that reached the most requests per FULL step (the
     # concurrency-32 run that ends in NaN) is described, the others (lower concurrency) are summed up beside it
     sp = pt[pt["configuration"] == verification.STOCK_PROBE].sort_values("max requests in a FULL step", kind="stable")
-    stock_probe = next(p for p in probes if p["path"] == sp.iloc[-1]["path"]) if len(sp) else None
+    stock_probe = divergence.load_probe(sp.iloc[-1]["path"]) if len(sp) else None
     low = sp.iloc[:-1]
     fd = divergence.first_divergence(stock_probe) if stock_probe else None
     nan = divergence.nan_onset(stock_probe) if stock_probe else None
