@@ -7,6 +7,7 @@ Commands:
   capture [--max-num-seqs N] [--k K] [--max-num-batched-tokens T] [--cudagraph-mode M]
   record-capture-sizes --out data/capture/NAME.json                 (GPU host, vLLM's own config code)
   ingest FOLDER NAME [--matrix M] [--device-command C]                 (GPU output -> data/)
+  amend NAME                                                           (recorded lines corrected, by rule)
   make-records DIR                                                  (standard synthetic launches)
   models TARGET DIR                                                 (write config + tokenizer)
 """
@@ -99,6 +100,13 @@ def _ingest(a) -> int:
     return 0
 
 
+def _amend(a) -> int:
+    from .amend import amend
+
+    print(json.dumps(amend(a.name, data_dir=a.data)))
+    return 0
+
+
 def _models(a) -> int:
     from .models import build
 
@@ -147,6 +155,10 @@ def main(argv=None) -> int:
     p.add_argument("--kind", choices=("runs", "bench"), default="runs",
                    help="bench: server-mode benchmark lines, into data/bench/")
     p.set_defaults(fn=_ingest)
+    p = sub.add_parser("amend", help="correct recorded run lines from their recorded logs (rules in dflash_lab/amend.py)")
+    p.add_argument("name", help="data/runs/NAME.jsonl")
+    p.add_argument("--data", default="data")
+    p.set_defaults(fn=_amend)
     p = sub.add_parser("models", help="write a target/draft config folder")
     p.add_argument("target")
     p.add_argument("dir")

@@ -28,6 +28,9 @@ CUDA_GDB_CANDIDATES = ("cuda-gdb", "/usr/local/cuda/bin/cuda-gdb")
 GDB_COMMANDS = ("info cuda kernels", "bt", "x/4i $pc")
 
 
+STALE_SLACK_S = 2.0   # file-time granularity and clock slack between the engine's start and its core
+
+
 def env(core_dir: str | os.PathLike) -> dict:
     """Environment that makes the CUDA driver write a core dump on a device exception."""
     return {"CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1", "CUDA_COREDUMP_GENERATION_FLAGS": FLAGS,
@@ -44,22 +47,25 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def cores(core_dir: str | os.PathLike) -> list[Path]:
+def cores(core_dir: str | os.PathLike, since: float | None = None) -> list[Path]:
+    """The core files in ``core_dir``, oldest first; with ``since`` (the engine's start, epoch seconds) only
+    those written after it: an older core belongs to an earlier engine that used the same folder."""
     d = Path(core_dir)
     if not d.is_dir():
         return []
-    return sorted((p for p in d.iterdir() if p.name.startswith("core")), key=lambda p: p.stat().st_mtime)
+    found = sorted((p for p in d.iterdir() if p.name.startswith("core")), key=lambda p: p.stat().st_mtime)
+    return [p for p in found if since is None or p.stat().st_mtime >= since - STALE_SLACK_S]
 
 
 def wait_for_core(core_dir, pgid: int | None, timeout_s: float, settle_s: float = 8.0,
-                  sleep=time.sleep, clock=time.time) -> Path | None:
+                  sleep=time.sleep, clock=time.time, since: float | None = None) -> Path | None:
     """Wait until the engine's processes are gone (or timeout) and no core grows any more (with tensor
     parallelism every faulting rank writes its own); the newest core, or None."""
     t0 = clock()
     last, stable_since = None, None
     while clock() - t0 < timeout_s:
         alive = pgid is not None and _group_alive(pgid)
-        found = cores(core_dir)
+        found = cores(core_dir, since)
         size = tuple((p.name, p.stat().st_size) for p in found) or None
         if size != last:
             last, stable_since = size, clock()
@@ -68,7 +74,7 @@ def wait_for_core(core_dir, pgid: int | None, timeout_s: float, settle_s: float 
         if alive and size is not None and clock() - stable_since >= 3 * settle_s:
             break  # a complete core, and an engine that hangs instead of exiting
         sleep(1.0)
-    found = cores(core_dir)
+    found = cores(core_dir, since)
     return found[-1] if found else None
 
 
@@ -109,6 +115,9 @@ def parse_cuda_gdb(text: str) -> dict:
     m = re.search(r"CUDA Exception: ([^\n]+)", text)
     if m:
         out["exception"] = m.group(1).strip()
+    elif re.search(r"^Assertion failed\.", text, re.M):
+        # a device-side assert (an inductor kernel's index bounds check, say): cuda-gdb names no CUDA exception
+        out["exception"] = "Assertion failed (device-side assert)"
     m = re.search(r"triggered at PC (0x[0-9a-fA-F]+)\s+(\w+)(?:\s+\(([^)\s]+:\d+)\))?", text)
     if m:
         out["pc"], out["kernel"], out["source"] = m.group(1), m.group(2), m.group(3)
@@ -147,15 +156,18 @@ def _pid_of(core: Path) -> int | None:
 
 
 def collect(core_dir, pgid: int | None, log_path: str | os.PathLike | None, wait_s: float = 240.0,
-            gdb_timeout_s: float = 180.0, engine_log: str | os.PathLike | None = None) -> dict:
+            gdb_timeout_s: float = 180.0, engine_log: str | os.PathLike | None = None,
+            since: float | None = None) -> dict:
     """Wait for the cores, read each (at most ``MAX_CORES``), return the ``fault`` object: the fields of the core
     finished first, and with more than one (tensor parallelism: each faulting rank dumps its own) a ``cores`` list,
     each core with its pid and the vLLM process that wrote it (from ``engine_log``). The cuda-gdb text goes to
     ``log_path``."""
     t0 = time.time()
-    if wait_for_core(core_dir, pgid, wait_s) is None:
-        return {"kernel": None, "error": f"no core file in {core_dir} after {time.time() - t0:.0f} s"}
-    found = cores(core_dir)   # oldest first: the first finished dump leads
+    stale = [str(p) for p in cores(core_dir) if since is not None and p not in cores(core_dir, since)]
+    if wait_for_core(core_dir, pgid, wait_s, since=since) is None:
+        return {"kernel": None, "error": f"no core file in {core_dir} after {time.time() - t0:.0f} s",
+                **({"stale_cores": stale} if stale else {})}
+    found = cores(core_dir, since)   # oldest first: the first finished dump leads
     names = processes(engine_log)
     texts, readings = [], []
     for core in found[:MAX_CORES]:
@@ -168,6 +180,8 @@ def collect(core_dir, pgid: int | None, log_path: str | os.PathLike | None, wait
         readings.append(f)
         texts.append(f"=== {core} ({names.get(pid) or 'process unknown'})\n{text}")
     fault = dict(readings[0], wait_s=round(time.time() - t0, 1))
+    if stale:
+        fault["stale_cores"] = stale   # left out: written before this engine started
     if len(found) > 1:
         fault["cores"] = [{k: r.get(k) for k in ("process", "pid", "kernel", "exception", "source", "core_bytes", "error")}
                           for r in readings]

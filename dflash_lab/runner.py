@@ -260,6 +260,10 @@ class Runner:
         self.not_run: list[str] = []
         self.written = 0
         self.startup_s: dict[str, float] = {}
+        # core dumps of this invocation go to a folder of their own: a later call of the same matrix on the same
+        # host reuses engine tags (stock-c24-c28.a1, ...), and s19's second call read the first call's cores as its own
+        self.core_root = Path(matrix.get("coredump_root", COREDUMP_ROOT)) / matrix["name"] / (
+            time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}")
 
     def time_left(self) -> float:
         return float("inf") if self.deadline is None else self.deadline - time.time()
@@ -370,7 +374,7 @@ class Runner:
             env.pop(var, None)
         core_dir = None
         if e["coredump"]:
-            core_dir = Path(self.m["coredump_root"]) / self.m["name"] / tag
+            core_dir = self.core_root / tag
             core_dir.mkdir(parents=True, exist_ok=True)
             env.update(coredump.env(core_dir))
         if e["probe"]:
@@ -403,7 +407,7 @@ class Runner:
                 return {}
             wait = max(0.0, min(self.m["coredump_wait_s"], self.time_left() - 30))
             f = coredump.collect(core_dir, proc.pid, self.logdir / f"{tag}.coredump.log", wait_s=wait,
-                                 engine_log=log_path)
+                                 engine_log=log_path, since=t0)
             self.log(f"{tag}: fault {f.get('kernel')} ({f.get('exception')}, {f.get('source')})"
                      + (f" in {f['process']}" if f.get("process") else "")
                      + (f"; {len(f['cores'])} cores: " + ", ".join(f"{c.get('process') or c.get('pid')}: {c.get('kernel')}"
@@ -412,13 +416,24 @@ class Runner:
             return {"fault": f}
 
         def crash_line(run, since: float, fallback) -> None:
-            """The crash line of a run whose engine died: after its core dump (if any) is read, and the engine is gone."""
+            """The crash line of a run whose engine died: after its core dump (if any) is read, and the engine is gone.
+            What the worker measured of the run before it ended (a server's clients: statuses, error bodies, the
+            requests that completed) is kept: the core can appear before the worker's run_end, which s19's server
+            crash lines lost that way."""
             wall = round(time.time() - since, 3)
             found = fault()
             kill()  # engine children that outlived the worker, or an engine hung after its dump
+            fields = {"wall_s": wall}
+            ev = reader.next()
+            while ev is not None:
+                if ev["event"] == "run_end" and ev.get("run") == run.id:
+                    fields.update(run_end_fields(ev))
+                elif ev["event"] == "error":
+                    extra["error_event"] = ev["error"]
+                ev = reader.next()
             tail = _tail(log_path)
             err = crash_signature(tail) or extra.get("error_event") or fallback(tail)
-            self.line(eng, run, "crash", attempt, error=err, log_tail=tail, wall_s=wall, **found, **extra)
+            self.line(eng, run, "crash", attempt, **{**fields, **extra, **found, "error": err, "log_tail": tail})
 
         def kill():
             """SIGKILL to the engine's whole process group (the worker is its leader; a server it started
@@ -476,7 +491,7 @@ class Runner:
                         extra["error_event"] = ev["error"]
                     ev = reader.next() if done is None else None
                 if done is not None:
-                    fields = {k: v for k, v in done.items() if k not in ("event", "run", "t", "outcome")}
+                    fields = run_end_fields(done)
                     if done["outcome"] != "ok":
                         time.sleep(3)
                         fields.update(fault())
@@ -501,7 +516,7 @@ class Runner:
                                lambda tail: last_error_line(tail) or f"engine exited with code {proc.returncode}")
                     remaining.pop(0)
                     return remaining
-                if core_dir is not None and coredump.cores(core_dir) and self.time_left() > 0:
+                if core_dir is not None and coredump.cores(core_dir, t0) and self.time_left() > 0:
                     # the driver is writing a core dump: the engine crashed; wait for the dump
                     crash_line(run, started["t"] if started else t_run, lambda tail: "CUDA exception (core dump written)")
                     remaining.pop(0)
@@ -527,6 +542,11 @@ class Runner:
             pass
         kill()
         return []
+
+
+def run_end_fields(ev: dict) -> dict:
+    """The measurements of a worker's run_end event (everything but the event's own bookkeeping and outcome)."""
+    return {k: v for k, v in ev.items() if k not in ("event", "run", "t", "outcome")}
 
 
 class _EventReader:

@@ -1,10 +1,13 @@
 """A stand-in for dflash_lab.worker in the runner's tests: no GPU, no vLLM.
 
 Behaviour per run id comes from the FAKE_PLAN environment variable (JSON: run id ->
-"ok" | "crash" | "hang" | "fail" | "coredump" | "coredump-tp2"), FAKE_STARTUP ("ok" | "error" | "hang").
+"ok" | "crash" | "hang" | "fail" | "coredump" | "coredump-tp2" | "coredump-server"), FAKE_STARTUP ("ok" | "error" |
+"hang").
 "coredump" crashes like a CUDA fault whose core file (at ``$CUDA_COREDUMP_FILE``) is written
 by a child process for a few seconds after this process has died, as the driver does; "coredump-tp2" has two
-such children print as vLLM's TP workers do and write one core each.
+such children print as vLLM's TP workers do and write one core each. "coredump-server" is a server whose engine
+dumps a core while the clients are still being answered: the run's run_end (with what the clients saw) comes
+after the core file has appeared.
 """
 
 import json
@@ -52,6 +55,16 @@ def main():
             os._exit(1)
         if what == "hang":
             time.sleep(3600)
+        if what == "coredump-server":
+            if os.fork() == 0:   # the engine core, dumping
+                _write_core(_core_path(os.getpid()), 4)
+            time.sleep(1.5)      # the clients get their in-stream errors while the dump is written
+            n = run["concurrency"]
+            ev.emit(event="run_end", run=run["id"], outcome="crash", requests_completed=1, output_tokens=5,
+                    wall_s=1.5, http_statuses=[200] * n, server_alive=True,
+                    request_errors={"failed": n - 1, "by_kind": {"stream_error_event": n - 1}, "by_status": {"200": n - 1},
+                                    "first_error": {"stream_error_event": {"status": 200, "error": "EngineCore encountered an issue"}}})
+            os._exit(0)
         if what in ("coredump", "coredump-tp2"):
             if what == "coredump":
                 core = _core_path(os.getpid())   # named by the crashing process, as the driver does

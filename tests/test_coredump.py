@@ -101,3 +101,78 @@ def test_every_rank_core_is_read_and_named_by_its_process(tmp_path):
         ("Worker_TP0", "copy_and_expand_dflash_inputs_kernel")]
     text = open(f["gdb_log"]).read()
     assert "(Worker_TP0)" in text and "(Worker_TP1)" in text
+
+
+def _fake_gdb(tmp_path, text=STOCK):
+    gdb = tmp_path / "fake-cuda-gdb"
+    (tmp_path / "summary.txt").write_text(text)
+    gdb.write_text("#!/bin/sh\ncore=$(echo \"$3\" | sed 's/target cudacore //')\n"
+                   f"echo \"Opening GPU coredump: $core\"; cat {tmp_path / 'summary.txt'}\n")
+    gdb.chmod(gdb.stat().st_mode | stat.S_IEXEC)
+    return gdb
+
+
+def test_a_later_invocation_never_reads_an_earlier_ones_cores(tmp_path):
+    # s19: two calls of one matrix on one host reused engine tags, and the second call's crash lines led with the
+    # first call's cores (a stale triton_poi_fused_2 named for a run whose own core was the DFlash input kernel)
+    gdb = _fake_gdb(tmp_path)
+    m = matrix(tmp_path, [{"id": "e1", "coredump": True, "env": {"FAKE_PLAN": json.dumps({"e1/c2/r0": "coredump"})},
+                           "runs": [{"concurrency": 2, "rounds": 1}]}],
+               coredump_root=str(tmp_path / "cores"), run_timeout_s=60)
+    faults = []
+    for call in ("a", "b"):
+        out = tmp_path / f"runs-{call}.jsonl"
+        r = run_cli("dflash_lab", "run", str(m), "--out", str(out), env={"DFLASH_LAB_CUDA_GDB": str(gdb)})
+        assert r.returncode == 0, r.stderr + r.stdout
+        faults.append(read_lines(out)[0]["fault"])
+    a, b = faults
+    assert a["core_file"] != b["core_file"]
+    assert os.path.dirname(a["core_file"]) != os.path.dirname(b["core_file"])
+    assert "cores" not in b and "stale_cores" not in b   # one core: its own
+    assert os.path.exists(a["core_file"]) and os.path.exists(b["core_file"])   # both stay on the host
+
+
+def test_cores_written_before_the_engine_started_are_left_out(tmp_path, monkeypatch):
+    from dflash_lab import coredump
+    gdb = _fake_gdb(tmp_path)
+    monkeypatch.setenv("DFLASH_LAB_CUDA_GDB", str(gdb))
+    d = tmp_path / "cores"
+    d.mkdir()
+    old, new = d / "core.111", d / "core.222"
+    old.write_text("old")
+    os.utime(old, (1_000_000, 1_000_000))
+    new.write_text("new")
+    since = os.stat(new).st_mtime - 1
+    f = coredump.collect(d, None, tmp_path / "gdb.log", wait_s=5, since=since)
+    assert f["core_file"] == str(new) and f["pid"] == 222
+    assert f["stale_cores"] == [str(old)] and "cores" not in f
+    # without `since` both are read and the older leads: the behaviour that misled s19
+    g = coredump.collect(d, None, tmp_path / "gdb2.log", wait_s=5)
+    assert g["pid"] == 111 and [c["pid"] for c in g["cores"]] == [111, 222]
+
+
+def test_a_device_assert_is_named_as_one():
+    text = ("Opening GPU coredump: /tmp/cudacore/core.2012\n"
+            "[Current focus set to CUDA kernel 0, grid 75355, block (52,0,0), thread (0,0,0), device 0, sm 38, warp 0, lane 0]\n\n"
+            "Assertion failed.\n#0  0x00007f83138524f0 in triton_poi_fused_2<<<(288,1,1),(128,1,1)>>> ()\n")
+    f = parse_cuda_gdb(text)
+    assert f["kernel"] == "triton_poi_fused_2" and f["grid"] == [288, 1, 1]
+    assert f["exception"] == "Assertion failed (device-side assert)"
+
+
+def test_a_server_crash_line_keeps_what_the_clients_saw(tmp_path):
+    # s19: the core file appeared before the worker's run_end, and the crash lines lost the clients' statuses and
+    # error bodies (issue 12 asks for exactly those)
+    gdb = _fake_gdb(tmp_path)
+    m = matrix(tmp_path, [{"id": "e1", "coredump": True,
+                           "env": {"FAKE_PLAN": json.dumps({"e1/c4/r0": "coredump-server"})},
+                           "runs": [{"concurrency": 4, "rounds": 1}]}],
+               coredump_root=str(tmp_path / "cores"), run_timeout_s=60)
+    out = tmp_path / "runs.jsonl"
+    r = run_cli("dflash_lab", "run", str(m), "--out", str(out), env={"DFLASH_LAB_CUDA_GDB": str(gdb)})
+    assert r.returncode == 0, r.stderr + r.stdout
+    (line,) = read_lines(out)
+    assert line["outcome"] == "crash"
+    assert line["fault"]["kernel"] == "copy_and_expand_dflash_inputs_kernel"
+    assert line["requests_completed"] == 1 and line["http_statuses"] == [200] * 4
+    assert line["request_errors"]["by_kind"] == {"stream_error_event": 3}

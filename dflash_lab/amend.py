@@ -1,0 +1,155 @@
+"""Correct recorded run lines from the files recorded beside them, by stated rules, keeping what was recorded.
+
+``python -m dflash_lab amend NAME [--data DATA]`` reads ``DATA/runs/NAME.jsonl`` and applies:
+
+- **stale-core**: the line's ``fault`` leads with a core file that an earlier line (same host, by boot id)
+  recorded as its own. Two calls of one matrix on one host reused engine tags and so core folders (fixed in the
+  runner after s19), and the second call read the first call's cores too, oldest first. The line's own core (the
+  one in ``fault.cores`` no earlier line claims) then leads; its fields are read again from the cuda-gdb text
+  recorded in ``DATA/gpu/NAME/<engine tag>.coredump.log``, and the claimed cores are listed as ``stale_cores``.
+- **client-view**: a crash line without the measurements of the worker's ``run_end`` for that run, while the
+  events recorded in ``DATA/gpu/NAME/<engine tag>.events.jsonl`` hold it. The core file could appear before the
+  worker's ``run_end``; the runner then wrote the crash line without what a server's clients saw (statuses, error
+  bodies, requests completed). Those fields are added; ``outcome``, ``error``, ``fault`` and ``log_tail`` stay.
+
+Every amended line gets an ``amended`` list entry: the rule, the recorded file the new values came from, the
+values it replaced (``as_recorded``) and the fields it added (``added``). The file is rewritten atomically and ``NAME.meta.json`` gets an
+``amendments`` entry (date, rules, run ids). Running it again finds nothing to amend.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from .coredump import parse_cuda_gdb
+from .errors import LabError
+from .runner import read_lines, run_end_fields
+
+KEEP_ON_CRASH = ("outcome", "error", "fault", "log_tail")
+SECTION_RE = re.compile(r"^=== (\S+) \([^)]*\)\n", re.M)
+
+
+def _tag(line: dict) -> str | None:
+    log = line.get("log")
+    return Path(log).name[:-len(".log")] if log and log.endswith(".log") else None
+
+
+def gdb_sections(text: str) -> dict[str, str]:
+    """The cuda-gdb text per core file of a recorded ``.coredump.log`` (several cores: '=== CORE (PROCESS)' headers;
+    one core: the text alone, named by its 'Opening GPU coredump:' line)."""
+    heads = list(SECTION_RE.finditer(text))
+    if not heads:
+        m = re.search(r"Opening GPU coredump: (\S+)", text)
+        return {m.group(1): text} if m else {}
+    return {h.group(1): text[h.end():heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+            for i, h in enumerate(heads)}
+
+
+def _claims(recorded: list[dict], before: str) -> set[tuple]:
+    """(host boot id, core file) of every fault recorded by a line that finished before ``before``."""
+    return {(l.get("host_boot_id"), l["fault"]["core_file"]) for l in recorded
+            if (l.get("fault") or {}).get("core_file") and l.get("finished_at", "") < before}
+
+
+def _stale_core(line: dict, data: Path, name: str, path: Path, recorded: list[dict]) -> dict | None:
+    fl = line.get("fault") or {}
+    boot = line.get("host_boot_id")
+    claimed = _claims(recorded, line.get("finished_at") or "")
+    if not fl.get("core_file") or (boot, fl["core_file"]) not in claimed:
+        return None
+    folder = os.path.dirname(fl["core_file"])
+    own = [c for c in fl.get("cores") or []
+           if c.get("pid") is not None and (boot, f"{folder}/core.{c['pid']}") not in claimed]
+    if not own:
+        raise LabError(f"{path}: {line['run_id']}: its fault's core {fl['core_file']} belongs to an earlier line, "
+                       "and no other core of its own is recorded: cannot amend")
+    tag = _tag(line)
+    src = data / "gpu" / name / f"{tag}.coredump.log"
+    if not src.is_file():
+        raise LabError(f"{src}: missing (needed to read {line['run_id']}'s own core again)")
+    sections = gdb_sections(src.read_text())
+    lead = own[0]
+    core = f"{folder}/core.{lead['pid']}"
+    if core not in sections:
+        raise LabError(f"{src}: no cuda-gdb text for {core}")
+    new = dict(parse_cuda_gdb(sections[core]), core_file=core, core_bytes=lead.get("core_bytes"), pid=lead["pid"],
+               process=lead.get("process"), wait_s=fl.get("wait_s"), gdb_log=fl.get("gdb_log"))
+    if len(own) > 1:
+        new["cores"] = own
+    new["stale_cores"] = [f"{folder}/core.{c['pid']}" for c in fl.get("cores") or [] if c not in own]
+    return {"rule": "stale-core", "source": str(src), "set": {"fault": new}, "as_recorded": {"fault": fl}}
+
+
+def _client_view(line: dict, data: Path, name: str) -> dict | None:
+    if line.get("outcome") != "crash" or not _tag(line):
+        return None
+    src = data / "gpu" / name / f"{_tag(line)}.events.jsonl"
+    if not src.is_file():
+        return None
+    end = None
+    for raw in src.read_text().splitlines():
+        try:
+            ev = json.loads(raw)
+        except ValueError:
+            continue
+        if ev.get("event") == "run_end" and ev.get("run") == line["run_id"]:
+            end = ev
+    if end is None:
+        return None
+    fields = {k: v for k, v in run_end_fields(end).items() if k not in KEEP_ON_CRASH}
+    if all(k in line for k in fields):
+        return None
+    return {"rule": "client-view", "source": str(src), "set": fields,
+            "as_recorded": {k: line.get(k) for k in fields if k in line}}
+
+
+def amend(name: str, data_dir: str = "data") -> dict:
+    data = Path(data_dir)
+    path = data / "runs" / f"{name}.jsonl"
+    meta_path = data / "runs" / f"{name}.meta.json"
+    if not path.is_file():
+        raise LabError(f"{path}: no such recorded run file")
+    lines = read_lines(path)
+    raw = [r for r in path.read_text().splitlines() if r.strip()]
+    if len(raw) != len(lines):
+        raise LabError(f"{path}: {len(raw)} text lines but {len(lines)} records")
+    recorded = [l for f in sorted((data / "runs").glob("*.jsonl")) for l in read_lines(f)]
+    changed = []
+    for i, line in enumerate(lines):
+        for rule in (_stale_core(line, data, name, path, recorded), _client_view(line, data, name)):
+            if rule is None:
+                continue
+            added = sorted(k for k in rule["set"] if k not in line)
+            line.update(rule["set"])
+            line.setdefault("amended", []).append(
+                {"rule": rule["rule"], "source": rule["source"], "as_recorded": rule["as_recorded"], "added": added})
+            changed.append((line["run_id"], rule["rule"]))
+            raw[i] = json.dumps(line)   # only amended lines are written anew; the others stay byte for byte
+    result = {"name": name, "amended": [{"run_id": r, "rule": k} for r, k in changed]}
+    if not changed:
+        return result
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta.setdefault("amendments", []).append({
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": f"python -m dflash_lab amend {name}", "changes": result["amended"],
+        "why": "see dflash_lab/amend.py: each rule, and each line's 'amended' entry with the values it replaced"})
+    _write_atomic(path, "".join(r + "\n" for r in raw))
+    _write_atomic(meta_path, json.dumps(meta, indent=1) + "\n")
+    return result
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
