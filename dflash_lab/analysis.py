@@ -241,7 +241,8 @@ def fault_table(df):
     rows = []
     for _, r in df[df["crashed"]].iterrows():
         f = r.get("fault") if isinstance(r.get("fault"), dict) else None
-        rows.append({"run": r["run_id"], "cell": r["cell"], "concurrency": r["concurrency"],
+        rows.append({"run": r["run_id"], "path": f"{r.get('mode') or 'offline'}, TP={r.get('tensor_parallel_size') or 1}",
+                     "cell": r["cell"], "concurrency": r["concurrency"],
                      "faulting kernel": (f or {}).get("kernel") or ("no core dump" if f is None else "unread"),
                      "exception": (f or {}).get("exception"), "source": (f or {}).get("source"),
                      "grid": (f or {}).get("grid"), "focus block": (f or {}).get("focus_block"),
@@ -249,8 +250,27 @@ def fault_table(df):
                      "process": (f or {}).get("process"),
                      "cores": ("; ".join(f"{c.get('process') or c.get('pid')}: {c.get('kernel')}" for c in f["cores"])
                                if f and f.get("cores") else (1 if f and f.get("kernel") else 0)),
-                     "error line": r["error"], "file": r["file"]})
+                     "error line": r["error"], "file": r["file"],
+                     # a line corrected after recording (dflash_lab.amend): the rules, the replaced values in the line
+                     "amended": ", ".join(a["rule"] for a in r["amended"]) if isinstance(r.get("amended"), list) else ""})
     return pd.DataFrame(rows)
+
+
+def compiled_kernel(name: str, data_dir: str = "data/gpu") -> dict | None:
+    """A compiled (inductor) kernel recorded from a carried compile cache (``data/gpu/*compile-cache*/NAME.py`` and
+    the folder's meta.json): its device asserts and the vLLM compile tags whose artifacts define it ('backbone' is the
+    target, 'eagle_head' the drafter: vllm/v1/spec_decode/llm_base_proposer.py sets that tag for the draft model).
+    None when not recorded."""
+    for src in sorted(Path(data_dir).glob(f"*compile-cache*/{name}.py")):
+        meta_path = src.parent / "meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        text = src.read_text()
+        if f"def {name}(" not in text:
+            raise LabError(f"{src}: does not define {name}")
+        tags = sorted({k.rsplit("/", 1)[-1] for k, v in (meta.get("artifacts_defining_it") or {}).items() if v})
+        return {"source": str(src), "device_asserts": re.findall(r'device_assert\([^\n]*"([^"]+)"\)', text),
+                "defined_in": tags, "cache": meta.get("cache_sha256_and_pieces")}
+    return None
 
 
 def crash_signatures(df) -> list[dict]:

@@ -118,12 +118,39 @@ def path_rates(df, concurrencies=(1, 8, 16, 20, 24, 28, 32, 64)):
         for c in concurrencies:
             g = p[p["concurrency"] == c]
             row[c] = f"{int(g['crashed'].sum())}/{len(g)}" if len(g) else "not run"
-        runs_here = set(p["run_id"])
-        k = ft[ft["run"].isin(runs_here) & (ft["faulting kernel"] != "no core dump")]["faulting kernel"]
-        row["faulting kernel (core dump)"] = ", ".join(sorted(set(k))) or ("no core dump" if len(p) else "-")
+        # a run is its file and run id together: run ids repeat across matrices and sessions
+        runs_here = set(zip(p["file"], p["run_id"]))
+        here = pd.Series([(f, r) in runs_here for f, r in zip(ft["file"], ft["run"])], index=ft.index, dtype=bool)
+        k = ft[here & (ft["faulting kernel"] != "no core dump")]
+        row["faulting kernel (core dump)"] = (", ".join(f"{n} ({c})" for n, c in sorted(k["faulting kernel"].value_counts().items()))
+                                              or ("no core dump" if len(p) else "-"))
         row["instruments attached"] = "; ".join(f"{n} {'plain' if i == 'none' else 'with ' + i}"
                                                  for i, n in p["instruments"].value_counts().sort_index().items()) or "-"
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def client_view(df):
+    """What a server's clients saw in each stock server run that crashed: requests completed and failed, the HTTP
+    statuses, how the failures arrived (``error_kind``: a non-200 status, or an error event inside a 200 stream) and
+    the first error body, as the worker recorded them (``request_errors``, dflash_lab.servebench)."""
+    import pandas as pd
+
+    d = analysis.stock_full(df)
+    d = d[(d["mode"] == "server") & d["crashed"]]
+    rows = []
+    for _, r in d.iterrows():
+        errs = r.get("request_errors") if isinstance(r.get("request_errors"), dict) else None
+        statuses = r.get("http_statuses") if isinstance(r.get("http_statuses"), list) else []
+        first = next(iter((errs or {}).get("first_error", {}).values()), {}) if errs else {}
+        rows.append({"run": r["run_id"], "file": r["file"], "TP": r["tensor_parallel_size"], "concurrency": r["concurrency"],
+                     "completed": r["requests_completed"] if errs else None,
+                     "failed": errs.get("failed") if errs else None,
+                     "HTTP statuses": ", ".join(f"{s} x{n}" for s, n in sorted(pd.Series(statuses).value_counts().items()))
+                     if statuses else "not recorded",
+                     "how it failed": ", ".join(f"{k} x{n}" for k, n in sorted(errs["by_kind"].items())) if errs else "not recorded",
+                     "first error body": first.get("error"), "after s": first.get("elapsed_s"),
+                     "server log": r["error"]})
     return pd.DataFrame(rows)
 
 

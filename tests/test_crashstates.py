@@ -21,5 +21,32 @@ def test_path_rates_counts_only_natural_stock_runs():
     assert list(r.index) == ["offline, TP=1", "server, TP=1", "offline, TP=2", "server, TP=2"]
     k, n = (int(x) for x in r.loc["offline, TP=1", 32].split("/"))
     assert k == n >= 8 and r.loc["offline, TP=1", 16] == "0/3"
-    assert r.loc["offline, TP=1", "faulting kernel (core dump)"] == "copy_and_expand_dflash_inputs_kernel"
+    # counted per run (file and run id: run ids repeat across sessions); s19 added the drafter's RoPE assert
+    kern = r.loc["offline, TP=1", "faulting kernel (core dump)"]
+    assert kern.startswith("copy_and_expand_dflash_inputs_kernel (") and "triton_poi_fused_2 (1)" in kern
     assert all(v == "not run" or "/" in v for v in r[32])  # a path without runs says so
+
+
+def test_server_path_s19():
+    r = C.path_rates(analysis.load_runs()).set_index("path")
+    assert r.loc["server, TP=1", 16] == "0/5" and r.loc["server, TP=1", 32] == "4/4"
+    assert r.loc["server, TP=1", "faulting kernel (core dump)"] == (
+        "copy_and_expand_dflash_inputs_kernel (3), triton_poi_fused_2 (1)")
+
+
+def test_client_view_shows_what_the_clients_of_a_crashed_server_got():
+    v = C.client_view(analysis.load_runs())
+    assert len(v) == 4 and set(v["HTTP statuses"]) == {"200 x32"}
+    assert all(k.startswith("stream_error_event x") for k in v["how it failed"])
+    assert (v["completed"] + v["failed"] == 32).all()
+    assert all('"code": 500' in b and "InternalServerError" in b for b in v["first error body"])
+
+
+def test_the_drafter_rope_kernel_is_recorded_with_its_asserts():
+    k = analysis.compiled_kernel("triton_poi_fused_2")
+    assert k["defined_in"] == ["eagle_head"]
+    assert k["device_asserts"] and all(a.endswith("< 262144") for a in k["device_asserts"])
+    # 262144: the draft's max_position_embeddings (the RoPE cos/sin cache rows), from the real-size target's text config
+    from dflash_lab.models import QWEN36_TEXT
+    assert QWEN36_TEXT["max_position_embeddings"] == 262144
+    assert analysis.compiled_kernel("no_such_kernel") is None
