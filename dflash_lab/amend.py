@@ -7,6 +7,9 @@
   runner after s19), and the second call read the first call's cores too, oldest first. The line's own core (the
   one in ``fault.cores`` no earlier line claims) then leads; its fields are read again from the cuda-gdb text
   recorded in ``DATA/gpu/NAME/<engine tag>.coredump.log``, and the claimed cores are listed as ``stale_cores``.
+- **gdb-reread**: a fault field the recorded line left empty (None) that the current cuda-gdb parser reads from the
+  line's own core's recorded text: the parser learnt to name device-side asserts (``Assertion failed.``, no CUDA
+  exception line) after s19's first two asserts were recorded with no exception. Only empty fields are filled.
 - **client-view**: a crash line without the measurements of the worker's ``run_end`` for that run, while the
   events recorded in ``DATA/gpu/NAME/<engine tag>.events.jsonl`` hold it. The core file could appear before the
   worker's ``run_end``; the runner then wrote the crash line without what a server's clients saw (statuses, error
@@ -85,6 +88,25 @@ def _stale_core(line: dict, data: Path, name: str, path: Path, recorded: list[di
     return {"rule": "stale-core", "source": str(src), "set": {"fault": new}, "as_recorded": {"fault": fl}}
 
 
+def _gdb_reread(line: dict, data: Path, name: str) -> dict | None:
+    fl = line.get("fault") or {}
+    tag = _tag(line)
+    if not fl.get("core_file") or not tag:
+        return None
+    src = data / "gpu" / name / f"{tag}.coredump.log"
+    if not src.is_file():
+        return None
+    text = gdb_sections(src.read_text()).get(fl["core_file"])
+    if text is None:
+        return None
+    fresh = parse_cuda_gdb(text)
+    fill = {k: v for k, v in fresh.items() if v is not None and fl.get(k) is None}
+    if not fill:
+        return None
+    return {"rule": "gdb-reread", "source": str(src), "set": {"fault": dict(fl, **fill)},
+            "as_recorded": {"fault": fl}}
+
+
 def _client_view(line: dict, data: Path, name: str) -> dict | None:
     if line.get("outcome") != "crash" or not _tag(line):
         return None
@@ -121,7 +143,9 @@ def amend(name: str, data_dir: str = "data") -> dict:
     recorded = [l for f in sorted((data / "runs").glob("*.jsonl")) for l in read_lines(f)]
     changed = []
     for i, line in enumerate(lines):
-        for rule in (_stale_core(line, data, name, path, recorded), _client_view(line, data, name)):
+        for make in (lambda: _stale_core(line, data, name, path, recorded), lambda: _gdb_reread(line, data, name),
+                     lambda: _client_view(line, data, name)):
+            rule = make()   # each rule sees the line as the rules before it left it
             if rule is None:
                 continue
             added = sorted(k for k in rule["set"] if k not in line)

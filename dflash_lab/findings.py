@@ -62,20 +62,41 @@ def write_findings(root: Path, out: Path) -> Path:
     fixed = df[df["fix"] == True]
     fix2 = fixed[[analysis.fix_label(r).startswith("fix 2") for _, r in fixed.iterrows()]] if len(fixed) else fixed
     fix1 = fixed[[analysis.fix_label(r).startswith("fix 1") for _, r in fixed.iterrows()]] if len(fixed) else fixed
-    stock = analysis.stock_full(df)
-    stock = stock[~stock.apply(analysis.is_deadline_cut, axis=1)]
+    from . import crashstates
+
+    stock_all = analysis.stock_full(df)
+    stock_all = stock_all[~stock_all.apply(analysis.is_deadline_cut, axis=1)]
+    on_path = lambda d, mode: d[(d["mode"].fillna("offline") == mode) & (d["tensor_parallel_size"] == 1)]
+    stock, server = on_path(stock_all, "offline"), on_path(stock_all, "server")
     eager = df[(df["spec_method"] == "dflash") & (df["enforce_eager"] == True)]
+    between = ", ".join(f"{c}: {analysis.breakdown(stock[stock.concurrency == c])}"
+                        for c in sorted(set(stock["concurrency"])) if 16 < c < 32)
+    cv = crashstates.client_view(df)
+    server_line = (
+        (f"The OpenAI server at TP=1 (streamed chat completions from N concurrent clients, the report's prompt, 512 tokens): "
+         + "; ".join(f"concurrency {c}: {analysis.breakdown(server[server.concurrency == c])}" for c in sorted(set(server["concurrency"])))
+         + (f". Clients of a crashed server got HTTP {', '.join(sorted(set(cv['HTTP statuses'])))} and then, inside the stream, "
+            f"{', '.join(sorted(set(cv['first error body'].dropna())))}; requests already finished completed." if len(cv) else "."))
+        if len(server) else "The OpenAI server path: not run on the GPU yet.")
+    rope = analysis.compiled_kernel("triton_poi_fused_2")
     summary = [
         f"Workaround today: cudagraph_mode=PIECEWISE (--compilation-config '{{\"cudagraph_mode\": \"PIECEWISE\"}}'): "
         f"{cell('dflash k=15, PIECEWISE', 32, exact=False)} runs crashed at concurrency 32, against "
         f"{int(stock[stock.concurrency == 32]['crashed'].sum())}/{len(stock[stock.concurrency == 32])} for the default "
         f"FULL_AND_PIECEWISE.",
         f"Reproduced: DFlash k=15 + FULL_AND_PIECEWISE graphs on the real-size Qwen3.6-35B-A3B architecture (dummy weights, "
-        f"synthetic acceptance 1.86, TP=1, H200) crashes with cudaErrorIllegalAddress at concurrency 32: "
-        f"{analysis.breakdown(stock[stock.concurrency == 32])}; concurrency 16: {analysis.breakdown(stock[stock.concurrency == 16])}; "
-        f"--enforce-eager {int(eager['crashed'].sum())}/{len(eager)} at 32.",
-        f"Faulting kernels, named from CUDA core dumps: {faults or 'none recorded'}. Both are consumers of values that "
-        "were already wrong.",
+        f"synthetic acceptance 1.86, TP=1, H200, offline engine) crashes with cudaErrorIllegalAddress at concurrency 32: "
+        f"{analysis.breakdown(stock[stock.concurrency == 32])}; concurrency 16: {analysis.breakdown(stock[stock.concurrency == 16])}"
+        + (f"; in between, {between}" if between else "")
+        + f"; --enforce-eager {int(eager['crashed'].sum())}/{len(eager)} at 32.",
+        server_line,
+        f"Faulting kernels, named from CUDA core dumps: {faults or 'none recorded'}. All are consumers of values that "
+        "were already wrong"
+        + (f"; triton_poi_fused_2 is defined only in the drafter's compiled graph (vLLM compile tag "
+           f"{', '.join(rope['defined_in'])}): its fused q/k norm + RoPE, whose device asserts bound the position index "
+           "(the drafter's positions are written by the DFlash input kernel) into the RoPE cache "
+           f"({'; '.join(rope['device_asserts'])})" if rope else "")
+        + ".",
     ]
     if fd:
         summary.append(

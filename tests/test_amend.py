@@ -63,20 +63,30 @@ def test_the_second_call_s_lines_lead_with_their_own_cores(data):
     assert (data / "runs" / f"{I}.jsonl").read_text() == text
 
 
-def test_the_first_call_s_lines_are_left_alone(data):
-    text = (data / "runs" / f"{H}.jsonl").read_text()
-    assert amend(H, data_dir=str(data))["amended"] == []
-    assert (data / "runs" / f"{H}.jsonl").read_text() == text
+def test_the_first_call_s_own_cores_stand_and_an_unnamed_assert_is_read_again(data):
+    before = _by_id(data / "runs" / f"{H}.jsonl")
+    assert before["stock-c24-c28/c24/r1"]["fault"]["exception"] is None   # recorded before the parser knew asserts
+    assert amend(H, data_dir=str(data))["amended"] == [{"run_id": "stock-c24-c28/c24/r1", "rule": "gdb-reread"}]
+    after = _by_id(data / "runs" / f"{H}.jsonl")
+    f = after["stock-c24-c28/c24/r1"]["fault"]
+    assert f["exception"] == "Assertion failed (device-side assert)"
+    assert {k: v for k, v in f.items() if k != "exception"} == {k: v for k, v in before["stock-c24-c28/c24/r1"]["fault"].items()
+                                                                 if k != "exception"}   # only the empty field filled
+    for rid in ("stock-control/c32/r0", "stock-c24-c28/c24/r0"):
+        assert after[rid] == before[rid]
 
 
 def test_server_crash_lines_get_what_the_clients_saw(data):
     before = _by_id(data / "runs" / f"{SERVER}.jsonl")
     assert "request_errors" not in before["server-stock/c32/r1"]
-    amend(SERVER, data_dir=str(data))
+    out = amend(SERVER, data_dir=str(data))["amended"]
+    assert out[0] == {"run_id": "server-stock/c32/r0", "rule": "gdb-reread"}
+    assert [a["run_id"] for a in out if a["rule"] == "client-view"] == [f"server-stock/c32/r{i}" for i in range(4)]
     after = _by_id(data / "runs" / f"{SERVER}.jsonl")
     for rid in ("server-stock/c32/r0", "server-stock/c32/r1", "server-stock/c32/r2", "server-stock/c32/r3"):
         l = after[rid]
-        assert l["outcome"] == "crash" and l["fault"] == before[rid]["fault"] and l["error"] == before[rid]["error"]
+        assert l["outcome"] == "crash" and l["error"] == before[rid]["error"]
+        assert l["fault"]["kernel"] == before[rid]["fault"]["kernel"] and l["fault"]["pid"] == before[rid]["fault"]["pid"]
         errs = l["request_errors"]
         assert errs["failed"] + l["requests_completed"] == 32 and set(errs["by_kind"]) == {"stream_error_event"}
         assert "InternalServerError" in errs["first_error"]["stream_error_event"]["error"]
