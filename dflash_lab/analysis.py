@@ -105,6 +105,8 @@ def instruments(r: dict) -> list[str]:
         out.append("launch hook")
     if r.get("coredump") is True:
         out.append("core dump on")
+    elif r.get("coredump") == "keep-running":   # the driver's skip_abort: vLLM can still dump the crashing step
+        out.append("core dump on (keep running)")
     env = r.get("env")
     if isinstance(env, dict):
         out += [f"{k}={v}" for k, v in sorted(env.items())]

@@ -31,9 +31,18 @@ GDB_COMMANDS = ("info cuda kernels", "bt", "x/4i $pc")
 STALE_SLACK_S = 2.0   # file-time granularity and clock slack between the engine's start and its core
 
 
-def env(core_dir: str | os.PathLike) -> dict:
-    """Environment that makes the CUDA driver write a core dump on a device exception."""
-    return {"CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1", "CUDA_COREDUMP_GENERATION_FLAGS": FLAGS,
+KEEP_RUNNING = "keep-running"   # matrix value ``coredump: keep-running``
+
+
+def env(core_dir: str | os.PathLike, keep_running: bool = False) -> dict:
+    """Environment that makes the CUDA driver write a core dump on a device exception.
+
+    By default the driver then abort()s the process, and vLLM never writes its own dump of the crashing step (no
+    engine log of a run with core dumps on holds one, through s19). ``keep_running`` adds the driver's
+    ``skip_abort`` flag (CU_COREDUMP_SKIP_ABORT): the process goes on to see the CUDA error like a run without
+    core dumps, so vLLM can still dump the step. Not yet run on the GPU (first use: matrices/threshold-tp1.yaml)."""
+    return {"CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1",
+            "CUDA_COREDUMP_GENERATION_FLAGS": FLAGS + (",skip_abort" if keep_running else ""),
             "CUDA_COREDUMP_FILE": str(Path(core_dir) / "core.%p")}
 
 

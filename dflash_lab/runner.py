@@ -143,6 +143,8 @@ def validate_matrix(m, where="matrix") -> dict:
                f"'dflash' or 'eagle', from which vLLM 0.22.1 guesses the draft method of an MTP run (its "
                f"draft path is the target's) and runs DFlash instead; choose a models_dir without those words")
         _check(eng["mode"] in ("offline", "server"), f"{where}: engine {e['id']}: mode must be offline or server")
+        _check(eng["coredump"] in (True, False, coredump.KEEP_RUNNING),
+               f"{where}: engine {e['id']}: coredump must be true, false or {coredump.KEEP_RUNNING!r}")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
         fp = eng["fix_parts"]
@@ -376,7 +378,7 @@ class Runner:
         if e["coredump"]:
             core_dir = self.core_root / tag
             core_dir.mkdir(parents=True, exist_ok=True)
-            env.update(coredump.env(core_dir))
+            env.update(coredump.env(core_dir, keep_running=e["coredump"] == coredump.KEEP_RUNNING))
         if e["probe"]:
             env["DFLASH_LAB_PROBE"] = str(self.logdir / f"{tag}.probe")
         if e["canary"]:

@@ -39,7 +39,8 @@ def main():
     plan = json.loads(os.environ.get("FAKE_PLAN", "{}"))
     startup = os.environ.get("FAKE_STARTUP", "ok")
     print("fake engine starting", flush=True)
-    print("fake engine env: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_FA_SPLITS")),
+    print("fake engine env: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_FA_SPLITS",
+                                                                          "CUDA_COREDUMP_GENERATION_FLAGS")),
           flush=True)
     if startup == "error":
         print("RuntimeError: fake start-up failure", file=sys.stderr, flush=True)

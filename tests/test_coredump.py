@@ -176,3 +176,25 @@ def test_a_server_crash_line_keeps_what_the_clients_saw(tmp_path):
     assert line["fault"]["kernel"] == "copy_and_expand_dflash_inputs_kernel"
     assert line["requests_completed"] == 1 and line["http_statuses"] == [200] * 4
     assert line["request_errors"]["by_kind"] == {"stream_error_event": 3}
+
+
+def test_keep_running_asks_the_driver_not_to_abort(tmp_path):
+    from dflash_lab import analysis, coredump
+    assert "skip_abort" not in coredump.env(tmp_path)["CUDA_COREDUMP_GENERATION_FLAGS"]
+    assert coredump.env(tmp_path, keep_running=True)["CUDA_COREDUMP_GENERATION_FLAGS"] == coredump.FLAGS + ",skip_abort"
+    m = matrix(tmp_path, [{"id": "e1", "coredump": "keep-running", "runs": [{"concurrency": 2, "rounds": 1}]}],
+               coredump_root=str(tmp_path / "cores"), run_timeout_s=60)
+    out = tmp_path / "runs.jsonl"
+    r = run_cli("dflash_lab", "run", str(m), "--out", str(out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    (line,) = read_lines(out)
+    assert line["coredump"] == "keep-running" and "core dump on (keep running)" in analysis.instruments(line)
+    log = open(line["log"]).read()
+    assert "CUDA_COREDUMP_GENERATION_FLAGS=" + coredump.FLAGS + ",skip_abort" in log
+
+
+def test_coredump_takes_true_false_or_keep_running(tmp_path):
+    m = matrix(tmp_path, [{"id": "e1", "coredump": "yes", "runs": [{"concurrency": 2, "rounds": 1}]}],
+               coredump_root=str(tmp_path / "cores"))
+    r = run_cli("dflash_lab", "run", str(m), "--out", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 2 and "coredump must be true, false or 'keep-running'" in r.stderr
