@@ -7,17 +7,25 @@
   runner after s19), and the second call read the first call's cores too, oldest first. The line's own core (the
   one in ``fault.cores`` no earlier line claims) then leads; its fields are read again from the cuda-gdb text
   recorded in ``DATA/gpu/NAME/<engine tag>.coredump.log``, and the claimed cores are listed as ``stale_cores``.
+  The line's ``wall_s`` timed the run until the earlier core was seen, not until its own crash: it becomes None.
+  A core is claimed by an earlier line when that line (same host boot id, never an unknown one) recorded it as its
+  fault's core or in its ``fault.cores`` (tensor parallelism: one core per faulting rank).
 - **gdb-reread**: a fault field the recorded line left empty (None) that the current cuda-gdb parser reads from the
   line's own core's recorded text: the parser learnt to name device-side asserts (``Assertion failed.``, no CUDA
-  exception line) after s19's first two asserts were recorded with no exception. Only empty fields are filled.
+  exception line) after s19's first two asserts were recorded with no exception. Only empty fields are filled, in
+  the fault and in each entry of ``fault.cores``.
 - **client-view**: a crash line without the measurements of the worker's ``run_end`` for that run, while the
   events recorded in ``DATA/gpu/NAME/<engine tag>.events.jsonl`` hold it. The core file could appear before the
   worker's ``run_end``; the runner then wrote the crash line without what a server's clients saw (statuses, error
-  bodies, requests completed). Those fields are added; ``outcome``, ``error``, ``fault`` and ``log_tail`` stay.
+  bodies, requests completed). The run_end's fields are added, or replace the runner's (``wall_s``,
+  ``requests_completed``, ``spec_decode_metrics``: the worker measured them, as on the ok path); ``outcome``,
+  ``error``, ``fault`` and ``log_tail`` stay.
 
 Every amended line gets an ``amended`` list entry: the rule, the recorded file the new values came from, the
-values it replaced (``as_recorded``) and the fields it added (``added``). The file is rewritten atomically and ``NAME.meta.json`` gets an
-``amendments`` entry (date, rules, run ids). Running it again finds nothing to amend.
+values it replaced (``as_recorded``) and the fields it added (``added``). The file is rewritten atomically, keeping
+its permissions (ingest leaves recorded files read-only), then ``NAME.meta.json`` gets an ``amendments`` entry
+(date, rules, run ids); a run interrupted between the two is reconciled by the next one, which adds to the meta
+every amended line it does not list yet. Running it again finds nothing to amend.
 """
 
 from __future__ import annotations
@@ -53,17 +61,27 @@ def gdb_sections(text: str) -> dict[str, str]:
             for i, h in enumerate(heads)}
 
 
+def _cores_of(fault: dict) -> set[str]:
+    """Every core file a fault names: its lead and, with several, each in ``cores`` (same folder, named by pid)."""
+    if not fault.get("core_file"):
+        return set()
+    folder = os.path.dirname(fault["core_file"])
+    return {fault["core_file"]} | {f"{folder}/core.{c['pid']}" for c in fault.get("cores") or [] if c.get("pid") is not None}
+
+
 def _claims(recorded: list[dict], before: str) -> set[tuple]:
-    """(host boot id, core file) of every fault recorded by a line that finished before ``before``."""
-    return {(l.get("host_boot_id"), l["fault"]["core_file"]) for l in recorded
-            if (l.get("fault") or {}).get("core_file") and l.get("finished_at", "") < before}
+    """(host boot id, core file) of every core recorded by a line that finished before ``before`` on a known host."""
+    return {(l["host_boot_id"], c) for l in recorded if l.get("host_boot_id") and l.get("finished_at", "") < before
+            for c in _cores_of(l.get("fault") or {})}
 
 
 def _stale_core(line: dict, data: Path, name: str, path: Path, recorded: list[dict]) -> dict | None:
     fl = line.get("fault") or {}
     boot = line.get("host_boot_id")
+    if not boot or not fl.get("core_file"):
+        return None
     claimed = _claims(recorded, line.get("finished_at") or "")
-    if not fl.get("core_file") or (boot, fl["core_file"]) not in claimed:
+    if (boot, fl["core_file"]) not in claimed:
         return None
     folder = os.path.dirname(fl["core_file"])
     own = [c for c in fl.get("cores") or []
@@ -85,7 +103,8 @@ def _stale_core(line: dict, data: Path, name: str, path: Path, recorded: list[di
     if len(own) > 1:
         new["cores"] = own
     new["stale_cores"] = [f"{folder}/core.{c['pid']}" for c in fl.get("cores") or [] if c not in own]
-    return {"rule": "stale-core", "source": str(src), "set": {"fault": new}, "as_recorded": {"fault": fl}}
+    return {"rule": "stale-core", "source": str(src), "set": {"fault": new, "wall_s": None},
+            "as_recorded": {"fault": fl, "wall_s": line.get("wall_s")}}
 
 
 def _gdb_reread(line: dict, data: Path, name: str) -> dict | None:
@@ -96,15 +115,24 @@ def _gdb_reread(line: dict, data: Path, name: str) -> dict | None:
     src = data / "gpu" / name / f"{tag}.coredump.log"
     if not src.is_file():
         return None
-    text = gdb_sections(src.read_text()).get(fl["core_file"])
-    if text is None:
+    sections = gdb_sections(src.read_text())
+    if fl["core_file"] not in sections:
         return None
-    fresh = parse_cuda_gdb(text)
-    fill = {k: v for k, v in fresh.items() if v is not None and fl.get(k) is None}
-    if not fill:
+    fill = {k: v for k, v in parse_cuda_gdb(sections[fl["core_file"]]).items() if v is not None and fl.get(k) is None}
+    folder = os.path.dirname(fl["core_file"])
+    cores, changed = [], False
+    for c in fl.get("cores") or []:
+        text = sections.get(f"{folder}/core.{c.get('pid')}")
+        fresh = parse_cuda_gdb(text) if text is not None else {}
+        add = {k: fresh[k] for k in c if k in fresh and c[k] is None and fresh[k] is not None}
+        changed = changed or bool(add)
+        cores.append(dict(c, **add))
+    if not fill and not changed:
         return None
-    return {"rule": "gdb-reread", "source": str(src), "set": {"fault": dict(fl, **fill)},
-            "as_recorded": {"fault": fl}}
+    new = dict(fl, **fill)
+    if changed:
+        new["cores"] = cores
+    return {"rule": "gdb-reread", "source": str(src), "set": {"fault": new}, "as_recorded": {"fault": fl}}
 
 
 def _client_view(line: dict, data: Path, name: str) -> dict | None:
@@ -155,23 +183,30 @@ def amend(name: str, data_dir: str = "data") -> dict:
             changed.append((line["run_id"], rule["rule"]))
             raw[i] = json.dumps(line)   # only amended lines are written anew; the others stay byte for byte
     result = {"name": name, "amended": [{"run_id": r, "rule": k} for r, k in changed]}
-    if not changed:
-        return result
+    if changed:
+        _write_atomic(path, "".join(r + "\n" for r in raw))
+    # the meta lists every amendment the lines carry: this run's, and any an interrupted run left unlisted
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    meta.setdefault("amendments", []).append({
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": f"python -m dflash_lab amend {name}", "changes": result["amended"],
-        "why": "see dflash_lab/amend.py: each rule, and each line's 'amended' entry with the values it replaced"})
-    _write_atomic(path, "".join(r + "\n" for r in raw))
-    _write_atomic(meta_path, json.dumps(meta, indent=1) + "\n")
+    listed = {(c["run_id"], c["rule"]) for a in meta.get("amendments", []) for c in a.get("changes", [])}
+    carried = [{"run_id": l["run_id"], "rule": a["rule"]} for l in lines for a in l.get("amended", [])]
+    missing = [c for c in carried if (c["run_id"], c["rule"]) not in listed]
+    if missing:
+        meta.setdefault("amendments", []).append({
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": f"python -m dflash_lab amend {name}", "changes": missing,
+            "why": "see dflash_lab/amend.py: each rule, and each line's 'amended' entry with the values it replaced"})
+        _write_atomic(meta_path, json.dumps(meta, indent=1) + "\n")
     return result
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` in one rename, with the file's permissions (a read-only record stays read-only)."""
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -248,6 +248,10 @@ def fault_table(df):
                      "faulting kernel": (f or {}).get("kernel") or ("no core dump" if f is None else "unread"),
                      "exception": (f or {}).get("exception"), "source": (f or {}).get("source"),
                      "grid": (f or {}).get("grid"), "focus block": (f or {}).get("focus_block"),
+                     # the DFlash input kernel launches one program per request of the step (grid = (batch_size,
+                     # blocks), vllm/v1/spec_decode/dflash.py:124): its grid says how many were still running
+                     "requests in the step": ((f or {}).get("grid") or [None])[0]
+                     if (f or {}).get("kernel") == "copy_and_expand_dflash_inputs_kernel" else None,
                      # which vLLM process dumped first, and every core (tensor parallelism: one per faulting rank)
                      "process": (f or {}).get("process"),
                      "cores": ("; ".join(f"{c.get('process') or c.get('pid')}: {c.get('kernel')}" for c in f["cores"])

@@ -110,7 +110,7 @@ def path_rates(df, concurrencies=(1, 8, 16, 20, 24, 28, 32, 64)):
 
     d = analysis.stock_full(df)
     d = d[(d["outcome"] != "startup_error") & ~d.apply(analysis.is_deadline_cut, axis=1)]
-    ft = analysis.fault_table(d) if d["crashed"].any() else pd.DataFrame(columns=["run", "faulting kernel"])
+    ft = analysis.fault_table(d) if d["crashed"].any() else pd.DataFrame(columns=["run", "file", "faulting kernel"])
     rows = []
     for mode, tp in PATHS:
         p = d[(d["mode"].fillna("offline") == mode) & (d["tensor_parallel_size"] == tp)]

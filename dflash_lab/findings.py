@@ -85,16 +85,19 @@ def write_findings(root: Path, out: Path) -> Path:
         f"{int(stock[stock.concurrency == 32]['crashed'].sum())}/{len(stock[stock.concurrency == 32])} for the default "
         f"FULL_AND_PIECEWISE.",
         f"Reproduced: DFlash k=15 + FULL_AND_PIECEWISE graphs on the real-size Qwen3.6-35B-A3B architecture (dummy weights, "
-        f"synthetic acceptance 1.86, TP=1, H200, offline engine) crashes with cudaErrorIllegalAddress at concurrency 32: "
+        f"synthetic acceptance 1.86, TP=1, H200, offline engine) dies on a CUDA fault (cudaErrorIllegalAddress in the "
+        f"runs without core dumps; with core dumps on, the driver ends the process after writing the core) at concurrency 32: "
         f"{analysis.breakdown(stock[stock.concurrency == 32])}; concurrency 16: {analysis.breakdown(stock[stock.concurrency == 16])}"
-        + (f"; in between, {between}" if between else "")
+        + (f"; in between, {between} (repeats of the seeded workload are close replicas, not independent samples)"
+           if between else "")
         + f"; --enforce-eager {int(eager['crashed'].sum())}/{len(eager)} at 32.",
         server_line,
         f"Faulting kernels, named from CUDA core dumps: {faults or 'none recorded'}. All are consumers of values that "
         "were already wrong"
         + (f"; triton_poi_fused_2 is defined only in the drafter's compiled graph (vLLM compile tag "
            f"{', '.join(rope['defined_in'])}): its fused q/k norm + RoPE, whose device asserts bound the position index "
-           "(the drafter's positions are written by the DFlash input kernel) into the RoPE cache "
+           "(the drafter's positions are written by the DFlash input kernel, so this is consistent with the same chain "
+           "ending one kernel later; which assert fired, on which position, is not recorded) into the RoPE cache "
            f"({'; '.join(rope['device_asserts'])})" if rope else "")
         + ".",
     ]

@@ -359,7 +359,8 @@ the step probe (s17, s18) 986 FULL-graph steps at concurrency 2, 16 and 32 ident
 pass (data/runs/2026-11-30_h200_discriminate2-*-tp1.jsonl). scripts/repro_min.py (vLLM only, a tiny
 hybrid, hunk 1 as one function): reproduced and attributed in s18, the fixed engine's greedy tokens
 and log-probabilities identical to a PIECEWISE engine's (data/gpu/2026-11-30_h200_repro-min-4). Not
-measured: TP > 1, real weights, this diff applied as a diff.
+measured: the fix on the OpenAI server path and at concurrency 24/28 (where stock crashed in s19, 4/4 on the
+server at 32, 3/3 offline at 24 and at 28), TP > 1, real weights, this diff applied as a diff.
 """
 
 

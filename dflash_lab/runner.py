@@ -425,7 +425,9 @@ class Runner:
             wall = round(time.time() - since, 3)
             found = fault()
             kill()  # engine children that outlived the worker, or an engine hung after its dump
-            fields = {"wall_s": wall}
+            # wall_s: the worker's own measure when it sent one (as on the ok path: a server's clients timed the run),
+            # else the runner's, from the run's start to the crash being seen; the runner's is kept beside it
+            fields = {"wall_s": wall, "runner_wall_s": wall}
             ev = reader.next()
             while ev is not None:
                 if ev["event"] == "run_end" and ev.get("run") == run.id:

@@ -39,8 +39,9 @@ def main():
     plan = json.loads(os.environ.get("FAKE_PLAN", "{}"))
     startup = os.environ.get("FAKE_STARTUP", "ok")
     print("fake engine starting", flush=True)
-    print("fake engine env: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_FA_SPLITS",
-                                                                          "CUDA_COREDUMP_GENERATION_FLAGS")),
+    print("fake engine env: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_FA_SPLITS")),
+          flush=True)
+    print(f"fake engine core dumps: CUDA_COREDUMP_GENERATION_FLAGS={os.environ.get('CUDA_COREDUMP_GENERATION_FLAGS', '')}",
           flush=True)
     if startup == "error":
         print("RuntimeError: fake start-up failure", file=sys.stderr, flush=True)
@@ -58,11 +59,13 @@ def main():
             time.sleep(3600)
         if what == "coredump-server":
             if os.fork() == 0:   # the engine core, dumping
-                _write_core(_core_path(os.getpid()), 4)
-            time.sleep(1.5)      # the clients get their in-stream errors while the dump is written
+                _write_core(_core_path(os.getpid()), 6)
+            # the clients get their in-stream errors while the dump is written: the runner (polling every 0.5 s)
+            # sees the core file well before this run_end, as on the H200 in s19
+            time.sleep(3.0)
             n = run["concurrency"]
             ev.emit(event="run_end", run=run["id"], outcome="crash", requests_completed=1, output_tokens=5,
-                    wall_s=1.5, http_statuses=[200] * n, server_alive=True,
+                    wall_s=3.0, http_statuses=[200] * n, server_alive=True,
                     request_errors={"failed": n - 1, "by_kind": {"stream_error_event": n - 1}, "by_status": {"200": n - 1},
                                     "first_error": {"stream_error_event": {"status": 200, "error": "EngineCore encountered an issue"}}})
             os._exit(0)

@@ -1,6 +1,8 @@
 """Recorded lines corrected by rule (dflash_lab.amend), on s19's own recorded files."""
 
+import hashlib
 import json
+import os
 import shutil
 
 import pytest
@@ -13,6 +15,11 @@ from dflash_lab.runner import read_lines
 I = "2026-11-30_h200_discriminate2-i-tp1"
 H = "2026-11-30_h200_discriminate2-h-tp1"
 SERVER = "2026-11-30_h200_server-tp1"
+# the lines as ingested (commit 9bfba78), before any amendment: sha256 of json.dumps(lines, sort_keys=True). The fixture
+# rebuilds them from the amended files' own records of what they replaced; these pin that rebuild to the originals
+AS_INGESTED = {H: "8c2ed1175438cbc6dc20a1a151282874145cb2707316a21374d0ef14e4319cbc",
+               I: "06ea324de0e872eb1756ab4f9000d82cb641a06ac0c970767752d0137be929f7",
+               SERVER: "f58ed57ec9ed2886fe73e1cacc05bbf7b7fb91e785480e8f80968840462b763a"}
 
 
 @pytest.fixture
@@ -28,8 +35,11 @@ def data(tmp_path):
                     l[k] = v
                 for k in set(a.get("added", [])):
                     l.pop(k, None)
+        assert hashlib.sha256(json.dumps(lines, sort_keys=True).encode()).hexdigest() == AS_INGESTED[name], name
         (d / "runs" / f"{name}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
-        shutil.copy(ROOT / "data" / "runs" / f"{name}.meta.json", d / "runs")
+        meta = json.loads((ROOT / "data" / "runs" / f"{name}.meta.json").read_text())
+        meta.pop("amendments", None)
+        (d / "runs" / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         shutil.copytree(ROOT / "data" / "gpu" / name, d / "gpu" / name)
     return d
 
@@ -51,6 +61,8 @@ def test_the_second_call_s_lines_lead_with_their_own_cores(data):
     assert f["grid"] == [28, 1, 1] and f["source"] == "utils.py:542"
     assert f["stale_cores"] == ["/tmp/cudacore/discriminate2-tp1/stock-c24-c28.a2/core.2012"] and "cores" not in f
     assert after["stock-c24-c28/c24/r2"]["fault"]["pid"] == 2438
+    # the recorded wall time measured until the earlier call's core was seen: not this run's
+    assert before["stock-c24-c28/c28/r0"]["wall_s"] < 1 and after["stock-c24-c28/c28/r0"]["wall_s"] is None
     a = after["stock-c24-c28/c28/r0"]["amended"][0]
     assert a["rule"] == "stale-core" and a["as_recorded"]["fault"]["kernel"] == "triton_poi_fused_2"
     # lines that were right stay byte for byte
@@ -115,3 +127,44 @@ def test_gdb_sections_split_by_core():
     text = "=== /c/core.1 (process unknown)\nOpening GPU coredump: /c/core.1\nA\n=== /c/core.2 (EngineCore)\nB\n"
     assert gdb_sections(text) == {"/c/core.1": "Opening GPU coredump: /c/core.1\nA\n", "/c/core.2": "B\n"}
     assert gdb_sections("Opening GPU coredump: /c/core.9\nX\n") == {"/c/core.9": "Opening GPU coredump: /c/core.9\nX\n"}
+
+
+def test_permissions_kept_and_an_interrupted_amend_is_listed_next_time(data, monkeypatch):
+    from dflash_lab import amend as A
+
+    p, meta = data / "runs" / f"{I}.jsonl", data / "runs" / f"{I}.meta.json"
+    os.chmod(p, 0o444)
+    real = A._write_atomic
+    calls = []
+
+    def die_before_meta(path, text):
+        calls.append(path)
+        if path.name.endswith(".meta.json"):
+            raise KeyboardInterrupt   # stopped between the two writes
+        real(path, text)
+
+    monkeypatch.setattr(A, "_write_atomic", die_before_meta)
+    with pytest.raises(KeyboardInterrupt):
+        amend(I, data_dir=str(data))
+    assert oct(os.stat(p).st_mode & 0o777) == "0o444"            # a read-only record stays read-only
+    assert "amendments" not in json.loads(meta.read_text())
+    monkeypatch.setattr(A, "_write_atomic", real)
+    assert amend(I, data_dir=str(data))["amended"] == []           # the lines are done ...
+    listed = json.loads(meta.read_text())["amendments"][0]["changes"]   # ... and the meta catches up
+    assert {c["run_id"] for c in listed} == {"stock-c24-c28/c24/r2", "stock-c24-c28/c28/r0"}
+
+
+def test_a_rank_core_of_an_earlier_line_is_claimed_too(data):
+    """Tensor parallelism: an earlier line's second rank core, listed only in its fault.cores, is not a later
+    line's own."""
+    p = data / "runs" / f"{I}.jsonl"
+    lines = read_lines(p)
+    h = read_lines(data / "runs" / f"{H}.jsonl")
+    c24r1 = next(l for l in h if l["run_id"] == "stock-c24-c28/c24/r1")
+    # pretend c24/r1's engine also dumped core.2783 (a second rank): then c28/r0 has no core of its own left
+    c24r1["fault"]["cores"] = [{"pid": 2012, "process": "EngineCore"}, {"pid": 2783, "process": "Worker_TP1"}]
+    (data / "runs" / f"{H}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in h))
+    text = p.read_text()
+    with pytest.raises(LabError, match="stock-c24-c28/c28/r0"):
+        amend(I, data_dir=str(data))
+    assert p.read_text() == text

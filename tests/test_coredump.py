@@ -176,6 +176,7 @@ def test_a_server_crash_line_keeps_what_the_clients_saw(tmp_path):
     assert line["fault"]["kernel"] == "copy_and_expand_dflash_inputs_kernel"
     assert line["requests_completed"] == 1 and line["http_statuses"] == [200] * 4
     assert line["request_errors"]["by_kind"] == {"stream_error_event": 3}
+    assert line["wall_s"] == 3.0 and line["runner_wall_s"] < 3.0   # the clients' time, and when the runner saw the core
 
 
 def test_keep_running_asks_the_driver_not_to_abort(tmp_path):

@@ -50,3 +50,32 @@ def test_the_drafter_rope_kernel_is_recorded_with_its_asserts():
     from dflash_lab.models import QWEN36_TEXT
     assert QWEN36_TEXT["max_position_embeddings"] == 262144
     assert analysis.compiled_kernel("no_such_kernel") is None
+
+
+def test_path_rates_key_runs_by_file_and_run_id():
+    """One run id in two files (two sessions of one matrix): each file's fault counts for its own path only."""
+    import pandas as pd
+
+    df = analysis.load_runs()
+    srv = df[(df["mode"] == "server") & df["crashed"]].iloc[[0]].copy()
+    off = df[(df["mode"].fillna("offline") == "offline") & df["crashed"] & (df["run_id"] == "stock-control/c32/r0")].iloc[[0]].copy()
+    off["fault"] = [dict(kernel="kernel_only_offline")]
+    srv["fault"] = [dict(kernel="kernel_only_server")]
+    srv["run_id"] = off["run_id"].values                 # the same run id on both paths
+    r = C.path_rates(pd.concat([off, srv], ignore_index=True)).set_index("path")
+    assert r.loc["offline, TP=1", "faulting kernel (core dump)"] == "kernel_only_offline (1)"
+    assert r.loc["server, TP=1", "faulting kernel (core dump)"] == "kernel_only_server (1)"
+
+
+def test_path_rates_without_any_crash():
+    df = analysis.load_runs()
+    ok = df[~df["crashed"]]
+    r = C.path_rates(ok).set_index("path")
+    assert r.loc["server, TP=1", 16] == "0/5"
+
+
+def test_the_dflash_kernel_grid_says_how_many_requests_were_running():
+    ft = analysis.fault_table(analysis.load_runs())
+    c28 = ft[ft["run"].str.startswith("stock-c24-c28/c28")]
+    assert list(c28["requests in the step"]) == [28, 28, 28]     # s19: all 28 still running: early in the batch
+    assert set(ft.loc[ft["faulting kernel"] == "triton_poi_fused_2", "requests in the step"].dropna()) == set()
