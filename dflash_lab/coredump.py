@@ -172,7 +172,8 @@ def collect(core_dir, pgid: int | None, log_path: str | os.PathLike | None, wait
     each core with its pid and the vLLM process that wrote it (from ``engine_log``). The cuda-gdb text goes to
     ``log_path``."""
     t0 = time.time()
-    stale = [str(p) for p in cores(core_dir) if since is not None and p not in cores(core_dir, since)]
+    fresh = set(cores(core_dir, since))
+    stale = [str(p) for p in cores(core_dir) if p not in fresh]
     if wait_for_core(core_dir, pgid, wait_s, since=since) is None:
         return {"kernel": None, "error": f"no core file in {core_dir} after {time.time() - t0:.0f} s",
                 **({"stale_cores": stale} if stale else {})}

@@ -510,12 +510,7 @@ class Runner:
                         return remaining
                     break
                 if proc.poll() is not None:
-                    time.sleep(0.5)
-                    ev = reader.next()
-                    while ev is not None:
-                        if ev["event"] == "error":
-                            extra["error_event"] = ev["error"]
-                        ev = reader.next()
+                    time.sleep(0.5)   # the worker's last events (crash_line reads them)
                     crash_line(run, started["t"] if started else t_run,
                                lambda tail: last_error_line(tail) or f"engine exited with code {proc.returncode}")
                     remaining.pop(0)
