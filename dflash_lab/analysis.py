@@ -7,6 +7,7 @@ nothing is computed from assumptions. A corrupt or missing file is a LabError na
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
 import re
@@ -34,6 +35,48 @@ def fix_parts_of(r: dict) -> set:
 def gpu_folder(r: dict, data_dir: str = "data") -> str:
     """The folder ``ingest`` wrote a run line's files to: ``data/gpu/<runs file stem>``."""
     return os.path.join(data_dir, "gpu", os.path.splitext(os.path.basename(str(r["file"])))[0])
+
+
+def read_text(path: str) -> str:
+    """A recorded text file, gzipped (``.gz``) or not."""
+    if path.endswith(".gz"):
+        with gzip.open(path, "rt", errors="replace") as fh:
+            return fh.read()
+    with open(path, errors="replace") as fh:
+        return fh.read()
+
+
+def engine_log(r, data_dir: str = "data") -> str | None:
+    """The stored engine log of a run line: ``data/gpu/<runs file stem>/<log name>`` (or ``.gz``), else None."""
+    log = r.get("log")
+    if not isinstance(log, str) or not isinstance(r.get("file"), str):
+        return None
+    base = os.path.join(gpu_folder(r, data_dir), os.path.basename(log))
+    for p in (base, base + ".gz"):
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+# a failed device-side assert as the CUDA runtime prints it to the process's stderr (one line per failing thread):
+# "<kernel source>.py:53: unknown: block: [0,0,0], thread: [1,0,0] Assertion `index out of bounds: 0 <= tmp16 < 262144` failed."
+ASSERT_RE = re.compile(r"([\w./-]+\.py):(\d+): \S+: block: \[(\d+),\d+,\d+\], thread: \[(\d+),\d+,\d+\] "
+                       r"Assertion `([^`]*)` failed")
+
+
+def device_asserts(text: str) -> list[dict]:
+    """The device-side asserts an engine log printed: per (source file, line, message), how many threads and
+    blocks failed it. The runtime prints them only while the process lives on after the fault (the CUDA driver's
+    core dump with ``skip_abort``, matrix key ``coredump: keep-running``): a run whose process the driver ended
+    prints none, whatever fired."""
+    found: dict[tuple, dict] = {}
+    for m in ASSERT_RE.finditer(text):
+        src, line, block, _thread, msg = m.groups()
+        key = (os.path.basename(src), int(line), msg)
+        d = found.setdefault(key, {"source": f"{key[0]}:{key[1]}", "message": msg, "threads": 0, "blocks": set()})
+        d["threads"] += 1
+        d["blocks"].add(int(block))
+    return [{**d, "blocks": len(d["blocks"])} for d in sorted(found.values(), key=lambda d: d["source"])]
 
 
 def fix_label(r: dict) -> str | None:
@@ -236,13 +279,16 @@ def crash_table(df):
     return out
 
 
-def fault_table(df):
-    """Crashed runs with the kernel their CUDA core dump names (runs without a dump: 'no core dump')."""
+def fault_table(df, data_dir: str = "data"):
+    """Crashed runs with the kernel their CUDA core dump names (runs without a dump: 'no core dump'), and the
+    device-side asserts their engine log printed (:func:`device_asserts`)."""
     import pandas as pd
 
     rows = []
     for _, r in df[df["crashed"]].iterrows():
         f = r.get("fault") if isinstance(r.get("fault"), dict) else None
+        log = engine_log(dict(r), data_dir)
+        asserts = device_asserts(read_text(log)) if log else []
         rows.append({"run": r["run_id"], "path": f"{r.get('mode') or 'offline'}, TP={r.get('tensor_parallel_size') or 1}",
                      "cell": r["cell"], "concurrency": r["concurrency"],
                      "faulting kernel": (f or {}).get("kernel") or ("no core dump" if f is None else "unread"),
@@ -256,6 +302,8 @@ def fault_table(df):
                      "process": (f or {}).get("process"),
                      "cores": ("; ".join(f"{c.get('process') or c.get('pid')}: {c.get('kernel')}" for c in f["cores"])
                                if f and f.get("cores") else (1 if f and f.get("kernel") else 0)),
+                     "device asserts (engine log)": "; ".join(f"{a['message']} ({a['source']}, {a['threads']} threads)"
+                                                              for a in asserts) or ("" if log else "log not stored"),
                      "error line": r["error"], "file": r["file"],
                      # a line corrected after recording (dflash_lab.amend): the rules, the replaced values in the line
                      "amended": ", ".join(a["rule"] for a in r["amended"]) if isinstance(r.get("amended"), list) else ""})

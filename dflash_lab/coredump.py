@@ -40,7 +40,8 @@ def env(core_dir: str | os.PathLike, keep_running: bool = False) -> dict:
     By default the driver then abort()s the process, and vLLM never writes its own dump of the crashing step (no
     engine log of a run with core dumps on holds one, through s19). ``keep_running`` adds the driver's
     ``skip_abort`` flag (CU_COREDUMP_SKIP_ABORT): the process goes on to see the CUDA error like a run without
-    core dumps, so vLLM can still dump the step. Not yet run on the GPU (first use: matrices/threshold-tp1.yaml)."""
+    core dumps, so vLLM can still dump the step. First run on the GPU in s20 (matrices/threshold-tp1.yaml): all three
+    crashes left both the core and vLLM's dump, and the engine log printed the failed device asserts too."""
     return {"CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1",
             "CUDA_COREDUMP_GENERATION_FLAGS": FLAGS + (",skip_abort" if keep_running else ""),
             "CUDA_COREDUMP_FILE": str(Path(core_dir) / "core.%p")}

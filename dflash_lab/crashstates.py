@@ -63,7 +63,7 @@ def our_states(df, data_dir: str = "data/gpu") -> list[dict]:
         running = d.get("num_running_reqs")
         sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
         out.append({
-            "name": f"{session.replace('2026-11-30_h200_', '')}/{name}", "run": r["run_id"],
+            "name": f"{session.replace('2026-11-30_h200_', '')}/{name}", "run": r["run_id"], "file": r["file"],
             "cell": r["cell"],
             "path": r.get("mode"), "tensor_parallel_size": r.get("tensor_parallel_size"), "weights": r.get("weights"),
             "concurrency": n_req,
@@ -117,7 +117,7 @@ def path_rates(df, concurrencies=(1, 8, 16, 20, 24, 28, 32, 64)):
         row = {"path": f"{mode}, TP={tp}"}
         for c in concurrencies:
             g = p[p["concurrency"] == c]
-            row[c] = f"{int(g['crashed'].sum())}/{len(g)}" if len(g) else "not run"
+            row[c] = f"{int(g['crashed'].sum())}/{len(g)}{_only_with(g)}" if len(g) else "not run"
         # a run is its file and run id together: run ids repeat across matrices and sessions
         runs_here = set(zip(p["file"], p["run_id"]))
         here = pd.Series([(f, r) in runs_here for f, r in zip(ft["file"], ft["run"])], index=ft.index, dtype=bool)
@@ -128,6 +128,91 @@ def path_rates(df, concurrencies=(1, 8, 16, 20, 24, 28, 32, 64)):
                                                  for i, n in p["instruments"].value_counts().sort_index().items()) or "-"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# instruments that do nothing until a fault: a cell whose every run carries another instrument (the launch hook, a
+# changed environment) is marked, since it did not run as a user's engine does
+PASSIVE = ("core dump on", "core dump on (keep running)")
+
+
+def _only_with(g) -> str:
+    """' (launch hook)' when every run of the cell carries that active instrument (one shared by all), else ''."""
+    shared = None
+    for ins in g["instruments"]:
+        active = {i.strip() for i in str(ins).split(",") if i.strip() and i.strip() != "none" and i.strip() not in PASSIVE}
+        shared = active if shared is None else shared & active
+        if not shared:
+            return ""
+    return f" ({', '.join(sorted(shared))})" if shared else ""
+
+
+def parse_rate(cell: str) -> tuple[int, int] | None:
+    """'3/3' or '0/3 (launch hook)' -> (crashed, runs); 'not run' -> None."""
+    import re
+
+    m = re.match(r"(\d+)/(\d+)", str(cell))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def threshold_states(df, path=("offline", 1), data_dir: str = "data/gpu"):
+    """The crash step of each stock crash on one path that left vLLM's dump, one row per run: how many requests
+    were running, how many had finished before that step and in it, the scheduled and computed tokens, and the
+    run's time to the crash. The answer to 'does the crash need requests to finish?' is read from these rows."""
+    import pandas as pd
+
+    mode, tp = path
+    stock = analysis.stock_full(df)
+    keys = set(zip(stock["file"], stock["run_id"]))
+    rows = []
+    for s in our_states(df, data_dir):
+        r = df[(df["run_id"] == s["run"]) & (df["file"] == s["file"])].iloc[0]
+        run_mode = r.get("mode") if isinstance(r.get("mode"), str) else "offline"
+        if (s["file"], s["run"]) not in keys or run_mode != mode or int(s["tensor_parallel_size"] or 1) != tp:
+            continue
+        n, running = int(s["concurrency"]), s["num_running_reqs"]
+        rows.append({"concurrency": n, "run": s["run"], "file": s["file"], "running": running,
+                     "finished before the step": None if running is None else n - running,
+                     "finished in the step": s["finished this step"],
+                     "scheduled tokens": s["total_num_scheduled_tokens"], "computed tokens": s["num_computed_tokens"],
+                     "s into the run": r.get("wall_s"), "instruments": r.get("instruments")})
+    return pd.DataFrame(rows).sort_values(["concurrency", "file", "run"]).reset_index(drop=True) if rows else pd.DataFrame(
+        columns=["concurrency", "run", "file", "running", "finished before the step", "finished in the step",
+                 "scheduled tokens", "computed tokens", "s into the run", "instruments"])
+
+
+def plot_threshold(rates, states, path="offline, TP=1"):
+    """Left: crashed / runs over concurrency on one path (hollow: every run of the cell carried an active instrument,
+    e.g. the launch hook). Right: at each crash step, the requests that had finished before it and in it (a crash with
+    none finished needs no request to finish). Concurrencies are evenly spaced categories."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    row = rates.set_index("path").loc[path]
+    concs = [c for c in rates.columns if isinstance(c, (int, np.integer)) and parse_rate(row[c])]
+    pos = {c: i for i, c in enumerate(concs)}
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6), sharex=True)
+    for c in concs:
+        k, n = parse_rate(row[c])
+        marked = "(" in str(row[c])
+        a1.plot(pos[c], k / n, "o", ms=9, color="firebrick", mfc="white" if marked else "firebrick")
+        a1.annotate(str(row[c]).replace(" (", "\n("), (pos[c], k / n), textcoords="offset points", xytext=(0, 8),
+                    ha="center", fontsize=7)
+    a1.set(xlabel="concurrency", ylabel="crashed / runs", ylim=(-0.15, 1.35), title=f"stock FULL_AND_PIECEWISE, {path}")
+    rng = np.random.default_rng(0)   # horizontal jitter only, so identical crash steps stay visible
+    first = True
+    for _, s in states.iterrows():
+        if s["concurrency"] not in pos:
+            continue
+        x = pos[s["concurrency"]] + rng.uniform(-0.15, 0.15)
+        a2.plot(x, s["finished before the step"], "o", color="tab:blue", alpha=0.7, label="finished before the crash step" if first else None)
+        a2.plot(x, s["finished in the step"], "x", color="tab:orange", label="finished in the crash step" if first else None)
+        first = False
+    a2.plot(range(len(concs)), concs, "_", ms=14, color="0.5", label="all requests (= concurrency)")
+    a2.set(xlabel="concurrency", ylabel="requests", title=f"at the crash step (vLLM's dump, {len(states)} crashes)")
+    a2.legend(fontsize=7)
+    a1.set_xticks(range(len(concs)), [str(c) for c in concs])
+    fig.tight_layout()
+    return fig
 
 
 def client_view(df):
@@ -164,9 +249,9 @@ def plot_path_rates(rates):
     frac = np.full((len(rates), len(concs)), np.nan)
     for i, (_, r) in enumerate(rates.iterrows()):
         for j, c in enumerate(concs):
-            if r[c] != "not run":
-                k, n = (int(x) for x in r[c].split("/"))
-                frac[i, j] = k / n
+            kn = parse_rate(r[c])
+            if kn:
+                frac[i, j] = kn[0] / kn[1]
     fig, ax = plt.subplots(figsize=(1.0 * len(concs) + 3.5, 0.6 * len(rates) + 1.4))
     ax.imshow(np.where(np.isnan(frac), -1, frac), cmap=plt.matplotlib.colors.ListedColormap(
         ["#dddddd"] + [plt.cm.RdYlGn_r(x) for x in np.linspace(0, 1, 10)]), vmin=-0.1, vmax=1, aspect="auto")

@@ -35,7 +35,6 @@ nearly every step.
 from __future__ import annotations
 
 import ast
-import gzip
 import math
 import os
 import re
@@ -82,26 +81,6 @@ def builder_reuses_metadata(backend: str) -> bool | None:
                     flag = flag or bool(st.value.value)
         _REUSE_FLAG[backend] = flag
     return _REUSE_FLAG[backend]
-
-
-def _read_text(path: str) -> str:
-    if path.endswith(".gz"):
-        with gzip.open(path, "rt", errors="replace") as fh:
-            return fh.read()
-    with open(path, errors="replace") as fh:
-        return fh.read()
-
-
-def engine_log(r, data_dir: str = "data") -> str | None:
-    """The stored engine log of a run line: ``data/gpu/<runs file stem>/<log name>`` (or ``.gz``), else None."""
-    log = r.get("log")
-    if not isinstance(log, str) or not isinstance(r.get("file"), str):
-        return None
-    base = os.path.join(analysis.gpu_folder(r, data_dir), os.path.basename(log))
-    for p in (base, base + ".gz"):
-        if os.path.isfile(p):
-            return p
-    return None
 
 
 def engine_facts(text: str) -> dict:
@@ -220,8 +199,8 @@ def table(df, matrix_contains: str = "discriminate", data_dir: str = "data"):
     stock = set(analysis.stock_full(d).index)
     facts = {}
     for i, r in d.iterrows():
-        p = engine_log(dict(r), data_dir) if r["outcome"] != "startup_error" else None
-        facts[i] = engine_facts(_read_text(p)) if p else {}
+        p = analysis.engine_log(dict(r), data_dir) if r["outcome"] != "startup_error" else None
+        facts[i] = engine_facts(analysis.read_text(p)) if p else {}
     rows = []
     for (session, cfg, conc), all_g in d.groupby(["gpu_session", "configuration", "concurrency"], dropna=False,
                                                  sort=False):

@@ -19,12 +19,61 @@ def test_side_by_side_puts_the_report_first_and_merges_identical_dumps():
 def test_path_rates_counts_only_natural_stock_runs():
     r = C.path_rates(analysis.load_runs()).set_index("path")
     assert list(r.index) == ["offline, TP=1", "server, TP=1", "offline, TP=2", "server, TP=2"]
-    k, n = (int(x) for x in r.loc["offline, TP=1", 32].split("/"))
-    assert k == n >= 8 and r.loc["offline, TP=1", 16] == "0/3"
-    # counted per run (file and run id: run ids repeat across sessions); s19 added the drafter's RoPE assert
+    k, n = C.parse_rate(r.loc["offline, TP=1", 32])
+    assert k == n >= 8
+    # offline c16 ran only with the launch hook: the cell says so (s20's c8 crashed 3/3 without it)
+    assert r.loc["offline, TP=1", 16] == "0/3 (launch hook)" and r.loc["offline, TP=1", 8] == "3/3"
+    # counted per run (file and run id: run ids repeat across sessions); s19 and s20 added the drafter's RoPE assert
     kern = r.loc["offline, TP=1", "faulting kernel (core dump)"]
-    assert kern.startswith("copy_and_expand_dflash_inputs_kernel (") and "triton_poi_fused_2 (1)" in kern
+    assert kern.startswith("copy_and_expand_dflash_inputs_kernel (") and "triton_poi_fused_2 (2)" in kern
     assert all(v == "not run" or "/" in v for v in r[32])  # a path without runs says so
+
+
+def test_parse_rate_and_the_active_instrument_mark():
+    assert C.parse_rate("3/3") == (3, 3) and C.parse_rate("0/3 (launch hook)") == (0, 3)
+    assert C.parse_rate("not run") is None
+    import pandas as pd
+    # a passive instrument (core dumps) marks nothing; one active instrument shared by every run does
+    assert C._only_with(pd.DataFrame({"instruments": ["core dump on", "none"]})) == ""
+    assert C._only_with(pd.DataFrame({"instruments": ["launch hook", "launch hook, CUDA_LAUNCH_BLOCKING=1"]})) == " (launch hook)"
+    assert C._only_with(pd.DataFrame({"instruments": ["launch hook", "none"]})) == ""
+
+
+def test_threshold_states_s20():
+    """s20 (threshold-tp1): crashes at 8, 20 and 28 with no request finishing in the crash step, and at 20 and 28 none
+    finished at all: the crash needs no request to finish."""
+    st = C.threshold_states(analysis.load_runs())
+    assert set(st["concurrency"]) >= {8, 20, 24, 28, 32, 64}
+    early = st[st["concurrency"].isin([20, 28])]
+    assert len(early) >= 4 and (early["finished before the step"] == 0).all() and (early["finished in the step"] == 0).all()
+    c8 = st[st["concurrency"] == 8]
+    assert len(c8) == 3 and set(c8["scheduled tokens"]) == {112} and (c8["finished in the step"] == 0).all()
+    # the server's and fixed runs are not in the offline rows
+    assert not st["run"].str.startswith("server").any() and not st["run"].str.startswith("fix").any()
+    fig = C.plot_threshold(C.path_rates(analysis.load_runs()), st)
+    assert len(fig.axes) == 2
+
+
+def test_keep_running_core_dumps_print_the_device_asserts():
+    """s20: with the driver's skip_abort the process lives on after the core dump and prints the failed device asserts,
+    the two position-index bounds of the drafter's RoPE kernel; the runs whose process the driver ended print none."""
+    ft = analysis.fault_table(analysis.load_runs())
+    keep = ft[ft["cell"].str.contains("keep running")]
+    assert len(keep) == 3
+    rope = analysis.compiled_kernel("triton_poi_fused_2")["device_asserts"]
+    for text in keep["device asserts (engine log)"]:
+        assert all(a in text for a in rope)
+    dumped = ft[ft["cell"].str.endswith("(core dump on)")]
+    assert len(dumped) and (dumped["device asserts (engine log)"] == "").all()
+
+
+def test_device_asserts_parses_runtime_lines():
+    line = ("/x/inductor_cache/k7/ck75.py:53: unknown: block: [{b},0,0], thread: [{t},0,0] "
+            "Assertion `index out of bounds: 0 <= tmp16 < 262144` failed.")
+    text = "\n".join([line.format(b=0, t=1), line.format(b=0, t=2), line.format(b=3, t=1), "noise"])
+    assert analysis.device_asserts(text) == [{"source": "ck75.py:53", "message": "index out of bounds: 0 <= tmp16 < 262144",
+                                              "threads": 3, "blocks": 2}]
+    assert analysis.device_asserts("no asserts here") == []
 
 
 def test_server_path_s19():
