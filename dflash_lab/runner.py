@@ -74,6 +74,10 @@ ENGINE_DEFAULTS = {
     "acceptance": "natural",
     "engine_args": {},
     "env": {},
+    # seconds one run of this engine needs (a probed run at concurrency 32 takes minutes): no engine is started
+    # unless its start-up estimate plus this much is left before the deadline (s20 lost 300 s to a probe run cut
+    # 56 s in, a timeout line that measured nothing)
+    "run_estimate_s": 0,
 }
 RUN_DEFAULTS = {"concurrency": 16, "rounds": 1, "max_tokens": 512, "temperature": 0.7,
                 "ignore_eos": True, "stream": True, "record_outputs": False}
@@ -156,6 +160,8 @@ def validate_matrix(m, where="matrix") -> dict:
                 splits.parse(eng["fa_splits"])
             except LabError as err:
                 _check(False, f"{where}: engine {e['id']}: fa_splits: {err}")
+        _check(isinstance(eng["run_estimate_s"], (int, float)) and not isinstance(eng["run_estimate_s"], bool)
+               and eng["run_estimate_s"] >= 0, f"{where}: engine {e['id']}: run_estimate_s must be a number >= 0")
         acc = eng["acceptance"]
         _check(acc == "natural" or isinstance(acc, (int, float)) or
                (isinstance(acc, list) and all(isinstance(x, (int, float)) for x in acc)),
@@ -347,7 +353,7 @@ class Runner:
         attempt = 0
         while pending:
             est = self.startup_s.get(eng["id"], self.m["startup_estimate_s"])
-            if self.time_left() < est + 30:
+            if self.time_left() < est + eng["engine"]["run_estimate_s"] + 30:
                 self.not_run += [r.id for r in pending]
                 return
             if attempt > self.m["max_restarts"]:

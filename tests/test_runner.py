@@ -55,6 +55,17 @@ def test_deadline_leaves_unreached_runs_without_a_line(tmp_path):
     assert "not run before the deadline" in r.stdout
 
 
+def test_an_engine_whose_run_cannot_finish_is_not_started(tmp_path):
+    """run_estimate_s: the slow engine is left for a later call (no line, listed as not run); the next one runs."""
+    lines, r = run(tmp_path, [{"id": "slow", "run_estimate_s": 3600, "runs": [{"concurrency": 1}]},
+                              {"id": "quick", "runs": [{"concurrency": 1}]}],
+                   extra=("--deadline-s", "120"), startup_estimate_s=1)
+    assert [(l["run_id"], l["outcome"]) for l in lines] == [("quick/c1/r0", "ok")]
+    assert "not run before the deadline: 1 run(s): slow/c1/r0" in r.stdout
+    with pytest.raises(LabError, match="run_estimate_s"):
+        validate_matrix({"engines": [{"id": "e", "run_estimate_s": -1, "runs": [{"concurrency": 1}]}]})
+
+
 def test_existing_lines_survive_a_later_crash(tmp_path):
     out = tmp_path / "runs.jsonl"
     out.write_text(json.dumps({"run_id": "earlier", "outcome": "ok"}) + "\n")
