@@ -103,7 +103,7 @@ def side_by_side(df, data_dir: str = "data/gpu"):
 PATHS = (("offline", 1), ("server", 1), ("offline", 2), ("server", 2))
 
 
-def path_rates(df, concurrencies=(1, 8, 16, 20, 24, 28, 32, 64)):
+def path_rates(df, concurrencies=(1, 2, 4, 8, 16, 20, 24, 28, 32, 64)):
     """Crash rate of stock DFlash FULL_AND_PIECEWISE per path and concurrency, with the faulting kernels
     the core dumps named on that path."""
     import pandas as pd
@@ -136,14 +136,18 @@ PASSIVE = ("core dump on", "core dump on (keep running)")
 
 
 def _only_with(g) -> str:
-    """' (launch hook)' when every run of the cell carries that active instrument (one shared by all), else ''."""
+    """' (launch hook)' when every run of the cell carries that active instrument (one shared by all), ' (greedy)' when
+    every run sampled at temperature 0 (the report's workload samples at 0.7), else ''."""
     shared = None
     for ins in g["instruments"]:
         active = {i.strip() for i in str(ins).split(",") if i.strip() and i.strip() != "none" and i.strip() not in PASSIVE}
         shared = active if shared is None else shared & active
         if not shared:
-            return ""
-    return f" ({', '.join(sorted(shared))})" if shared else ""
+            break
+    marks = sorted(shared or ())
+    if "temperature" in g and len(g) and (g["temperature"] == 0).all():
+        marks.append("greedy")
+    return f" ({', '.join(marks)})" if marks else ""
 
 
 def parse_rate(cell: str) -> tuple[int, int] | None:

@@ -37,6 +37,8 @@ def test_parse_rate_and_the_active_instrument_mark():
     assert C._only_with(pd.DataFrame({"instruments": ["core dump on", "none"]})) == ""
     assert C._only_with(pd.DataFrame({"instruments": ["launch hook", "launch hook, CUDA_LAUNCH_BLOCKING=1"]})) == " (launch hook)"
     assert C._only_with(pd.DataFrame({"instruments": ["launch hook", "none"]})) == ""
+    assert C._only_with(pd.DataFrame({"instruments": ["none"], "temperature": [0.0]})) == " (greedy)"
+    assert C._only_with(pd.DataFrame({"instruments": ["none", "none"], "temperature": [0.0, 0.7]})) == ""
 
 
 def test_threshold_states_s20():

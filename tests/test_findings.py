@@ -23,8 +23,11 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "Every decided prediction held" in text
     assert "4/4 requests identical to the PIECEWISE reference" in text and "not attributed" not in text
     # s19: the offline counts stay offline, the server path has its own line with what its clients saw
-    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 13/13 crashed" in text
-    assert "in between, 24: 3/3 crashed (3/3 with core dump on), 28: 3/3 crashed" in text
+    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 14/14 crashed" in text
+    # s20: every other concurrency with its own count; 16 shows it ran only with the launch hook
+    assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 3/3 crashed" in text
+    assert "16: 0/3 crashed (0/3 with launch hook)" in text and "24: 4/4 crashed (3/3 with core dump on; 1/1 plain)" in text
+    assert "in 3 of 3 crashes whose process outlived the core dump, the engine log shows both asserts failing" in text
     assert "The OpenAI server at TP=1" in text and "concurrency 32: 4/4 crashed" in text and '"code": 500' in text
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
