@@ -130,3 +130,24 @@ def test_the_dflash_kernel_grid_says_how_many_requests_were_running():
     c28 = ft[ft["run"].str.startswith("stock-c24-c28/c28")]
     assert list(c28["requests in the step"]) == [28, 28, 28]     # s19: all 28 still running: early in the batch
     assert set(ft.loc[ft["faulting kernel"] == "triton_poi_fused_2", "requests in the step"].dropna()) == set()
+
+
+def test_empty_steps_bound():
+    """max_tokens 512, k 15, two steps in flight: up to 544 output tokens + placeholders is normal; beyond, each 16
+    (one step's 1 + k placeholders never removed) is at least one step that returned no valid token."""
+    assert C.empty_steps([0, 512, 544], 512, 15) == [0, 0, 0]
+    assert C.empty_steps([545, 560, 561, 925], 512, 15) == [1, 1, 2, 24]
+    assert C.empty_steps([530], 512, 15, in_flight=1) == [1]
+
+
+def test_concurrency_8_crash_steps_show_many_steps_without_a_valid_token():
+    """s20, concurrency 8: every crash step's dump has 7 requests past the bound by 12-26 steps; the report's crash B and
+    the early crashes at 20 and 28 show none."""
+    st = C.threshold_states(analysis.load_runs())
+    c8 = st[st["concurrency"] == 8]
+    assert len(c8) == 3 and (c8["requests with empty steps"] == 7).all()
+    assert sorted(c8["empty steps per request (at least)"]) == ["12..23", "15..24", "15..26"]
+    early = st[st["concurrency"].isin([20, 28])]
+    assert (early["requests with empty steps"] == 0).all()
+    t = C.side_by_side(analysis.load_runs())
+    assert t.loc["requests with empty steps", "report crash B"] == 0
