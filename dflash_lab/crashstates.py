@@ -293,7 +293,8 @@ def plot_path_rates(rates):
         ["#dddddd"] + [plt.cm.RdYlGn_r(x) for x in np.linspace(0, 1, 10)]), vmin=-0.1, vmax=1, aspect="auto")
     for i, (_, r) in enumerate(rates.iterrows()):
         for j, c in enumerate(concs):
-            ax.text(j, i, r[c], ha="center", va="center", fontsize=8)
+            dark = not np.isnan(frac[i, j]) and (frac[i, j] >= 0.8 or frac[i, j] <= 0.2)   # the colormap's dark ends
+            ax.text(j, i, r[c], ha="center", va="center", fontsize=8, color="white" if dark else "black")
     ax.set_xticks(range(len(concs)), [str(c) for c in concs])
     ax.set_yticks(range(len(rates)), list(rates["path"]))
     ax.set(xlabel="concurrency", title="stock DFlash k=15 + FULL_AND_PIECEWISE: crashed runs / runs")
