@@ -68,7 +68,8 @@ def device_asserts(text: str) -> list[dict]:
     """The device-side asserts an engine log printed: per (source file, line, message), how many threads and
     blocks failed it. The runtime prints them only while the process lives on after the fault (the CUDA driver's
     core dump with ``skip_abort``, matrix key ``coredump: keep-running``): a run whose process the driver ended
-    prints none, whatever fired."""
+    prints none, whatever fired. An engine log holds one engine's runs, and a crash ends the engine, so the asserts
+    of a log belong to its one crashed run (``fault_table`` reads them for crashed runs only)."""
     found: dict[tuple, dict] = {}
     for m in ASSERT_RE.finditer(text):
         src, line, block, _thread, msg = m.groups()

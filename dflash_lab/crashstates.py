@@ -23,38 +23,42 @@ REPORT_STATES = {
         "cell": "dflash (k=15), CUDA graphs on (vLLM default)", "concurrency": 32, "tensor_parallel_size": 4,
         "path": "server", "weights": "real", "acceptance (mean length)": 8.80, "num_running_reqs": 32,
         "num_waiting_reqs": 0, "kv_cache_usage": 0.199, "total_num_scheduled_tokens": 512,
-        "num_computed_tokens": "117..144", "num_output_tokens": None, "finished this step": None,
+        "num_computed_tokens": "117..144", "num_output_tokens": None, "finished since the previous step": None,
         "requests with empty steps": None, "empty steps per request (at least)": None,
         "phase": "early (still prefilling, generation just started)"},
     "report crash B": {
         "cell": "dflash (k=15), CUDA graphs on (vLLM default)", "concurrency": 16, "tensor_parallel_size": 4,
         "path": "server", "weights": "real", "acceptance (mean length)": 1.86, "num_running_reqs": 7,
         "num_waiting_reqs": 0, "kv_cache_usage": 0.0437, "total_num_scheduled_tokens": 112,
-        "num_computed_tokens": "365..574", "num_output_tokens": "317..526", "finished this step": None,
-        # its largest num_output_tokens, 526, is within max_tokens 512 + 2 steps x 16 placeholders: none shown
+        "num_computed_tokens": "365..574", "num_output_tokens": "317..526", "finished since the previous step": None,
+        # its largest num_output_tokens, 526, is within max_tokens 512 + one step's 16 placeholders: none shown
         "requests with empty steps": 0, "empty steps per request (at least)": "0..0",
         "phase": "tail (9 of 16 requests finished)"},
 }
 FIELDS = ("cell", "path", "tensor_parallel_size", "weights", "concurrency", "acceptance (mean length)", "num_running_reqs",
           "num_waiting_reqs", "kv_cache_usage", "total_num_scheduled_tokens", "num_computed_tokens",
-          "num_output_tokens", "finished this step", "requests with empty steps", "empty steps per request (at least)",
+          "num_output_tokens", "finished since the previous step", "requests with empty steps", "empty steps per request (at least)",
           "phase")
 
 
-# Steps that came back with no valid token, bounded from below by vLLM's own dump. In vLLM 0.22.1 the dump's
-# num_output_tokens is a request's output tokens plus its output placeholders (scheduler.py:1083). Output stops at
-# max_tokens (check_stop, core/sched/utils.py:114, tokens past it trimmed). Each scheduled step adds 1 + its spec
-# tokens to the placeholders (async_scheduler.py:32), and they are removed when the step's output comes back
-# (scheduler.py:1385 the rejected ones, async_scheduler.py:53 the accepted ones), but only if the step returned at
-# least one token: a row that parse_output emptied (every token -1 or >= vocab_size, rejection_sampler.py:267) skips
-# both (scheduler.py:1371, 1407) and leaves its 1 + k placeholders for good. At most IN_FLIGHT steps are in flight
-# at the dump (the executor's max_concurrent_batches: 2 with async scheduling, uniproc_executor.py:77), so a request
-# past max_tokens + IN_FLIGHT * (1 + k) lost at least ceil(excess / (1 + k)) steps that way.
-IN_FLIGHT = 2
+# Steps whose output row came back empty, bounded from below by vLLM's own dump. In vLLM 0.22.1 the dump's
+# num_output_tokens is a request's output tokens plus its output placeholders (scheduler.py:1083), taken when the
+# step was scheduled (scheduler.py:869), before that step's own placeholders are added (scheduler.py:921). Output
+# stops at max_tokens (check_stop, core/sched/utils.py:114, tokens past it trimmed). Each scheduled step adds 1 + its
+# spec tokens to the placeholders (async_scheduler.py:32); they are removed when the step's output comes back
+# (scheduler.py:1385 the rejected ones, async_scheduler.py:53 the accepted ones), but only if the request's row holds
+# at least one token: an empty row skips both (scheduler.py:1371, 1407) and leaves its 1 + k for good. A row comes
+# back empty when parse_output drops every token (-1 or >= vocab_size, rejection_sampler.py:267) or when the request is
+# discarded for the step (rejection_sampler.py:277; gpu_model_runner.py discard_request_mask, for requests still
+# prefilling); the dump does not say which. When a step is scheduled at most one earlier step is still in flight
+# (the batch queue holds fewer than max_concurrent_batches = 2 entries, core.py:492; uniproc_executor.py:77), so a
+# request past max_tokens + IN_FLIGHT * (1 + k) lost at least ceil(excess / (1 + k)) steps to empty rows. Fewer spec
+# tokens than k in a step only lower what that step leaks, so the bound stays a lower bound.
+IN_FLIGHT = 1
 
 
 def empty_steps(num_output_tokens, max_tokens: int, k: int, in_flight: int = IN_FLIGHT) -> list[int]:
-    """Per request of a crash-step dump: the least number of earlier steps that returned no valid token."""
+    """Per request of a crash-step dump: the least number of earlier steps whose output row came back empty."""
     bound = max_tokens + in_flight * (1 + k)
     return [-(-(n - bound) // (1 + k)) if n > bound else 0 for n in num_output_tokens]
 
@@ -98,7 +102,7 @@ def our_states(df, data_dir: str = "data/gpu") -> list[dict]:
             "total_num_scheduled_tokens": d.get("total_num_scheduled_tokens"),
             "num_computed_tokens": _span(d.get("num_computed_tokens", [])),
             "num_output_tokens": _span(d.get("num_output_tokens", [])),
-            "finished this step": len(d.get("finished_req_ids", [])),
+            "finished since the previous step": len(d.get("finished_req_ids", [])),
             "requests with empty steps": sum(1 for e in empty if e) if empty else None,
             # lower bounds, over the requests of the dump
             "empty steps per request (at least)": _span(empty) if empty else None,
@@ -204,14 +208,14 @@ def threshold_states(df, path=("offline", 1), data_dir: str = "data/gpu"):
         n, running = int(s["concurrency"]), s["num_running_reqs"]
         rows.append({"concurrency": n, "run": s["run"], "file": s["file"], "running": running,
                      "finished before the step": None if running is None else n - running,
-                     "finished in the step": s["finished this step"],
+                     "finished since the previous step": s["finished since the previous step"],
                      "scheduled tokens": s["total_num_scheduled_tokens"], "computed tokens": s["num_computed_tokens"],
                      "output tokens + placeholders": s["num_output_tokens"],
                      "requests with empty steps": s["requests with empty steps"],
                      "empty steps per request (at least)": s["empty steps per request (at least)"],
                      "s into the run": r.get("wall_s"), "instruments": r.get("instruments")})
     return pd.DataFrame(rows).sort_values(["concurrency", "file", "run"]).reset_index(drop=True) if rows else pd.DataFrame(
-        columns=["concurrency", "run", "file", "running", "finished before the step", "finished in the step",
+        columns=["concurrency", "run", "file", "running", "finished before the step", "finished since the previous step",
                  "scheduled tokens", "computed tokens", "output tokens + placeholders", "requests with empty steps",
                  "empty steps per request (at least)", "s into the run", "instruments"])
 
@@ -241,7 +245,8 @@ def plot_threshold(rates, states, path="offline, TP=1"):
             continue
         x = pos[s["concurrency"]] + rng.uniform(-0.15, 0.15)
         a2.plot(x, s["finished before the step"], "o", color="tab:blue", alpha=0.7, label="finished before the crash step" if first else None)
-        a2.plot(x, s["finished in the step"], "x", color="tab:orange", label="finished in the crash step" if first else None)
+        a2.plot(x, s["finished since the previous step"], "x", color="tab:orange",
+                label="finished since the step before (vLLM's finished_req_ids)" if first else None)
         first = False
     a2.plot(range(len(concs)), concs, "_", ms=14, color="0.5", label="all requests (= concurrency)")
     a2.set(xlabel="concurrency", ylabel="requests", title=f"at the crash step (vLLM's dump, {len(states)} crashes)")

@@ -69,7 +69,8 @@ def write_findings(root: Path, out: Path) -> Path:
     on_path = lambda d, mode: d[(d["mode"].fillna("offline") == mode) & (d["tensor_parallel_size"] == 1)]
     stock, server = on_path(stock_all, "offline"), on_path(stock_all, "server")
     eager = df[(df["spec_method"] == "dflash") & (df["enforce_eager"] == True)]
-    others = "; ".join(f"{c}: {analysis.breakdown(stock[stock.concurrency == c])}"
+    greedy = lambda g: " (greedy: temperature 0)" if len(g) and (g["temperature"] == 0).all() else ""
+    others = "; ".join(f"{c}: {analysis.breakdown(stock[stock.concurrency == c])}{greedy(stock[stock.concurrency == c])}"
                        for c in sorted(set(stock["concurrency"])) if c != 32)
     cv = crashstates.client_view(df)
     server_line = (
@@ -89,7 +90,8 @@ def write_findings(root: Path, out: Path) -> Path:
         f"FULL_AND_PIECEWISE.",
         f"Reproduced: DFlash k=15 + FULL_AND_PIECEWISE graphs on the real-size Qwen3.6-35B-A3B architecture (dummy weights, "
         f"synthetic acceptance 1.86, TP=1, H200, offline engine) dies on a CUDA fault (cudaErrorIllegalAddress in the "
-        f"runs without core dumps; with core dumps on, the driver ends the process after writing the core) at concurrency 32: "
+        f"runs without core dumps; with core dumps on, the driver ends the process after writing the core unless it keeps "
+        f"running (skip_abort)) at concurrency 32: "
         f"{analysis.breakdown(stock[stock.concurrency == 32])}"
         + (f"; at other concurrencies, {others} (repeats of the seeded workload are close replicas, not independent samples)"
            if others else "")
@@ -102,7 +104,8 @@ def write_findings(root: Path, out: Path) -> Path:
            "(the drafter's positions are written by the DFlash input kernel, so this is consistent with the same chain "
            f"ending one kernel later) into the RoPE cache ({'; '.join(rope['device_asserts'])})"
            + (f"; in {len(both)} of {len(keep)} crashes whose process outlived the core dump, the engine log shows both "
-              "asserts failing, whichever kernel the core named (the positions themselves are not printed)" if len(keep) else
+              "asserts failing, after the DFlash input kernel's fault where the core names that kernel first (the positions "
+              "themselves are not printed)" if len(keep) else
               "; which assert fired is not recorded")
            if rope else "")
         + ".",

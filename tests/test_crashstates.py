@@ -47,9 +47,9 @@ def test_threshold_states_s20():
     st = C.threshold_states(analysis.load_runs())
     assert set(st["concurrency"]) >= {8, 20, 24, 28, 32, 64}
     early = st[st["concurrency"].isin([20, 28])]
-    assert len(early) >= 4 and (early["finished before the step"] == 0).all() and (early["finished in the step"] == 0).all()
+    assert len(early) >= 4 and (early["finished before the step"] == 0).all() and (early["finished since the previous step"] == 0).all()
     c8 = st[st["concurrency"] == 8]
-    assert len(c8) == 3 and set(c8["scheduled tokens"]) == {112} and (c8["finished in the step"] == 0).all()
+    assert len(c8) == 3 and set(c8["scheduled tokens"]) == {112} and (c8["finished since the previous step"] == 0).all()
     # the server's and fixed runs are not in the offline rows
     assert not st["run"].str.startswith("server").any() and not st["run"].str.startswith("fix").any()
     fig = C.plot_threshold(C.path_rates(analysis.load_runs()), st)
@@ -133,20 +133,20 @@ def test_the_dflash_kernel_grid_says_how_many_requests_were_running():
 
 
 def test_empty_steps_bound():
-    """max_tokens 512, k 15, two steps in flight: up to 544 output tokens + placeholders is normal; beyond, each 16
-    (one step's 1 + k placeholders never removed) is at least one step that returned no valid token."""
-    assert C.empty_steps([0, 512, 544], 512, 15) == [0, 0, 0]
-    assert C.empty_steps([545, 560, 561, 925], 512, 15) == [1, 1, 2, 24]
-    assert C.empty_steps([530], 512, 15, in_flight=1) == [1]
+    """max_tokens 512, k 15, one step in flight when a step is scheduled: up to 528 output tokens + placeholders is
+    normal; beyond, each 16 (one step's 1 + k placeholders never removed) is at least one step whose row came back empty."""
+    assert C.empty_steps([0, 512, 528], 512, 15) == [0, 0, 0]
+    assert C.empty_steps([529, 544, 545, 925], 512, 15) == [1, 1, 2, 25]
+    assert C.empty_steps([545], 512, 15, in_flight=2) == [1]
 
 
-def test_concurrency_8_crash_steps_show_many_steps_without_a_valid_token():
-    """s20, concurrency 8: every crash step's dump has 7 requests past the bound by 12-26 steps; the report's crash B and
+def test_concurrency_8_crash_steps_show_many_empty_steps():
+    """s20, concurrency 8: every crash step's dump has 7 requests past the bound by 13-27 steps; the report's crash B and
     the early crashes at 20 and 28 show none."""
     st = C.threshold_states(analysis.load_runs())
     c8 = st[st["concurrency"] == 8]
     assert len(c8) == 3 and (c8["requests with empty steps"] == 7).all()
-    assert sorted(c8["empty steps per request (at least)"]) == ["12..23", "15..24", "15..26"]
+    assert sorted(c8["empty steps per request (at least)"]) == ["13..24", "16..25", "16..27"]
     early = st[st["concurrency"].isin([20, 28])]
     assert (early["requests with empty steps"] == 0).all()
     t = C.side_by_side(analysis.load_runs())

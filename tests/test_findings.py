@@ -27,7 +27,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s20: every other concurrency with its own count; 16 shows it ran only with the launch hook
     assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 3/3 crashed" in text
     assert "16: 0/3 crashed (0/3 with launch hook)" in text and "24: 4/4 crashed (3/3 with core dump on; 1/1 plain)" in text
-    assert "in 3 of 3 crashes whose process outlived the core dump, the engine log shows both asserts failing" in text
+    assert "in 3 of 3 crashes whose process outlived the core dump, the engine log shows both asserts failing, after the DFlash" in text
     assert "The OpenAI server at TP=1" in text and "concurrency 32: 4/4 crashed" in text and '"code": 500' in text
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
