@@ -13,6 +13,8 @@ hook, core dumps or extra environment attached to a run are listed); a path with
 from __future__ import annotations
 
 import glob
+import math
+import numbers
 import os
 
 from . import analysis
@@ -89,8 +91,8 @@ def our_states(df, data_dir: str = "data/gpu") -> list[dict]:
         running = d.get("num_running_reqs")
         sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
         k = int(r["num_speculative_tokens"]) if r.get("spec_method") not in (None, "none") else 0
-        empty = (empty_steps(d["num_output_tokens"], int(r["max_tokens"]), k)
-                 if d.get("num_output_tokens") and r.get("max_tokens") == r.get("max_tokens") else [])
+        has_max = isinstance(r.get("max_tokens"), numbers.Real) and not math.isnan(r["max_tokens"])   # numpy ints too
+        empty = empty_steps(d["num_output_tokens"], int(r["max_tokens"]), k) if d.get("num_output_tokens") and has_max else []
         out.append({
             "name": f"{session.replace('2026-11-30_h200_', '')}/{name}", "run": r["run_id"], "file": r["file"],
             "cell": r["cell"],
@@ -108,6 +110,7 @@ def our_states(df, data_dir: str = "data/gpu") -> list[dict]:
             "empty steps per request (at least)": _span(empty) if empty else None,
             "phase": (f"tail ({n_req - running} of {n_req} requests finished)" if running is not None and running < n_req
                       else "all requests running"),
+            "s into the run": r.get("wall_s"), "instruments": r.get("instruments"),
         })
     return out
 
@@ -192,8 +195,9 @@ def parse_rate(cell: str) -> tuple[int, int] | None:
 
 def threshold_states(df, path=("offline", 1), data_dir: str = "data/gpu"):
     """The crash step of each stock crash on one path that left vLLM's dump, one row per run: how many requests
-    were running, how many had finished before that step and in it, the scheduled and computed tokens, and the
-    run's time to the crash. The answer to 'does the crash need requests to finish?' is read from these rows."""
+    were running, how many had finished before that step (and since the step before it), the scheduled, computed and
+    output tokens, the empty steps (:func:`empty_steps`) and the run's time to the crash. Whether the crash needs
+    requests to finish is read from these rows."""
     import pandas as pd
 
     mode, tp = path
@@ -201,8 +205,7 @@ def threshold_states(df, path=("offline", 1), data_dir: str = "data/gpu"):
     keys = set(zip(stock["file"], stock["run_id"]))
     rows = []
     for s in our_states(df, data_dir):
-        r = df[(df["run_id"] == s["run"]) & (df["file"] == s["file"])].iloc[0]
-        run_mode = r.get("mode") if isinstance(r.get("mode"), str) else "offline"
+        run_mode = s["path"] if isinstance(s["path"], str) else "offline"
         if (s["file"], s["run"]) not in keys or run_mode != mode or int(s["tensor_parallel_size"] or 1) != tp:
             continue
         n, running = int(s["concurrency"]), s["num_running_reqs"]
@@ -213,7 +216,7 @@ def threshold_states(df, path=("offline", 1), data_dir: str = "data/gpu"):
                      "output tokens + placeholders": s["num_output_tokens"],
                      "requests with empty steps": s["requests with empty steps"],
                      "empty steps per request (at least)": s["empty steps per request (at least)"],
-                     "s into the run": r.get("wall_s"), "instruments": r.get("instruments")})
+                     "s into the run": s["s into the run"], "instruments": s["instruments"]})
     return pd.DataFrame(rows).sort_values(["concurrency", "file", "run"]).reset_index(drop=True) if rows else pd.DataFrame(
         columns=["concurrency", "run", "file", "running", "finished before the step", "finished since the previous step",
                  "scheduled tokens", "computed tokens", "output tokens + placeholders", "requests with empty steps",
@@ -222,8 +225,9 @@ def threshold_states(df, path=("offline", 1), data_dir: str = "data/gpu"):
 
 def plot_threshold(rates, states, path="offline, TP=1"):
     """Left: crashed / runs over concurrency on one path (hollow: every run of the cell carried an active instrument,
-    e.g. the launch hook). Right: at each crash step, the requests that had finished before it and in it (a crash with
-    none finished needs no request to finish). Concurrencies are evenly spaced categories."""
+    e.g. the launch hook). Right: at each crash step, the requests that had finished before it and since the step
+    before it (a crash with none finished shows that finishing is not necessary). Concurrencies are evenly spaced
+    categories."""
     import matplotlib.pyplot as plt
     import numpy as np
 
