@@ -179,10 +179,13 @@ def _only_with(g) -> str:
         shared = active if shared is None else shared & active
         if not shared:
             break
-    marks = sorted(shared or ())
-    if "temperature" in g and len(g) and (g["temperature"] == 0).all():
-        marks.append("greedy")
+    marks = sorted(shared or ()) + (["greedy"] if all_greedy(g) else [])
     return f" ({', '.join(marks)})" if marks else ""
+
+
+def all_greedy(g) -> bool:
+    """Every run of a set sampled at temperature 0 (the report's workload samples at 0.7)."""
+    return "temperature" in g and len(g) > 0 and bool((g["temperature"] == 0).all())
 
 
 def parse_rate(cell: str) -> tuple[int, int] | None:

@@ -69,7 +69,7 @@ def write_findings(root: Path, out: Path) -> Path:
     on_path = lambda d, mode: d[(d["mode"].fillna("offline") == mode) & (d["tensor_parallel_size"] == 1)]
     stock, server = on_path(stock_all, "offline"), on_path(stock_all, "server")
     eager = df[(df["spec_method"] == "dflash") & (df["enforce_eager"] == True)]
-    greedy = lambda g: " (greedy: temperature 0)" if len(g) and (g["temperature"] == 0).all() else ""
+    greedy = lambda g: " (greedy: temperature 0)" if crashstates.all_greedy(g) else ""
     others = "; ".join(f"{c}: {analysis.breakdown(stock[stock.concurrency == c])}{greedy(stock[stock.concurrency == c])}"
                        for c in sorted(set(stock["concurrency"])) if c != 32)
     cv = crashstates.client_view(df)
