@@ -138,31 +138,52 @@ def side_by_side(df, data_dir: str = "data/gpu"):
 PATHS = (("offline", 1), ("server", 1), ("offline", 2), ("server", 2))
 
 
-def path_rates(df, concurrencies=(1, 2, 4, 8, 16, 20, 24, 28, 32, 64)):
+def path_rates(df, concurrencies=(1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64)):
     """Crash rate of stock DFlash FULL_AND_PIECEWISE per path and concurrency, with the faulting kernels
-    the core dumps named on that path."""
+    the core dumps named on that path. Each path has a row at the crash configuration's synthetic acceptance
+    (:data:`analysis.CRASH_ACCEPTANCE`), ``path`` "offline, TP=1"; a path that also ran at another acceptance gets a
+    row of its own for each, ``path`` "offline, TP=1, acceptance 8.8": another workload, never pooled."""
     import pandas as pd
 
-    d = analysis.stock_full(df)
+    d = analysis.stock_full(df, acceptance=None)
     d = d[(d["outcome"] != "startup_error") & ~d.apply(analysis.is_deadline_cut, axis=1)]
     ft = analysis.fault_table(d) if d["crashed"].any() else pd.DataFrame(columns=["run", "file", "faulting kernel"])
+    others = sorted({a for a in d["acceptance"] if isinstance(a, (int, float)) and not isinstance(a, bool)
+                     and not analysis.same_acceptance(a, analysis.CRASH_ACCEPTANCE)})
     rows = []
     for mode, tp in PATHS:
-        p = d[(d["mode"].fillna("offline") == mode) & (d["tensor_parallel_size"] == tp)]
-        row = {"path": f"{mode}, TP={tp}"}
-        for c in concurrencies:
-            g = p[p["concurrency"] == c]
-            row[c] = f"{int(g['crashed'].sum())}/{len(g)}{_only_with(g)}" if len(g) else "not run"
-        # a run is its file and run id together: run ids repeat across matrices and sessions
-        runs_here = set(zip(p["file"], p["run_id"]))
-        here = pd.Series([(f, r) in runs_here for f, r in zip(ft["file"], ft["run"])], index=ft.index, dtype=bool)
-        k = ft[here & (ft["faulting kernel"] != "no core dump")]
-        row["faulting kernel (core dump)"] = (", ".join(f"{n} ({c})" for n, c in sorted(k["faulting kernel"].value_counts().items()))
-                                              or ("no core dump" if len(p) else "-"))
-        row["instruments attached"] = "; ".join(f"{n} {'plain' if i == 'none' else 'with ' + i}"
-                                                 for i, n in p["instruments"].value_counts().sort_index().items()) or "-"
-        rows.append(row)
+        on_path = d[(d["mode"].fillna("offline") == mode) & (d["tensor_parallel_size"] == tp)]
+        for acc in [analysis.CRASH_ACCEPTANCE] + others:
+            p = on_path[analysis.at_acceptance(on_path, acc)]
+            if acc != analysis.CRASH_ACCEPTANCE and not len(p):
+                continue
+            row = {"path": f"{mode}, TP={tp}" + ("" if acc == analysis.CRASH_ACCEPTANCE else f", acceptance {acc:g}"),
+                   "acceptance": acc}
+            for c in concurrencies:
+                g = p[p["concurrency"] == c]
+                row[c] = f"{int(g['crashed'].sum())}/{len(g)}{_only_with(g)}" if len(g) else "not run"
+            # a run is its file and run id together: run ids repeat across matrices and sessions
+            runs_here = set(zip(p["file"], p["run_id"]))
+            here = pd.Series([(f, r) in runs_here for f, r in zip(ft["file"], ft["run"])], index=ft.index, dtype=bool)
+            k = ft[here & (ft["faulting kernel"] != "no core dump")]
+            row["faulting kernel (core dump)"] = (", ".join(f"{n} ({c})" for n, c in sorted(k["faulting kernel"].value_counts().items()))
+                                                  or ("-" if not len(p) else "no crash" if not p["crashed"].any() else "no core dump"))
+            row["instruments attached"] = "; ".join(f"{n} {'plain' if i == 'none' else 'with ' + i}"
+                                                     for i, n in p["instruments"].value_counts().sort_index().items()) or "-"
+            rows.append(row)
     return pd.DataFrame(rows)
+
+
+def not_monotonic(runs) -> tuple[list, list]:
+    """Where a crash rate over concurrency breaks monotonicity: (the concurrencies where every run crashed below one
+    where every run completed, those completed concurrencies above a crashed one). ([], []) when it is monotonic."""
+    if not len(runs):
+        return [], []
+    rate = {int(c): (int(g["crashed"].sum()), len(g)) for c, g in runs.groupby("concurrency")}
+    crashed = [c for c, (k, n) in rate.items() if n and k == n]
+    mid_ok = sorted(c for c, (k, n) in rate.items() if n and k == 0 and any(c2 < c for c2 in crashed))
+    low_crash = sorted(c for c in crashed if any(c < c2 for c2 in mid_ok))
+    return low_crash, mid_ok
 
 
 # instruments that do nothing until a fault: a cell whose every run carries another instrument (the launch hook, a

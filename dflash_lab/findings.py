@@ -72,6 +72,8 @@ def write_findings(root: Path, out: Path) -> Path:
     greedy = lambda g: " (greedy: temperature 0)" if crashstates.all_greedy(g) else ""
     others = "; ".join(f"{c}: {analysis.breakdown(stock[stock.concurrency == c])}{greedy(stock[stock.concurrency == c])}"
                        for c in sorted(set(stock["concurrency"])) if c != 32)
+    low_crash, mid_ok = crashstates.not_monotonic(stock)
+    acc88 = on_path(analysis.stock_full(df, acceptance=8.8), "offline")
     cv = crashstates.client_view(df)
     server_line = (
         (f"The OpenAI server at TP=1 (streamed chat completions from N concurrent clients, the report's prompt, 512 tokens): "
@@ -95,7 +97,12 @@ def write_findings(root: Path, out: Path) -> Path:
         f"{analysis.breakdown(stock[stock.concurrency == 32])}"
         + (f"; at other concurrencies, {others} (repeats of the seeded workload are close replicas, not independent samples)"
            if others else "")
-        + f"; --enforce-eager {int(eager['crashed'].sum())}/{len(eager)} at 32.",
+        + f"; --enforce-eager {int(eager['crashed'].sum())}/{len(eager)} at 32."
+        + (f" Not monotonic in concurrency: {', '.join(map(str, low_crash))} crashed where "
+           f"{', '.join(map(str, mid_ok))} completed." if low_crash and mid_ok else "")
+        + (f" At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: "
+           + "; ".join(f"concurrency {c}: {analysis.breakdown(acc88[acc88.concurrency == c])}" for c in sorted(set(acc88["concurrency"])))
+           + "." if len(acc88) else ""),
         server_line,
         f"Faulting kernels, named from CUDA core dumps: {faults or 'none recorded'}. All are consumers of values that "
         "were already wrong"
@@ -152,7 +159,7 @@ def write_findings(root: Path, out: Path) -> Path:
         fix_line += (f" GPU session {cs}, through the plugin: stock control crashed {v['stock_crashed']}/{v['stock_runs']}; "
                      "with the fix "
                      + ", ".join(f"concurrency {c}: {v['fix_runs'][c] - v['fix_not_ok'][c]}/{v['fix_runs'][c]} completed"
-                                 for c in (32, 16, 64))
+                                 + _where_stock(stock, c) for c in (32, 16, 64))
                      + (f"; the step probe with the fix (one engine, concurrency 2, 16, 32): the target's outputs on all "
                         f"{int(fp['FULL steps'].sum())} FULL-graph steps identical to a no-graph pass of the same step with the "
                         f"same metadata ({int(fp['FULL steps diverging'].sum())} differ)" if len(fp) else "") + ".")
@@ -209,6 +216,13 @@ draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
     tmp.write_text(page)
     os.replace(tmp, path)
     return path
+
+
+def _where_stock(stock, c) -> str:
+    """' (stock completed there too: 0/6 crashed)' where no offline stock run at concurrency ``c`` crashed: fix runs
+    there are no evidence about the crash."""
+    g = stock[stock["concurrency"] == c]
+    return f" (stock completed there too: {int(g['crashed'].sum())}/{len(g)} crashed)" if len(g) and not g["crashed"].any() else ""
 
 
 def _discriminating_line(df) -> str:

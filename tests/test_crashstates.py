@@ -18,15 +18,36 @@ def test_side_by_side_puts_the_report_first_and_merges_identical_dumps():
 
 def test_path_rates_counts_only_natural_stock_runs():
     r = C.path_rates(analysis.load_runs()).set_index("path")
-    assert list(r.index) == ["offline, TP=1", "server, TP=1", "offline, TP=2", "server, TP=2"]
+    # the crash configuration's acceptance first on each path; s21's acceptance-8.8 runs get a row of their own
+    assert list(r.index) == ["offline, TP=1", "offline, TP=1, acceptance 8.8", "server, TP=1", "offline, TP=2", "server, TP=2"]
     k, n = C.parse_rate(r.loc["offline, TP=1", 32])
-    assert k == n >= 8
-    # offline c16 ran only with the launch hook: the cell says so (s20's c8 crashed 3/3 without it)
-    assert r.loc["offline, TP=1", 16] == "0/3 (launch hook)" and r.loc["offline, TP=1", 8] == "3/3"
+    assert k == n >= 15
+    # s21: a plain c16 (keep-running core dumps are passive) joined the hooked runs, so the cell is no longer marked;
+    # c8 crashed 3/3 (s20) where 12 and 16 complete: not monotonic
+    assert r.loc["offline, TP=1", 16] == "0/6" and r.loc["offline, TP=1", 8] == "3/3" and r.loc["offline, TP=1", 12] == "0/2"
+    # acceptance 8.8 is never pooled with 1.86: it completed at 16 and 32, and a row without crashes says so
+    assert r.loc["offline, TP=1, acceptance 8.8", 32] == "0/3" and r.loc["offline, TP=1, acceptance 8.8", 16] == "0/3"
+    assert r.loc["offline, TP=1, acceptance 8.8", "faulting kernel (core dump)"] == "no crash"
+    assert r.loc["offline, TP=1, acceptance 8.8", "acceptance"] == 8.8 and r.loc["offline, TP=1", "acceptance"] == 1.86
     # counted per run (file and run id: run ids repeat across sessions); s19 and s20 added the drafter's RoPE assert
     kern = r.loc["offline, TP=1", "faulting kernel (core dump)"]
     assert kern.startswith("copy_and_expand_dflash_inputs_kernel (") and "triton_poi_fused_2 (2)" in kern
     assert all(v == "not run" or "/" in v for v in r[32])  # a path without runs says so
+    assert r.loc["server, TP=1", 32] == "5/5"
+
+
+def test_stock_full_keeps_one_acceptance():
+    import pandas as pd
+
+    df = analysis.load_runs()
+    assert set(analysis.stock_full(df)["acceptance"]) == {1.86}
+    assert {1.86, 8.8} <= set(analysis.stock_full(df, acceptance=None)["acceptance"])
+    assert set(analysis.stock_full(df, acceptance=8.8)["concurrency"]) == {16, 32}
+    assert analysis.same_acceptance(1.86, 1.86) and not analysis.same_acceptance(8.8, 1.86)
+    assert analysis.same_acceptance("natural", "natural") and not analysis.same_acceptance([0.9, 0.8], 1.86)
+    assert not analysis.same_acceptance(True, 1) and not analysis.same_acceptance(None, 1.86)
+    assert analysis.at_acceptance(df.iloc[:0], 1.86).dtype == bool   # an empty frame gives an empty mask, not columns
+    assert len(pd.DataFrame(columns=df.columns)[analysis.at_acceptance(pd.DataFrame(columns=df.columns), 1.86)]) == 0
 
 
 def test_parse_rate_and_the_active_instrument_mark():
@@ -78,16 +99,17 @@ def test_device_asserts_parses_runtime_lines():
     assert analysis.device_asserts("no asserts here") == []
 
 
-def test_server_path_s19():
+def test_server_path_s19_s21():
+    """s19 ran 4 of the server's c32 runs, s21 the fifth (another GPU session, its own file)."""
     r = C.path_rates(analysis.load_runs()).set_index("path")
-    assert r.loc["server, TP=1", 16] == "0/5" and r.loc["server, TP=1", 32] == "4/4"
+    assert r.loc["server, TP=1", 16] == "0/5" and r.loc["server, TP=1", 32] == "5/5"
     assert r.loc["server, TP=1", "faulting kernel (core dump)"] == (
-        "copy_and_expand_dflash_inputs_kernel (3), triton_poi_fused_2 (1)")
+        "copy_and_expand_dflash_inputs_kernel (4), triton_poi_fused_2 (1)")
 
 
 def test_client_view_shows_what_the_clients_of_a_crashed_server_got():
     v = C.client_view(analysis.load_runs())
-    assert len(v) == 4 and set(v["HTTP statuses"]) == {"200 x32"}
+    assert len(v) == 5 and set(v["HTTP statuses"]) == {"200 x32"}   # s19: 4, s21: 1
     assert all(k.startswith("stream_error_event x") for k in v["how it failed"])
     assert (v["completed"] + v["failed"] == 32).all()
     assert all('"code": 500' in b and "InternalServerError" in b for b in v["first error body"])
@@ -122,7 +144,7 @@ def test_path_rates_without_any_crash():
     df = analysis.load_runs()
     ok = df[~df["crashed"]]
     r = C.path_rates(ok).set_index("path")
-    assert r.loc["server, TP=1", 16] == "0/5"
+    assert r.loc["server, TP=1", 16] == "0/5" and r.loc["server, TP=1", "faulting kernel (core dump)"] == "no crash"
 
 
 def test_the_dflash_kernel_grid_says_how_many_requests_were_running():
@@ -151,3 +173,18 @@ def test_concurrency_8_crash_steps_show_many_empty_steps():
     assert (early["requests with empty steps"] == 0).all()
     t = C.side_by_side(analysis.load_runs())
     assert t.loc["requests with empty steps", "report crash B"] == 0
+
+
+def test_not_monotonic():
+    import pandas as pd
+
+    def runs(rates):
+        return pd.DataFrame([{"concurrency": c, "crashed": i < k} for c, (k, n) in rates.items() for i in range(n)])
+
+    # s21's offline shape: 8 crashes, 12 and 16 complete, 20 up crash again
+    assert C.not_monotonic(runs({1: (0, 3), 8: (3, 3), 12: (0, 2), 16: (0, 3), 20: (3, 3), 32: (3, 3)})) == ([8], [12, 16])
+    assert C.not_monotonic(runs({1: (0, 3), 8: (3, 3), 32: (3, 3)})) == ([], [])        # a clean threshold
+    assert C.not_monotonic(runs({1: (0, 3), 8: (1, 3), 16: (0, 3)})) == ([], [])        # a partial rate decides nothing
+    assert C.not_monotonic(runs({})) == ([], [])
+    low, mid = C.not_monotonic(analysis.stock_full(analysis.load_runs()).query("mode != 'server' and tensor_parallel_size == 1"))
+    assert low == [8] and mid == [12, 16]

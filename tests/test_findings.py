@@ -23,12 +23,19 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "Every decided prediction held" in text
     assert "4/4 requests identical to the PIECEWISE reference" in text and "not attributed" not in text
     # s19: the offline counts stay offline, the server path has its own line with what its clients saw
-    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 14/14 crashed" in text
-    # s20: every other concurrency with its own count; 16 shows it ran only with the launch hook
+    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 15/15 crashed" in text
+    # s20-s21: every other concurrency with its own count; s21's plain 16 joined the hooked runs
     assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 3/3 crashed" in text
-    assert "16: 0/3 crashed (0/3 with launch hook)" in text and "24: 4/4 crashed (3/3 with core dump on; 1/1 plain)" in text
+    assert "16: 0/6 crashed (0/3 with core dump on (keep running); 0/3 with launch hook)" in text
+    assert "24: 4/4 crashed (3/3 with core dump on; 1/1 plain)" in text
+    # s21: not monotonic, and the acceptance-8.8 runs counted apart, never pooled with 1.86
+    assert "Not monotonic in concurrency: 8 crashed where 12, 16 completed." in text
+    assert "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: concurrency 16: 0/3 crashed" in text
+    # the fix's runs at 16 are where stock completes: said beside them
+    assert "concurrency 16: 3/3 completed (stock completed there too: 0/6 crashed)" in text
+    assert "concurrency 64: 3/3 completed," in text or "concurrency 64: 3/3 completed;" in text
     assert "in 3 of 3 crashes whose process outlived the core dump, the engine log shows both asserts failing, after the DFlash" in text
-    assert "The OpenAI server at TP=1" in text and "concurrency 32: 4/4 crashed" in text and '"code": 500' in text
+    assert "The OpenAI server at TP=1" in text and "concurrency 32: 5/5 crashed" in text and '"code": 500' in text
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
 
