@@ -6,6 +6,7 @@ nothing is computed from assumptions. A corrupt or missing file is a LabError na
 
 from __future__ import annotations
 
+import functools
 import glob
 import gzip
 import json
@@ -301,6 +302,18 @@ def crash_table(df):
     return out
 
 
+def log_asserts(path: str) -> list[dict]:
+    """:func:`device_asserts` of a stored engine log, read once per file version (a notebook builds the fault table
+    several times; an engine log is up to a few MB)."""
+    st = os.stat(path)
+    return [dict(a) for a in _log_asserts(os.path.abspath(path), st.st_mtime_ns, st.st_size)]
+
+
+@functools.lru_cache(maxsize=256)
+def _log_asserts(path: str, _mtime_ns: int, _size: int) -> tuple:
+    return tuple(device_asserts(read_text(path)))
+
+
 def fault_table(df, data_dir: str = "data"):
     """Crashed runs with the kernel their CUDA core dump names (runs without a dump: 'no core dump'), and the
     device-side asserts their engine log printed (:func:`device_asserts`)."""
@@ -310,7 +323,7 @@ def fault_table(df, data_dir: str = "data"):
     for _, r in df[df["crashed"]].iterrows():
         f = r.get("fault") if isinstance(r.get("fault"), dict) else None
         log = engine_log(dict(r), data_dir)
-        asserts = device_asserts(read_text(log)) if log else []
+        asserts = log_asserts(log) if log else []
         rows.append({"run": r["run_id"], "path": f"{r.get('mode') or 'offline'}, TP={r.get('tensor_parallel_size') or 1}",
                      "cell": r["cell"], "concurrency": r["concurrency"],
                      "faulting kernel": (f or {}).get("kernel") or ("no core dump" if f is None else "unread"),

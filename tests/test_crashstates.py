@@ -188,3 +188,21 @@ def test_not_monotonic():
     assert C.not_monotonic(runs({})) == ([], [])
     low, mid = C.not_monotonic(analysis.stock_full(analysis.load_runs()).query("mode != 'server' and tensor_parallel_size == 1"))
     assert low == [8] and mid == [12, 16]
+
+
+def test_log_asserts_reads_a_log_once_per_version(tmp_path, monkeypatch):
+    log = tmp_path / "e.log"
+    line = ("/x/k7/ck.py:53: unknown: block: [1,0,0], thread: [2,0,0] Assertion `index out of bounds: 0 <= tmp16 < 262144` "
+            "failed.\n")
+    log.write_text(line)
+    calls = []
+    real = analysis.read_text
+    monkeypatch.setattr(analysis, "read_text", lambda p: calls.append(p) or real(p))
+    first = analysis.log_asserts(str(log))
+    assert first[0]["threads"] == 1 and analysis.log_asserts(str(log)) == first and len(calls) == 1
+    first[0]["threads"] = 99                      # a caller's change does not reach the cache
+    assert analysis.log_asserts(str(log))[0]["threads"] == 1
+    import os
+    log.write_text(line * 3)                      # a new version of the file is read again
+    os.utime(log, ns=(1, 10**18))
+    assert analysis.log_asserts(str(log))[0]["threads"] == 3 and len(calls) == 2
