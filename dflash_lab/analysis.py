@@ -10,6 +10,8 @@ import functools
 import glob
 import gzip
 import json
+import math
+import numbers
 import os
 import re
 from pathlib import Path
@@ -163,11 +165,34 @@ def instruments(r: dict) -> list[str]:
 CRASH_ACCEPTANCE = 1.86
 
 
+def acceptance_key(value):
+    """A run's recorded ``acceptance`` as a hashable key: a number (NumPy scalars included) rounded to 6 places, a
+    string ("natural") as is, a list of per-position rates as a tuple of such numbers, anything else (None, NaN) as
+    "unknown". Two runs are at the same acceptance when their keys are equal."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return round(float(value), 6) if math.isfinite(float(value)) else "unknown"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        keys = tuple(acceptance_key(v) for v in value)
+        return keys if keys and all(isinstance(k, float) for k in keys) else "unknown"
+    return "unknown"
+
+
+def acceptance_label(key) -> str:
+    """'8.8', 'natural', '[0.9, 0.5]' or 'unknown': an acceptance key as the tables print it."""
+    if isinstance(key, float):
+        return f"{key:g}"
+    if isinstance(key, tuple):
+        return "[" + ", ".join(f"{k:g}" for k in key) + "]"
+    return str(key)
+
+
 def same_acceptance(value, acceptance) -> bool:
-    """Whether a run's recorded ``acceptance`` (a number, a list of per-position rates, or "natural") is ``acceptance``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(acceptance, bool):
-        return value == acceptance if isinstance(value, str) else False
-    return isinstance(acceptance, (int, float)) and abs(float(value) - float(acceptance)) < 1e-9
+    """Whether a run's recorded ``acceptance`` (a number, a list of per-position rates, or "natural") is ``acceptance``;
+    an unknown value (None, NaN, bool) matches nothing."""
+    k = acceptance_key(value)
+    return k != "unknown" and k == acceptance_key(acceptance)
 
 
 def at_acceptance(df, acceptance):

@@ -148,17 +148,20 @@ def path_rates(df, concurrencies=(1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64)):
     d = analysis.stock_full(df, acceptance=None)
     d = d[(d["outcome"] != "startup_error") & ~d.apply(analysis.is_deadline_cut, axis=1)]
     ft = analysis.fault_table(d) if d["crashed"].any() else pd.DataFrame(columns=["run", "file", "faulting kernel"])
-    others = sorted({a for a in d["acceptance"] if isinstance(a, (int, float)) and not isinstance(a, bool)
-                     and not analysis.same_acceptance(a, analysis.CRASH_ACCEPTANCE)})
+    # every acceptance a stock run recorded gets rows: numbers, "natural", per-position lists, and "unknown" for a
+    # line without a usable value, so that no run drops out of the table
+    crash_key = analysis.acceptance_key(analysis.CRASH_ACCEPTANCE)
+    keys = pd.Series([analysis.acceptance_key(a) for a in d["acceptance"]], index=d.index, dtype=object)
+    others = sorted({k for k in keys if k != crash_key}, key=lambda k: (not isinstance(k, float), str(k)))
     rows = []
     for mode, tp in PATHS:
-        on_path = d[(d["mode"].fillna("offline") == mode) & (d["tensor_parallel_size"] == tp)]
-        for acc in [analysis.CRASH_ACCEPTANCE] + others:
-            p = on_path[analysis.at_acceptance(on_path, acc)]
-            if acc != analysis.CRASH_ACCEPTANCE and not len(p):
+        here_path = (d["mode"].fillna("offline") == mode) & (d["tensor_parallel_size"] == tp)
+        for key in [crash_key] + others:
+            p = d[here_path & (keys == key)]
+            if key != crash_key and not len(p):
                 continue
-            row = {"path": f"{mode}, TP={tp}" + ("" if acc == analysis.CRASH_ACCEPTANCE else f", acceptance {acc:g}"),
-                   "acceptance": acc}
+            row = {"path": f"{mode}, TP={tp}" + ("" if key == crash_key else f", acceptance {analysis.acceptance_label(key)}"),
+                   "acceptance": analysis.acceptance_label(key)}
             for c in concurrencies:
                 g = p[p["concurrency"] == c]
                 row[c] = f"{int(g['crashed'].sum())}/{len(g)}{_only_with(g)}" if len(g) else "not run"
@@ -176,12 +179,16 @@ def path_rates(df, concurrencies=(1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64)):
 
 def not_monotonic(runs) -> tuple[list, list]:
     """Where a crash rate over concurrency breaks monotonicity: (the concurrencies where every run crashed below one
-    where every run completed, those completed concurrencies above a crashed one). ([], []) when it is monotonic."""
+    where every run completed, those completed concurrencies above a crashed one). ([], []) when it is monotonic. Only
+    outcomes "crash" and "ok" decide a concurrency: one with a timeout or a failed start among its runs decides nothing."""
     if not len(runs):
         return [], []
-    rate = {int(c): (int(g["crashed"].sum()), len(g)) for c, g in runs.groupby("concurrency")}
-    crashed = [c for c, (k, n) in rate.items() if n and k == n]
-    mid_ok = sorted(c for c, (k, n) in rate.items() if n and k == 0 and any(c2 < c for c2 in crashed))
+    rate = {}
+    for c, g in runs.groupby("concurrency"):
+        out = set(g["outcome"]) if "outcome" in g else {"crash" if x else "ok" for x in g["crashed"]}
+        rate[int(c)] = "crashed" if out == {"crash"} and g["crashed"].all() else "completed" if out == {"ok"} else None
+    crashed = [c for c, v in rate.items() if v == "crashed"]
+    mid_ok = sorted(c for c, v in rate.items() if v == "completed" and any(c2 < c for c2 in crashed))
     low_crash = sorted(c for c in crashed if any(c < c2 for c2 in mid_ok))
     return low_crash, mid_ok
 

@@ -43,7 +43,8 @@ from . import analysis, kvgroups
 from .errors import LabError
 from .vllm_sources import read_source
 
-CRASH_CONCURRENCY = 32           # the lowest concurrency at which stock FULL_AND_PIECEWISE crashed in every run
+CRASH_CONCURRENCY = 32           # the concurrency the discriminating variants ran at, where stock crashed in every run
+                                 # (below it stock's outcome depends on the concurrency: s20-s21, 8 crashed, 12 and 16 completed)
 MIN_DRAFTING_SHARE = 0.9         # a run that completes is a control only if this share of its output came
                                  # from drafting steps (num_drafts x acceptance length / output tokens)
 
@@ -163,8 +164,8 @@ def predict(r, facts: dict | None = None) -> tuple[str, str]:
         return "open", "the stale schedule is still read; with one split it may be harmless (the step probe decides)"
     if int(r.get("concurrency") or 0) >= CRASH_CONCURRENCY:
         return "crash", "the reusing group's FULL graphs read the stale FA3 schedule"
-    return "open", (f"the stale schedule is read, but below concurrency {CRASH_CONCURRENCY} stock has not crashed "
-                    "in every run")
+    return "open", (f"the stale schedule is read; below concurrency {CRASH_CONCURRENCY} whether it ends in a crash "
+                    "depends on the concurrency in a way the mechanism does not model")
 
 
 def drafting_share(r) -> float | None:

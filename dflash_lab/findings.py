@@ -73,6 +73,7 @@ def write_findings(root: Path, out: Path) -> Path:
     others = "; ".join(f"{c}: {analysis.breakdown(stock[stock.concurrency == c])}{greedy(stock[stock.concurrency == c])}"
                        for c in sorted(set(stock["concurrency"])) if c != 32)
     low_crash, mid_ok = crashstates.not_monotonic(stock)
+    crash_everywhere = sorted(int(c) for c, g in stock.groupby("concurrency") if len(g) and g["crashed"].all())
     acc88 = on_path(analysis.stock_full(df, acceptance=8.8), "offline")
     cv = crashstates.client_view(df)
     server_line = (
@@ -98,11 +99,13 @@ def write_findings(root: Path, out: Path) -> Path:
         + (f"; at other concurrencies, {others} (repeats of the seeded workload are close replicas, not independent samples)"
            if others else "")
         + f"; --enforce-eager {int(eager['crashed'].sum())}/{len(eager)} at 32."
-        + (f" Not monotonic in concurrency: {', '.join(map(str, low_crash))} crashed where "
-           f"{', '.join(map(str, mid_ok))} completed." if low_crash and mid_ok else "")
+        + (f" Not monotonic in concurrency in the runs so far: {_with_sessions(stock, low_crash)} crashed where "
+           f"{_with_sessions(stock, mid_ok)} completed"
+           + ("" if _one_session(stock, low_crash + mid_ok) else " (never in one GPU session)") + "."
+           if low_crash and mid_ok else "")
         + (f" At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: "
            + "; ".join(f"concurrency {c}: {analysis.breakdown(acc88[acc88.concurrency == c])}" for c in sorted(set(acc88["concurrency"])))
-           + "." if len(acc88) else ""),
+           + _first_position(acc88) + "." if len(acc88) else ""),
         server_line,
         f"Faulting kernels, named from CUDA core dumps: {faults or 'none recorded'}. All are consumers of values that "
         "were already wrong"
@@ -169,6 +172,15 @@ def write_findings(root: Path, out: Path) -> Path:
                          f"up to {int(p1['max requests in a FULL step'].max())} requests per step): "
                          f"{int(p1['FULL steps'].sum()) - int(p1['FULL steps diverging'].sum())} of {int(p1['FULL steps'].sum())} "
                          "FULL-graph steps identical to the no-graph pass.")
+        wsc = verification.fix_where_stock_crashes(df)
+        f2 = wsc[wsc["fix"] == "fix 2 (all parts)"]
+        ev, no_ev = f2[f2["stock there"] == "crashes"], f2[f2["stock there"] == "completes"]
+        never = sorted(set(crash_everywhere) - set(f2["concurrency"]))
+        fix_line += (" Where offline stock crashes every run, the fix completed "
+                     + ", ".join(f"{x} at concurrency {c}" for c, x in zip(ev["concurrency"], ev["fix completed / runs"]))
+                     + (f"; at {', '.join(map(str, no_ev['concurrency']))} stock completes too, so the fix's runs there are no "
+                        "evidence about the crash" if len(no_ev) else "")
+                     + (f"; the fix has not run at {', '.join(map(str, never))}, where stock crashes" if never else "") + ".")
         fix_line += " " + _end_to_end_line(df)
     else:
         fix_line += f" GPU runs with it: {len(fix2)}."
@@ -216,6 +228,34 @@ draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
     tmp.write_text(page)
     os.replace(tmp, path)
     return path
+
+
+def _with_sessions(runs, concurrencies) -> str:
+    """'8 (s20), 12 (s21)': each concurrency with the GPU sessions its runs came from (short labels)."""
+    out = []
+    for c in concurrencies:
+        g = runs.loc[runs["concurrency"] == c, "gpu_session"]
+        sess = sorted({str(x).rsplit("-", 1)[-1] for x in g.dropna()}) + (["a session before labels"] if g.isna().any() else [])
+        out.append(f"{c} ({', '.join(sess)})")
+    return ", ".join(out)
+
+
+def _one_session(runs, concurrencies) -> bool:
+    """Whether one GPU session ran every one of these concurrencies."""
+    sets = [set(runs.loc[runs["concurrency"] == c, "gpu_session"].dropna()) for c in concurrencies]
+    return bool(sets) and bool(set.intersection(*sets))
+
+
+def _first_position(runs) -> str:
+    """How often the synthetic sampler accepted the first draft position in these runs: at 1.0 no step rejected
+    every draft (the state notebook 02 ties to the DFlash input kernel's out-of-bounds read never occurred)."""
+    first = [m["per_position_rates"][0] for m in runs["spec_decode_metrics"]
+             if isinstance(m, dict) and m.get("per_position_rates")]
+    if not first:
+        return ""
+    span = f"{min(first):.0%}" if min(first) == max(first) else f"{min(first):.0%}-{max(first):.0%}"
+    return (f"; the first draft position was accepted in {span} of drafts"
+            + (", so no step rejected every draft" if min(first) == 1.0 else ""))
 
 
 def _where_stock(stock, c) -> str:

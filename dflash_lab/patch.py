@@ -362,7 +362,7 @@ and log-probabilities identical to a PIECEWISE engine's (data/gpu/2026-11-30_h20
 measured: the fix on the OpenAI server path and at concurrency 8, 20, 24 and 28, where stock crashed
 (offline: 3/3 at 8 and at 20 in s20, 4/4 at 24 and at 28 in s19-s20; 5/5 on the server at 32), TP > 1,
 real weights, this diff applied as a diff. Stock also crashed 3/3 at 64 (s20), in a later session than
-the fix's 3/3 there, but completed at 16 (3/3 plain in s21), so the fix's 3/3 at 16 is no evidence.
+the fix's 3/3 there, but completed at 16 (3/3 without the launch hook in s21), so the fix's 3/3 at 16 is no evidence.
 """
 
 

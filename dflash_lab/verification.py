@@ -46,11 +46,14 @@ def output_sessions(df) -> list[str]:
     return [x for x in sorted(set(df["gpu_session"].dropna()), key=session_key) if len(output_agreement(df, x))]
 
 
-def session_table(df, session: str):
-    """One row per (what, concurrency) in a session: runs, ok, crashed, other outcomes, files."""
+def session_table(df, session: str, acceptance=analysis.CRASH_ACCEPTANCE):
+    """One row per (what, concurrency) in a session, at one synthetic acceptance (stock control and fix compared on
+    the same workload): runs, ok, crashed, other outcomes, files."""
     import pandas as pd
 
     d = df[df["gpu_session"] == session]
+    if "acceptance" in d:
+        d = d[analysis.at_acceptance(d, acceptance)]
     rows = []
 
     def add(what, sel):
@@ -61,12 +64,45 @@ def session_table(df, session: str):
                                             if o not in ("ok", "crash")) or "-",
                          "files": ", ".join(sorted(set(g["file"])))})
 
-    add("stock control (FULL_AND_PIECEWISE)", analysis.stock_full(d))
+    add("stock control (FULL_AND_PIECEWISE)", analysis.stock_full(d, acceptance=None))
     nat = _natural(d)
     add("fix 2 (FULL_AND_PIECEWISE)", nat[[is_fix2(r) for _, r in nat.iterrows()]])
     pw = nat[(nat["cudagraph_mode"] == "PIECEWISE") & (nat["fix"] != True) & (nat["spec_method"] == "dflash")]
     add("stock PIECEWISE (workaround)", pw)
     return pd.DataFrame(rows)
+
+
+def fix_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
+    """Every concurrency the fix (all three parts, or part 1 alone) ran at, offline TP=1, beside stock
+    FULL_AND_PIECEWISE at the same concurrency over all sessions: a fix run is evidence about the crash only where
+    stock crashed every run (``stock there``: "crashes", "completes", "partly", "not run"), and a same-session stock
+    control that crashed names the sessions that count (``sessions with a crashed stock control``)."""
+    import pandas as pd
+
+    d = df[(df["mode"].fillna("offline") == "offline") & (df["tensor_parallel_size"] == 1)]
+    d = _natural(d[~d.apply(analysis.is_deadline_cut, axis=1) & (d["outcome"] != "startup_error")])
+    if "acceptance" in d:
+        d = d[analysis.at_acceptance(d, acceptance)]
+    stock = analysis.stock_full(d, acceptance=None)
+    crashed_ctrl = set(stock.loc[stock["crashed"], "gpu_session"].dropna())
+    fixed = d[d["fix"] == True]
+    rows = []
+    for label, sel in (("fix 2 (all parts)", [is_fix2(r) for _, r in fixed.iterrows()]),
+                       ("part 1 alone", [analysis.fix_label(dict(r)) == "part 1 only: FA3 schedule refresh"
+                                         for _, r in fixed.iterrows()])):
+        f = fixed[pd.Series(sel, index=fixed.index, dtype=bool)] if len(fixed) else fixed
+        for c, g in f.groupby("concurrency"):
+            st = stock[stock["concurrency"] == c]
+            k, n = int(st["crashed"].sum()), len(st)
+            sess = sorted(set(g["gpu_session"].dropna()), key=analysis.session_key)
+            rows.append({"fix": label, "concurrency": int(c), "fix completed / runs": f"{int((g['outcome'] == 'ok').sum())}/{len(g)}",
+                         "fix sessions": ", ".join(sess),
+                         "sessions with a crashed stock control": ", ".join(x for x in sess if x in crashed_ctrl) or "-",
+                         "stock crashed / runs (all sessions)": f"{k}/{n}" if n else "not run",
+                         "stock there": "not run" if not n else "crashes" if k == n else "completes" if k == 0 else "partly"})
+    cols = ["fix", "concurrency", "fix completed / runs", "fix sessions", "sessions with a crashed stock control",
+            "stock crashed / runs (all sessions)", "stock there"]
+    return pd.DataFrame(rows, columns=cols).sort_values(["fix", "concurrency"]).reset_index(drop=True)
 
 
 def verdict(table) -> dict:

@@ -28,7 +28,7 @@ def test_path_rates_counts_only_natural_stock_runs():
     # acceptance 8.8 is never pooled with 1.86: it completed at 16 and 32, and a row without crashes says so
     assert r.loc["offline, TP=1, acceptance 8.8", 32] == "0/3" and r.loc["offline, TP=1, acceptance 8.8", 16] == "0/3"
     assert r.loc["offline, TP=1, acceptance 8.8", "faulting kernel (core dump)"] == "no crash"
-    assert r.loc["offline, TP=1, acceptance 8.8", "acceptance"] == 8.8 and r.loc["offline, TP=1", "acceptance"] == 1.86
+    assert r.loc["offline, TP=1, acceptance 8.8", "acceptance"] == "8.8" and r.loc["offline, TP=1", "acceptance"] == "1.86"
     # counted per run (file and run id: run ids repeat across sessions); s19 and s20 added the drafter's RoPE assert
     kern = r.loc["offline, TP=1", "faulting kernel (core dump)"]
     assert kern.startswith("copy_and_expand_dflash_inputs_kernel (") and "triton_poi_fused_2 (2)" in kern
@@ -45,7 +45,13 @@ def test_stock_full_keeps_one_acceptance():
     assert set(analysis.stock_full(df, acceptance=8.8)["concurrency"]) == {16, 32}
     assert analysis.same_acceptance(1.86, 1.86) and not analysis.same_acceptance(8.8, 1.86)
     assert analysis.same_acceptance("natural", "natural") and not analysis.same_acceptance([0.9, 0.8], 1.86)
+    assert analysis.same_acceptance([0.9, 0.8], (0.9, 0.8)) and not analysis.same_acceptance([0.9, 0.8], [0.9])
     assert not analysis.same_acceptance(True, 1) and not analysis.same_acceptance(None, 1.86)
+    assert not analysis.same_acceptance(float("nan"), float("nan")) and not analysis.same_acceptance(None, None)
+    import numpy as np
+    assert analysis.same_acceptance(np.float32(1.86), 1.86) and analysis.same_acceptance(2, np.int64(2))
+    assert analysis.acceptance_label(analysis.acceptance_key([0.9, 0.5])) == "[0.9, 0.5]"
+    assert analysis.acceptance_label(analysis.acceptance_key(float("nan"))) == "unknown"
     assert analysis.at_acceptance(df.iloc[:0], 1.86).dtype == bool   # an empty frame gives an empty mask, not columns
     assert len(pd.DataFrame(columns=df.columns)[analysis.at_acceptance(pd.DataFrame(columns=df.columns), 1.86)]) == 0
 
@@ -186,6 +192,12 @@ def test_not_monotonic():
     assert C.not_monotonic(runs({1: (0, 3), 8: (3, 3), 32: (3, 3)})) == ([], [])        # a clean threshold
     assert C.not_monotonic(runs({1: (0, 3), 8: (1, 3), 16: (0, 3)})) == ([], [])        # a partial rate decides nothing
     assert C.not_monotonic(runs({})) == ([], [])
+    # only "crash" and "ok" decide: a concurrency with a timeout among its runs is neither crashed nor completed
+    t = runs({8: (3, 3), 16: (0, 3)})
+    t["outcome"] = ["crash"] * 3 + ["ok", "ok", "timeout"]
+    assert C.not_monotonic(t) == ([], [])
+    t["outcome"] = ["crash"] * 3 + ["ok"] * 3
+    assert C.not_monotonic(t) == ([8], [16])
     low, mid = C.not_monotonic(analysis.stock_full(analysis.load_runs()).query("mode != 'server' and tensor_parallel_size == 1"))
     assert low == [8] and mid == [12, 16]
 
@@ -206,3 +218,22 @@ def test_log_asserts_reads_a_log_once_per_version(tmp_path, monkeypatch):
     log.write_text(line * 3)                      # a new version of the file is read again
     os.utime(log, ns=(1, 10**18))
     assert analysis.log_asserts(str(log))[0]["threads"] == 3 and len(calls) == 2
+
+
+def test_path_rates_never_drop_a_run_for_its_acceptance():
+    """A stock run at "natural" acceptance, a per-position list or no usable value gets a row of its own."""
+    import pandas as pd
+
+    df = analysis.load_runs()
+    d = df.copy()
+    c12 = d.index[(d["run_id"].str.startswith("stock-threshold-mid/c12"))]
+    d["acceptance"] = d["acceptance"].astype(object)
+    d.loc[c12[0], "acceptance"] = "natural"
+    d.at[c12[1], "acceptance"] = [0.9, 0.5]
+    r = C.path_rates(d).set_index("path")
+    assert r.loc["offline, TP=1", 12] == "not run"
+    assert r.loc["offline, TP=1, acceptance natural", 12] == "0/1"
+    assert r.loc["offline, TP=1, acceptance [0.9, 0.5]", 12] == "0/1"
+    total = lambda t: sum(C.parse_rate(v)[1] for v in t.drop(columns=["acceptance", "faulting kernel (core dump)",
+                                                                     "instruments attached"]).values.ravel() if C.parse_rate(v))
+    assert total(r) == total(C.path_rates(df).set_index("path"))

@@ -29,7 +29,11 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "16: 0/6 crashed (0/3 with core dump on (keep running); 0/3 with launch hook)" in text
     assert "24: 4/4 crashed (3/3 with core dump on; 1/1 plain)" in text
     # s21: not monotonic, and the acceptance-8.8 runs counted apart, never pooled with 1.86
-    assert "Not monotonic in concurrency: 8 crashed where 12, 16 completed." in text
+    assert ("Not monotonic in concurrency in the runs so far: 8 (s20) crashed where 12 (s21), 16 (s21, a session before "
+            "labels) completed (never in one GPU session).") in text
+    assert "the first draft position was accepted in 100% of drafts, so no step rejected every draft" in text
+    assert ("Where offline stock crashes every run, the fix completed 14/14 at concurrency 32, 3/3 at concurrency 64; at "
+            "2, 16 stock completes too") in text and "the fix has not run at 8, 20, 24, 28, where stock crashes" in text
     assert "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: concurrency 16: 0/3 crashed" in text
     # the fix's runs at 16 are where stock completes: said beside them
     assert "concurrency 16: 3/3 completed (stock completed there too: 0/6 crashed)" in text

@@ -235,3 +235,31 @@ def test_a_nan_logprob_is_never_read_as_agreement():
     n, w = V._prefix_logprob_diff([1, 2], [-1.0, float("nan")], [1, 2], [-1.0, -2.0])
     assert n == 2 and math.isnan(w)
     assert math.isnan(V._within_run([[1, 2], [1, 2], [1, 2]], [[-1.0, -2.0], [-1.0, float("nan")], [-1.0, -2.0]])[1])
+
+
+def test_fix_where_stock_crashes():
+    """The fix's runs beside stock at the same concurrency: only 32 and 64 are where stock crashes every run (s21: stock
+    completes at 16, so the fix's 3/3 there is no evidence about the crash)."""
+    from dflash_lab import analysis, verification
+
+    t = verification.fix_where_stock_crashes(analysis.load_runs())
+    f2 = t[t["fix"] == "fix 2 (all parts)"].set_index("concurrency")
+    assert f2.loc[32, "stock there"] == "crashes" and f2.loc[64, "stock there"] == "crashes"
+    assert f2.loc[16, "stock there"] == "completes" and f2.loc[16, "fix completed / runs"] == "3/3"
+    assert f2.loc[32, "fix completed / runs"] == "14/14" and "2026-11-30-s14" in f2.loc[32, "sessions with a crashed stock control"]
+    p1 = t[t["fix"] == "part 1 alone"].set_index("concurrency")
+    assert list(p1.index) == [32] and p1.loc[32, "fix completed / runs"] == "3/3"
+
+
+def test_session_table_compares_stock_and_fix_at_one_acceptance():
+    import pandas as pd
+    from dflash_lab import analysis, verification
+
+    df = analysis.load_runs()
+    s14 = df[df["gpu_session"] == "2026-11-30-s14"].copy()
+    other = s14.copy()
+    other["acceptance"] = 8.8                     # the same runs at another acceptance: never paired with 1.86
+    both = pd.concat([s14, other], ignore_index=True)
+    assert verification.session_table(both, "2026-11-30-s14").equals(verification.session_table(s14, "2026-11-30-s14"))
+    at88 = verification.session_table(both, "2026-11-30-s14", acceptance=8.8)
+    assert verification.verdict(at88)["fix_runs"] == verification.verdict(verification.session_table(s14, "2026-11-30-s14"))["fix_runs"]
