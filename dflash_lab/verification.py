@@ -105,6 +105,36 @@ def fix_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
     return pd.DataFrame(rows, columns=cols).sort_values(["fix", "concurrency"]).reset_index(drop=True)
 
 
+def standard_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
+    """The fix's count standard restated on the concurrencies where offline stock (TP=1) crashed in every run over all
+    sessions, since 16, which the issue named, is not one (s21): at each, the fix (all three parts) must complete every
+    run, at least 10 at concurrency 32 and 3 elsewhere, counting only runs of GPU sessions whose own stock control
+    crashed, pooled over such sessions (the issue's one-session counts are :func:`verdict`'s). One row per such concurrency: ``needed``, ``fix runs`` (in those sessions), ``completed``, ``met``."""
+    import pandas as pd
+
+    d = df[(df["mode"].fillna("offline") == "offline") & (df["tensor_parallel_size"] == 1)]
+    d = _natural(d[~d.apply(analysis.is_deadline_cut, axis=1) & (d["outcome"] != "startup_error")])
+    if "acceptance" in d:
+        d = d[analysis.at_acceptance(d, acceptance)]
+    stock = analysis.stock_full(d, acceptance=None)
+    controlled = set(stock.loc[stock["crashed"], "gpu_session"].dropna())
+    fixed = d[d["fix"] == True]
+    fix2 = fixed[pd.Series([is_fix2(r) for _, r in fixed.iterrows()], index=fixed.index, dtype=bool)] if len(fixed) else fixed
+    fix2 = fix2[fix2["gpu_session"].isin(controlled)]
+    rows = []
+    for c, g in stock.groupby("concurrency"):
+        if not g["crashed"].all():
+            continue
+        f = fix2[fix2["concurrency"] == c]
+        need = 10 if int(c) == 32 else 3
+        ok = int((f["outcome"] == "ok").sum())
+        rows.append({"concurrency": int(c), "stock crashed / runs": f"{int(g['crashed'].sum())}/{len(g)}", "needed": need,
+                     "fix runs": len(f), "completed": ok, "met": len(f) >= need and ok == len(f),
+                     "sessions": ", ".join(sorted(set(f["gpu_session"]), key=analysis.session_key)) or "-"})
+    return pd.DataFrame(rows, columns=["concurrency", "stock crashed / runs", "needed", "fix runs", "completed", "met",
+                                       "sessions"])
+
+
 def verdict(table) -> dict:
     """Whether a session's counts meet the fix standard, and the counts behind each condition."""
     def pick(what, c=None):

@@ -263,3 +263,23 @@ def test_session_table_compares_stock_and_fix_at_one_acceptance():
     assert verification.session_table(both, "2026-11-30-s14").equals(verification.session_table(s14, "2026-11-30-s14"))
     at88 = verification.session_table(both, "2026-11-30-s14", acceptance=8.8)
     assert verification.verdict(at88)["fix_runs"] == verification.verdict(verification.session_table(s14, "2026-11-30-s14"))["fix_runs"]
+
+
+def test_standard_where_stock_crashes():
+    """The standard moved to where stock crashes: met at 32 (s14 + s15, each with a crashed control) and 64, open at 8 and
+    20-28 (no fix runs yet); a fix run from a session without a crashed stock control does not count."""
+    import pandas as pd
+    from dflash_lab import analysis, verification
+
+    df = analysis.load_runs()
+    t = verification.standard_where_stock_crashes(df).set_index("concurrency")
+    assert list(t.index) == [8, 20, 24, 28, 32, 64]
+    assert t.loc[32, "met"] and t.loc[32, "needed"] == 10 and t.loc[64, "met"] and not t.loc[8, "met"]
+    assert t.loc[8, "fix runs"] == 0 and t.loc[8, "sessions"] == "-"
+    # three fix runs at 8 in a session without any stock run: not counted
+    f = df[(df["gpu_session"] == "2026-11-30-s14") & (df["fix"] == True) & (df["concurrency"] == 16)].copy()
+    f["concurrency"], f["gpu_session"] = 8, "2026-11-30-s99"
+    assert not verification.standard_where_stock_crashes(pd.concat([df, f], ignore_index=True)).set_index("concurrency").loc[8, "met"]
+    f["gpu_session"] = "2026-11-30-s14"                # the same runs in a session whose control crashed: counted
+    t2 = verification.standard_where_stock_crashes(pd.concat([df, f], ignore_index=True)).set_index("concurrency")
+    assert t2.loc[8, "met"] and t2.loc[8, "fix runs"] == 3
