@@ -72,6 +72,24 @@ def session_table(df, session: str, acceptance=analysis.CRASH_ACCEPTANCE):
     return pd.DataFrame(rows)
 
 
+def _offline_stock_and_fix(df, acceptance):
+    """Offline TP=1 runs that measured the engine (no probe or raising canary, no deadline cut or failed start) at one
+    acceptance: (stock FULL_AND_PIECEWISE runs, fixed runs, the GPU sessions whose stock runs crashed)."""
+    d = df[(df["mode"].fillna("offline") == "offline") & (df["tensor_parallel_size"] == 1)]
+    d = _natural(d[~d.apply(analysis.is_deadline_cut, axis=1) & (d["outcome"] != "startup_error")])
+    if "acceptance" in d:
+        d = d[analysis.at_acceptance(d, acceptance)]
+    stock = analysis.stock_full(d, acceptance=None)
+    return stock, d[d["fix"] == True], set(stock.loc[stock["crashed"], "gpu_session"].dropna())
+
+
+def _where(runs, keep):
+    """The rows of ``runs`` for which ``keep(row)`` holds (an empty frame stays an empty frame)."""
+    import pandas as pd
+
+    return runs[pd.Series([bool(keep(r)) for _, r in runs.iterrows()], index=runs.index, dtype=bool)] if len(runs) else runs
+
+
 def fix_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
     """Every concurrency the fix (all three parts, or part 1 alone) ran at, offline TP=1, beside stock
     FULL_AND_PIECEWISE at the same concurrency over all sessions: a fix run is evidence about the crash only where
@@ -79,18 +97,11 @@ def fix_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
     control that crashed names the sessions that count (``sessions with a crashed stock control``)."""
     import pandas as pd
 
-    d = df[(df["mode"].fillna("offline") == "offline") & (df["tensor_parallel_size"] == 1)]
-    d = _natural(d[~d.apply(analysis.is_deadline_cut, axis=1) & (d["outcome"] != "startup_error")])
-    if "acceptance" in d:
-        d = d[analysis.at_acceptance(d, acceptance)]
-    stock = analysis.stock_full(d, acceptance=None)
-    crashed_ctrl = set(stock.loc[stock["crashed"], "gpu_session"].dropna())
-    fixed = d[d["fix"] == True]
+    stock, fixed, crashed_ctrl = _offline_stock_and_fix(df, acceptance)
     rows = []
-    for label, sel in (("fix 2 (all parts)", [is_fix2(r) for _, r in fixed.iterrows()]),
-                       ("part 1 alone", [analysis.fix_label(dict(r)) == "part 1 only: FA3 schedule refresh"
-                                         for _, r in fixed.iterrows()])):
-        f = fixed[pd.Series(sel, index=fixed.index, dtype=bool)] if len(fixed) else fixed
+    for label, keep in (("fix 2 (all parts)", is_fix2),
+                        ("part 1 alone", lambda r: analysis.fix_label(dict(r)) == "part 1 only: FA3 schedule refresh")):
+        f = _where(fixed, keep)
         for c, g in f.groupby("concurrency"):
             st = stock[stock["concurrency"] == c]
             k, n = int(st["crashed"].sum()), len(st)
@@ -112,14 +123,8 @@ def standard_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
     crashed, pooled over such sessions (the issue's one-session counts are :func:`verdict`'s). One row per such concurrency: ``needed``, ``fix runs`` (in those sessions), ``completed``, ``met``."""
     import pandas as pd
 
-    d = df[(df["mode"].fillna("offline") == "offline") & (df["tensor_parallel_size"] == 1)]
-    d = _natural(d[~d.apply(analysis.is_deadline_cut, axis=1) & (d["outcome"] != "startup_error")])
-    if "acceptance" in d:
-        d = d[analysis.at_acceptance(d, acceptance)]
-    stock = analysis.stock_full(d, acceptance=None)
-    controlled = set(stock.loc[stock["crashed"], "gpu_session"].dropna())
-    fixed = d[d["fix"] == True]
-    fix2 = fixed[pd.Series([is_fix2(r) for _, r in fixed.iterrows()], index=fixed.index, dtype=bool)] if len(fixed) else fixed
+    stock, fixed, controlled = _offline_stock_and_fix(df, acceptance)
+    fix2 = _where(fixed, is_fix2)
     fix2 = fix2[fix2["gpu_session"].isin(controlled)]
     rows = []
     for c, g in stock.groupby("concurrency"):
