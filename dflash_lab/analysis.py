@@ -202,6 +202,14 @@ def at_acceptance(df, acceptance):
     return pd.Series([same_acceptance(x, acceptance) for x in df["acceptance"]], index=df.index, dtype=bool)
 
 
+def rows_where(df, keep):
+    """The rows of ``df`` for which ``keep(row)`` holds; an empty frame stays an empty frame with its columns (indexing
+    with an empty list would select no columns instead)."""
+    import pandas as pd
+
+    return df[pd.Series([bool(keep(r)) for _, r in df.iterrows()], index=df.index, dtype=bool)] if len(df) else df
+
+
 def stock_full(df, acceptance=CRASH_ACCEPTANCE):
     """Stock DFlash runs with the target's FULL_AND_PIECEWISE graphs (the crash configuration; drafter
     graphs on or off): no fix, no engine-argument variant, vLLM's default capture sizes, no one-sided FA3 split

@@ -60,8 +60,8 @@ def write_findings(root: Path, out: Path) -> Path:
     nan = divergence.nan_onset(stock_probe) if stock_probe else None
     reuse = kvgroups.metadata_reusers(kvgroups.groups(kvgroups.hybrid_layers(draft_layers=5)))
     fixed = df[df["fix"] == True]
-    fix2 = fixed[[analysis.fix_label(r).startswith("fix 2") for _, r in fixed.iterrows()]] if len(fixed) else fixed
-    fix1 = fixed[[analysis.fix_label(r).startswith("fix 1") for _, r in fixed.iterrows()]] if len(fixed) else fixed
+    fix2 = analysis.rows_where(fixed, lambda r: analysis.fix_label(r).startswith("fix 2"))
+    fix1 = analysis.rows_where(fixed, lambda r: analysis.fix_label(r).startswith("fix 1"))
     from . import crashstates
 
     stock_all = analysis.stock_full(df)

@@ -29,7 +29,7 @@ session_key = analysis.session_key
 
 
 def sessions_with_fix2(df) -> list[str]:
-    s = df[[is_fix2(r) for _, r in df.iterrows()]]["gpu_session"].dropna()
+    s = analysis.rows_where(df, is_fix2)["gpu_session"].dropna()
     return sorted(set(s), key=session_key)
 
 
@@ -66,7 +66,7 @@ def session_table(df, session: str, acceptance=analysis.CRASH_ACCEPTANCE):
 
     add("stock control (FULL_AND_PIECEWISE)", analysis.stock_full(d, acceptance=None))
     nat = _natural(d)
-    add("fix 2 (FULL_AND_PIECEWISE)", nat[[is_fix2(r) for _, r in nat.iterrows()]])
+    add("fix 2 (FULL_AND_PIECEWISE)", analysis.rows_where(nat, is_fix2))
     pw = nat[(nat["cudagraph_mode"] == "PIECEWISE") & (nat["fix"] != True) & (nat["spec_method"] == "dflash")]
     add("stock PIECEWISE (workaround)", pw)
     return pd.DataFrame(rows)
@@ -83,13 +83,6 @@ def _offline_stock_and_fix(df, acceptance):
     return stock, d[d["fix"] == True], set(stock.loc[stock["crashed"], "gpu_session"].dropna())
 
 
-def _where(runs, keep):
-    """The rows of ``runs`` for which ``keep(row)`` holds (an empty frame stays an empty frame)."""
-    import pandas as pd
-
-    return runs[pd.Series([bool(keep(r)) for _, r in runs.iterrows()], index=runs.index, dtype=bool)] if len(runs) else runs
-
-
 def fix_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
     """Every concurrency the fix (all three parts, or part 1 alone) ran at, offline TP=1, beside stock
     FULL_AND_PIECEWISE at the same concurrency over all sessions: a fix run is evidence about the crash only where
@@ -101,7 +94,7 @@ def fix_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
     rows = []
     for label, keep in (("fix 2 (all parts)", is_fix2),
                         ("part 1 alone", lambda r: analysis.fix_label(dict(r)) == "part 1 only: FA3 schedule refresh")):
-        f = _where(fixed, keep)
+        f = analysis.rows_where(fixed, keep)
         for c, g in f.groupby("concurrency"):
             st = stock[stock["concurrency"] == c]
             k, n = int(st["crashed"].sum()), len(st)
@@ -124,7 +117,7 @@ def standard_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
     import pandas as pd
 
     stock, fixed, controlled = _offline_stock_and_fix(df, acceptance)
-    fix2 = _where(fixed, is_fix2)
+    fix2 = analysis.rows_where(fixed, is_fix2)
     fix2 = fix2[fix2["gpu_session"].isin(controlled)]
     rows = []
     for c, g in stock.groupby("concurrency"):
@@ -247,7 +240,7 @@ def throughput_table(df, session: str, concurrency: int = 32):
 
     w = warm_runs(df[(df["gpu_session"] == session) & (df["concurrency"] == concurrency)])
     rows = []
-    for label, sel in (("fix 2, FULL_AND_PIECEWISE", w[[is_fix2(r) for _, r in w.iterrows()]]),
+    for label, sel in (("fix 2, FULL_AND_PIECEWISE", analysis.rows_where(w, is_fix2)),
                        ("stock, PIECEWISE", w[(w["fix"] != True) & (w["cudagraph_mode"] == "PIECEWISE")])):
         x = sel["output_tok_s"].dropna()
         rows.append({"mode": label, "concurrency": concurrency, "warm runs": len(x),
@@ -263,7 +256,7 @@ def position_matched(df, session: str, concurrency: int = 32):
     import pandas as pd
 
     d = _natural(df[(df["gpu_session"] == session) & (df["concurrency"] == concurrency) & (df["outcome"] == "ok")])
-    fx = d[[is_fix2(r) for _, r in d.iterrows()]].set_index("position")["output_tok_s"]
+    fx = analysis.rows_where(d, is_fix2).set_index("position")["output_tok_s"]
     pw = d[(d["fix"] != True) & (d["cudagraph_mode"] == "PIECEWISE")].set_index("position")["output_tok_s"]
     rows = [{"position after engine start": int(p), "fix 2 FULL tok/s": float(fx[p]), "PIECEWISE tok/s": float(pw[p]),
              "ratio": float(fx[p] / pw[p])} for p in sorted(set(fx.index) & set(pw.index))]

@@ -283,3 +283,14 @@ def test_standard_where_stock_crashes():
     f["gpu_session"] = "2026-11-30-s14"                # the same runs in a session whose control crashed: counted
     t2 = verification.standard_where_stock_crashes(pd.concat([df, f], ignore_index=True)).set_index("concurrency")
     assert t2.loc[8, "met"] and t2.loc[8, "fix runs"] == 3
+
+
+def test_rows_where_keeps_the_columns_of_an_empty_frame():
+    from dflash_lab import analysis
+
+    df = analysis.load_runs()
+    kept = analysis.rows_where(df, lambda r: r["concurrency"] == 12)
+    assert len(kept) == 2 and list(kept.columns) == list(df.columns)
+    empty = analysis.rows_where(df.iloc[:0], lambda r: True)
+    assert len(empty) == 0 and list(empty.columns) == list(df.columns)
+    assert len(analysis.rows_where(df, lambda r: False)) == 0
