@@ -138,15 +138,21 @@ def side_by_side(df, data_dir: str = "data/gpu"):
 PATHS = (("offline", 1), ("server", 1), ("offline", 2), ("server", 2))
 
 
-def path_rates(df, concurrencies=(1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64)):
+ISSUE_CONCURRENCIES = (1, 8, 16, 20, 24, 28, 32, 64)   # issue 12's threshold list and the report's 16-32
+
+
+def path_rates(df, concurrencies=None):
     """Crash rate of stock DFlash FULL_AND_PIECEWISE per path and concurrency, with the faulting kernels
-    the core dumps named on that path. Each path has a row at the crash configuration's synthetic acceptance
+    the core dumps named on that path. The columns are ``concurrencies``, by default :data:`ISSUE_CONCURRENCIES` and
+    every concurrency a stock run recorded, so that no run drops out of the table (s22 added 6 and 10). Each path has a row at the crash configuration's synthetic acceptance
     (:data:`analysis.CRASH_ACCEPTANCE`), ``path`` "offline, TP=1"; a path that also ran at another acceptance gets a
     row of its own for each, ``path`` "offline, TP=1, acceptance 8.8": another workload, never pooled."""
     import pandas as pd
 
     d = analysis.stock_full(df, acceptance=None)
     d = d[(d["outcome"] != "startup_error") & ~d.apply(analysis.is_deadline_cut, axis=1)]
+    if concurrencies is None:
+        concurrencies = sorted(set(ISSUE_CONCURRENCIES) | {int(c) for c in d["concurrency"].dropna()})
     ft = analysis.fault_table(d) if d["crashed"].any() else pd.DataFrame(columns=["run", "file", "faulting kernel"])
     # every acceptance a stock run recorded gets rows: numbers, "natural", per-position lists, and "unknown" for a
     # line without a usable value, so that no run drops out of the table

@@ -23,8 +23,11 @@ def test_path_rates_counts_only_natural_stock_runs():
     k, n = C.parse_rate(r.loc["offline, TP=1", 32])
     assert k == n >= 15
     # s21: a plain c16 (keep-running core dumps are passive) joined the hooked runs, so the cell is no longer marked;
-    # c8 crashed 3/3 (s20) where 12 and 16 complete: not monotonic
-    assert r.loc["offline, TP=1", 16] == "0/6" and r.loc["offline, TP=1", 8] == "3/3" and r.loc["offline, TP=1", 12] == "0/2"
+    # c8 crashed 3/3 in s20 and 3/3 in s22, where 12 and 16 complete: not monotonic
+    assert r.loc["offline, TP=1", 16] == "0/8" and r.loc["offline, TP=1", 8] == "6/6" and r.loc["offline, TP=1", 12] == "0/4"
+    # s22's one-run looks at 6 and 10 get columns of their own: no concurrency a stock run recorded is left out
+    assert r.loc["offline, TP=1", 6] == "0/1" and r.loc["offline, TP=1", 10] == "0/1"
+    assert [c for c in r.columns if isinstance(c, int)] == [1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 64]
     # acceptance 8.8 is never pooled with 1.86: it completed at 16 and 32, and a row without crashes says so
     assert r.loc["offline, TP=1, acceptance 8.8", 32] == "0/3" and r.loc["offline, TP=1, acceptance 8.8", 16] == "0/3"
     assert r.loc["offline, TP=1, acceptance 8.8", "faulting kernel (core dump)"] == "no crash"
@@ -32,6 +35,8 @@ def test_path_rates_counts_only_natural_stock_runs():
     # counted per run (file and run id: run ids repeat across sessions); s19 and s20 added the drafter's RoPE assert
     kern = r.loc["offline, TP=1", "faulting kernel (core dump)"]
     assert kern.startswith("copy_and_expand_dflash_inputs_kernel (") and "triton_poi_fused_2 (2)" in kern
+    # s22: the stock control at 8 faulted first in the target's GDN kernel
+    assert "fused_sigmoid_gating_delta_rule_update_kernel (1)" in kern
     assert all(v == "not run" or "/" in v for v in r[32])  # a path without runs says so
     assert r.loc["server, TP=1", 32] == "5/5"
 
@@ -76,7 +81,10 @@ def test_threshold_states_s20():
     early = st[st["concurrency"].isin([20, 28])]
     assert len(early) >= 4 and (early["finished before the step"] == 0).all() and (early["finished since the previous step"] == 0).all()
     c8 = st[st["concurrency"] == 8]
-    assert len(c8) == 3 and set(c8["scheduled tokens"]) == {112} and (c8["finished since the previous step"] == 0).all()
+    # three crash steps from s20 and three from s22 (threshold2 and verify-fix-e's control), all alike
+    assert len(c8) == 6 and set(c8["scheduled tokens"]) == {112} and (c8["finished since the previous step"] == 0).all()
+    assert sorted(c8["file"].str.extract(r"_h200_(\w+?)-")[0]) == ["threshold"] * 3 + ["threshold2"] * 2 + ["verify"]
+
     # the server's and fixed runs are not in the offline rows
     assert not st["run"].str.startswith("server").any() and not st["run"].str.startswith("fix").any()
     fig = C.plot_threshold(C.path_rates(analysis.load_runs()), st)
@@ -85,12 +93,16 @@ def test_threshold_states_s20():
 
 def test_keep_running_core_dumps_print_the_device_asserts():
     """s20: with the driver's skip_abort the process lives on after the core dump and prints the failed device asserts,
-    the two position-index bounds of the drafter's RoPE kernel; the runs whose process the driver ended print none."""
+    the two position-index bounds of the drafter's RoPE kernel; the runs whose process the driver ended print none.
+    s22: where the core names the DFlash input kernel or the RoPE kernel, both asserts print; the c8 control whose core
+    names the target's GDN kernel printed none."""
     ft = analysis.fault_table(analysis.load_runs())
     keep = ft[ft["cell"].str.contains("keep running")]
-    assert len(keep) == 3
+    assert len(keep) == 5
     rope = analysis.compiled_kernel("triton_poi_fused_2")["device_asserts"]
-    for text in keep["device asserts (engine log)"]:
+    gdn = keep["faulting kernel"] == "fused_sigmoid_gating_delta_rule_update_kernel"
+    assert list(keep.loc[gdn, "run"]) == ["stock-control-c8/c8/r0"] and (keep.loc[gdn, "device asserts (engine log)"] == "").all()
+    for text in keep.loc[~gdn, "device asserts (engine log)"]:
         assert all(a in text for a in rope)
     dumped = ft[ft["cell"].str.endswith("(core dump on)")]
     assert len(dumped) and (dumped["device asserts (engine log)"] == "").all()
@@ -169,12 +181,12 @@ def test_empty_steps_bound():
 
 
 def test_concurrency_8_crash_steps_show_many_empty_steps():
-    """s20, concurrency 8: every crash step's dump has 7 requests past the bound by 13-27 steps; the report's crash B and
-    the early crashes at 20 and 28 show none."""
+    """s20 and s22, concurrency 8: every crash step's dump has 7 requests past the bound by 13-27 steps; the report's
+    crash B and the early crashes at 20 and 28 show none."""
     st = C.threshold_states(analysis.load_runs())
     c8 = st[st["concurrency"] == 8]
-    assert len(c8) == 3 and (c8["requests with empty steps"] == 7).all()
-    assert sorted(c8["empty steps per request (at least)"]) == ["13..24", "16..25", "16..27"]
+    assert len(c8) == 6 and (c8["requests with empty steps"] == 7).all()
+    assert sorted(c8["empty steps per request (at least)"]) == ["13..24", "16..25"] + ["16..27"] * 4
     early = st[st["concurrency"].isin([20, 28])]
     assert (early["requests with empty steps"] == 0).all()
     t = C.side_by_side(analysis.load_runs())
@@ -198,8 +210,11 @@ def test_not_monotonic():
     assert C.not_monotonic(t) == ([], [])
     t["outcome"] = ["crash"] * 3 + ["ok"] * 3
     assert C.not_monotonic(t) == ([8], [16])
-    low, mid = C.not_monotonic(analysis.stock_full(analysis.load_runs()).query("mode != 'server' and tensor_parallel_size == 1"))
-    assert low == [8] and mid == [12, 16]
+    off = analysis.stock_full(analysis.load_runs()).query("mode != 'server' and tensor_parallel_size == 1")
+    low, mid = C.not_monotonic(off)
+    assert low == [8] and mid == [10, 12, 16]
+    # s22 alone shows it: 8 crashed, 6, 10, 12 and 16 completed, 20 crashed, in one GPU session
+    assert C.not_monotonic(off[off["gpu_session"] == "2026-11-30-s22"]) == ([8], [10, 12, 16])
 
 
 def test_log_asserts_reads_a_log_once_per_version(tmp_path, monkeypatch):
@@ -231,7 +246,7 @@ def test_path_rates_never_drop_a_run_for_its_acceptance():
     d.loc[c12[0], "acceptance"] = "natural"
     d.at[c12[1], "acceptance"] = [0.9, 0.5]
     r = C.path_rates(d).set_index("path")
-    assert r.loc["offline, TP=1", 12] == "not run"
+    assert r.loc["offline, TP=1", 12] == "0/2"   # s22's two plain c12 runs stay at 1.86
     assert r.loc["offline, TP=1, acceptance natural", 12] == "0/1"
     assert r.loc["offline, TP=1, acceptance [0.9, 0.5]", 12] == "0/1"
     total = lambda t: sum(C.parse_rate(v)[1] for v in t.drop(columns=["acceptance", "faulting kernel (core dump)",
