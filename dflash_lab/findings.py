@@ -102,7 +102,8 @@ def write_findings(root: Path, out: Path) -> Path:
         + f"; --enforce-eager {int(eager['crashed'].sum())}/{len(eager)} at 32."
         + (f" Not monotonic in concurrency in the runs so far: {_with_sessions(stock, low_crash)} crashed where "
            f"{_with_sessions(stock, mid_ok)} completed"
-           + ("" if _one_session(stock, low_crash + mid_ok) else " (never in one GPU session)") + "."
+           + (f" (all of them in GPU session {', '.join(_short(x) for x in common)})" if (common := _common_sessions(
+               stock, low_crash + mid_ok)) else " (never in one GPU session)") + "."
            if low_crash and mid_ok else "")
         + (f" At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: "
            + "; ".join(f"concurrency {c}: {analysis.breakdown(acc88[acc88.concurrency == c])}" for c in sorted(set(acc88["concurrency"])))
@@ -116,7 +117,7 @@ def write_findings(root: Path, out: Path) -> Path:
            f"ending one kernel later) into the RoPE cache ({'; '.join(rope['device_asserts'])})"
            + (f"; in {len(both)} of {len(keep)} crashes whose process outlived the core dump, the engine log shows both "
               "asserts failing, after the DFlash input kernel's fault where the core names that kernel first (the positions "
-              "themselves are not printed)" if len(keep) else
+              "themselves are not printed)" + _without_asserts(keep, rope) if len(keep) else
               "; which assert fired is not recorded")
            if rope else "")
         + ".",
@@ -132,11 +133,15 @@ def write_findings(root: Path, out: Path) -> Path:
             f"{divergence.short(fd['first_layer_written_differently'])}: the output of attention layer 7 diverged."
             + (f" The first {nan['num_tokens']}-token replay (step {nan['step']}, {nan['num_reqs']} requests) is NaN in "
                f"{nan['rows_nonfinite_graph']} rows, the reference pass in {nan['rows_nonfinite_reference']}." if nan else "")
-            + (f" Stock probed at lower concurrency too ({len(low)} probe log(s), up to "
-               f"{int(low['max requests in a FULL step'].max())} requests per step): {int(low['FULL steps diverging'].sum())} "
-               f"of {int(low['FULL steps'].sum())} FULL steps diverge, first at "
-               f"{', '.join(sorted(set(low['first layer written differently'].dropna())))}, "
-               f"{'no NaN' if low['first NaN step'].isna().all() else 'with NaN'}." if len(low) else ""))
+            + (f" Stock probed at lower concurrency too ({len(low)} probe log(s), concurrency "
+               f"{', '.join(str(c) for c in sorted(verification.reached(low)))}): {int(low['FULL steps diverging'].sum())} "
+               f"of {int(low['FULL steps'].sum())} FULL steps diverge"
+               + (f" (the other {int(low['FULL steps ended by an error'].sum())}: a crash step, whose pass ended in a CUDA "
+                  "error before the comparison)" if int(low['FULL steps'].sum() - low['FULL steps diverging'].sum())
+                  == int(low['FULL steps ended by an error'].sum()) > 0 else "")
+               + ", each log first at "
+               f"{', '.join(sorted(set(low['first layer written differently'].dropna())))}; "
+               + _low_nan(low) + "." if len(low) else ""))
     can = verification.canary_table(df)
     stock_can = can[(can["fix"] == "stock") & (can["field"] == "attn.scheduler_metadata")]
     summary.append(
@@ -181,7 +186,8 @@ def write_findings(root: Path, out: Path) -> Path:
                      + ", ".join(f"{x} at concurrency {c}" for c, x in zip(ev["concurrency"], ev["fix completed / runs"]))
                      + (f"; at {', '.join(map(str, no_ev['concurrency']))} stock completes too, so the fix's runs there are no "
                         "evidence about the crash" if len(no_ev) else "")
-                     + (f"; the fix has not run at {', '.join(map(str, never))}, where stock crashes" if never else "") + ".")
+                     + (f"; the fix has not run at {', '.join(map(str, never))}, where stock crashes" if never else "") + "."
+                     + _part1_line(wsc))
         fix_line += " " + _end_to_end_line(df)
     else:
         fix_line += f" GPU runs with it: {len(fix2)}."
@@ -241,10 +247,53 @@ def _with_sessions(runs, concurrencies) -> str:
     return ", ".join(out)
 
 
-def _one_session(runs, concurrencies) -> bool:
-    """Whether one GPU session ran every one of these concurrencies."""
+def _short(session: str) -> str:
+    """'2026-11-30-s22' -> 's22'."""
+    return str(session).rsplit("-", 1)[-1]
+
+
+def _common_sessions(runs, concurrencies) -> list:
+    """The GPU sessions that ran every one of these concurrencies (in session order)."""
     sets = [set(runs.loc[runs["concurrency"] == c, "gpu_session"].dropna()) for c in concurrencies]
-    return bool(sets) and bool(set.intersection(*sets))
+    return sorted(set.intersection(*sets), key=analysis.session_key) if sets else []
+
+
+def _without_asserts(keep, rope) -> str:
+    """The keep-running crashes whose engine log does not show both RoPE asserts: which kernel their core named."""
+    none = keep[[not all(a in t for a in rope["device_asserts"]) for t in keep["device asserts (engine log)"]]]
+    return "".join(f"; the one at concurrency {int(r['concurrency'])} whose core names {r['faulting kernel']} printed "
+                   + ("none" if not r["device asserts (engine log)"] else f"only {r['device asserts (engine log)']}")
+                   for _, r in none.iterrows())
+
+
+def _part1_line(wsc) -> str:
+    """Part 1 alone where offline stock crashes every run (a fix_where_stock_crashes table), with its sessions."""
+    p1 = wsc[(wsc["fix"] == "part 1 alone") & (wsc["stock there"] == "crashes")]
+    if not len(p1):
+        return ""
+    return (" Part 1 alone there: " + ", ".join(f"{x} at concurrency {c} ({', '.join(_short(z) for z in str(ss).split(', '))}"
+                                                + (", whose stock control crashed" if ctl != "-" else ", no crashed stock control")
+                                                + ")"
+                                                for c, x, ss, ctl in zip(p1["concurrency"], p1["fix completed / runs"],
+                                                                         p1["fix sessions"],
+                                                                         p1["sessions with a crashed stock control"]))
+            + ".")
+
+
+def _low_nan(low) -> str:
+    """Which of the stock probe logs below 32 requests wrote NaN, and where (probe table rows)."""
+    bad = low[low["first NaN step"].notna()]
+    if not len(bad):
+        return "none wrote NaN"
+    parts = []
+    for _, r in bad.iterrows():
+        first = " (its first FULL step)" if r["first NaN step"] == r["first diverging step"] else ""
+        parts.append(f"at concurrency {r['concurrencies']} ({_short(r['gpu_session'])}) from step {int(r['first NaN step'])}"
+                     f"{first}, NaN rows graph / reference {r['NaN rows graph / reference']}")
+    from . import verification
+    rest = sorted(verification.reached(low[low["first NaN step"].isna()]))
+    return (f"NaN in {len(bad)} of them: " + "; ".join(parts)
+            + (f"; at {', '.join(str(c) for c in rest)} finite on every FULL step" if rest else ""))
 
 
 def _first_position(runs) -> str:

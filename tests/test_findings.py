@@ -15,8 +15,11 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # low-concurrency stock probe whose engine name shares its prefix and whose file sorts first
     assert "First wrong value (step probe, one run at concurrency 32" in text
     assert "The first 480-token replay (step 273, 30 requests) is NaN in 480 rows, the reference pass in 0." in text
-    assert "Stock probed at lower concurrency too (2 probe log(s), up to 16 requests per step): 556 of 556 FULL steps " \
-           "diverge, first at L8 gdn, no NaN." in text
+    # s22 added stock probes at 8 and 12: the one at 8 wrote NaN on its first FULL step, and its crash step has no comparison
+    assert ("Stock probed at lower concurrency too (4 probe log(s), concurrency 2, 8, 12, 16): 1104 of 1105 FULL steps "
+            "diverge (the other 1: a crash step, whose pass ended in a CUDA error before the comparison), each log first at "
+            "L8 gdn; NaN in 1 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows graph / reference "
+            "32 / 0 (8 req, 128 tokens); at 2, 12, 16 finite on every FULL step.") in text
     assert "986 of 986 FULL-graph steps identical to the no-graph pass" in text
     assert ("FULL_AND_PIECEWISE (FA3 splits 1 for the drafter only) at concurrency 32: 3 / 3 crashed (predicted: crash; "
             "core dump: copy_and_expand_dflash_inputs_kernel)") in text
@@ -25,20 +28,27 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s19: the offline counts stay offline, the server path has its own line with what its clients saw
     assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 15/15 crashed" in text
     # s20-s21: every other concurrency with its own count; s21's plain 16 joined the hooked runs
-    assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 3/3 crashed" in text
-    assert "16: 0/6 crashed (0/3 with core dump on (keep running); 0/3 with launch hook)" in text
+    assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 6/6 crashed" in text
+    assert "16: 0/8 crashed (0/3 with core dump on (keep running); 0/3 with launch hook; 0/2 plain)" in text
+    assert "6: 0/1 crashed (0/1 plain)" in text and "10: 0/1 crashed (0/1 plain)" in text
     assert "24: 4/4 crashed (3/3 with core dump on; 1/1 plain)" in text
     # s21: not monotonic, and the acceptance-8.8 runs counted apart, never pooled with 1.86
-    assert ("Not monotonic in concurrency in the runs so far: 8 (s20) crashed where 12 (s21), 16 (s21, a session before "
-            "labels) completed (never in one GPU session).") in text
+    # s22 ran 8, 10, 12 and 16 in one session
+    assert ("Not monotonic in concurrency in the runs so far: 8 (s20, s22) crashed where 10 (s22), 12 (s21, s22), 16 (s21, "
+            "s22, a session before labels) completed (all of them in GPU session s22).") in text
     assert "the first draft position was accepted in 100% of drafts, so no step rejected every draft" in text
-    assert ("Where offline stock crashes every run, the fix completed 14/14 at concurrency 32, 3/3 at concurrency 64; at "
-            "2, 16 stock completes too") in text and "the fix has not run at 8, 20, 24, 28, where stock crashes" in text
+    assert ("Where offline stock crashes every run, the fix completed 3/3 at concurrency 8, 3/3 at concurrency 20, 3/3 at "
+            "concurrency 24, 3/3 at concurrency 28, 14/14 at concurrency 32, 3/3 at concurrency 64; at 2, 16 stock completes "
+            "too") in text and "the fix has not run at" not in text
+    assert ("Part 1 alone there: 3/3 at concurrency 8 (s22, whose stock control crashed), 3/3 at concurrency 20 (s22, whose "
+            "stock control crashed), 3/3 at concurrency 32 (s16, whose stock control crashed).") in text
+    # s22: the c8 control's core names the target's GDN kernel and its log has no RoPE assert
+    assert ("in 4 of 5 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
+    assert "the one at concurrency 8 whose core names fused_sigmoid_gating_delta_rule_update_kernel printed none" in text
     assert "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: concurrency 16: 0/3 crashed" in text
     # the fix's runs at 16 are where stock completes: said once, in the sentence that sets each fix concurrency beside stock
     assert "concurrency 16: 3/3 completed" in text and "stock completed there too" not in text
     assert "concurrency 64: 3/3 completed," in text or "concurrency 64: 3/3 completed;" in text
-    assert "in 3 of 3 crashes whose process outlived the core dump, the engine log shows both asserts failing, after the DFlash" in text
     assert "The OpenAI server at TP=1" in text and "concurrency 32: 5/5 crashed" in text and '"code": 500' in text
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text

@@ -146,7 +146,10 @@ S15 = "2026-11-30-s15"
 
 def test_counts_come_from_the_session_that_meets_them_not_the_latest(df):
     # s15 (tokens and throughput) has fix-2 runs at 32 only: it must not replace s14 as the counts session
-    assert V.sessions_with_fix2(df)[-1] == S15 and not V.verdict(V.session_table(df, S15))["meets_counts"]
+    assert S15 in V.sessions_with_fix2(df) and not V.verdict(V.session_table(df, S15))["meets_counts"]
+    # s22 (the fix at 8-28) is later still and has no run at 32: it does not replace s14 either
+    assert V.sessions_with_fix2(df)[-1] == "2026-11-30-s22"
+    assert not V.verdict(V.session_table(df, "2026-11-30-s22"))["meets_counts"]
     assert V.counts_session(df) == SESSION
     # the stock run at concurrency 2 records outputs: the control is the crash configuration only
     v15 = V.verdict(V.session_table(df, S15))
@@ -238,8 +241,9 @@ def test_a_nan_logprob_is_never_read_as_agreement():
 
 
 def test_fix_where_stock_crashes():
-    """The fix's runs beside stock at the same concurrency: only 32 and 64 are where stock crashes every run (s21: stock
-    completes at 16, so the fix's 3/3 there is no evidence about the crash)."""
+    """The fix's runs beside stock at the same concurrency (s21: stock completes at 16, so the fix's 3/3 there is no
+    evidence about the crash); s22 ran the fix and part 1 alone where stock crashes below 32, after stock controls at 8
+    and 20 that crashed."""
     from dflash_lab import analysis, verification
 
     t = verification.fix_where_stock_crashes(analysis.load_runs())
@@ -247,8 +251,12 @@ def test_fix_where_stock_crashes():
     assert f2.loc[32, "stock there"] == "crashes" and f2.loc[64, "stock there"] == "crashes"
     assert f2.loc[16, "stock there"] == "completes" and f2.loc[16, "fix completed / runs"] == "3/3"
     assert f2.loc[32, "fix completed / runs"] == "14/14" and "2026-11-30-s14" in f2.loc[32, "sessions with a crashed stock control"]
+    for c in (8, 20, 24, 28):
+        assert f2.loc[c, "stock there"] == "crashes" and f2.loc[c, "fix completed / runs"] == "3/3"
+        assert f2.loc[c, "sessions with a crashed stock control"] == "2026-11-30-s22"
     p1 = t[t["fix"] == "part 1 alone"].set_index("concurrency")
-    assert list(p1.index) == [32] and p1.loc[32, "fix completed / runs"] == "3/3"
+    assert list(p1.index) == [8, 20, 32] and (p1["fix completed / runs"] == "3/3").all()
+    assert (p1["stock there"] == "crashes").all()
 
 
 def test_session_table_compares_stock_and_fix_at_one_acceptance():
@@ -266,16 +274,20 @@ def test_session_table_compares_stock_and_fix_at_one_acceptance():
 
 
 def test_standard_where_stock_crashes():
-    """The standard moved to where stock crashes: met at 32 (s14 + s15, each with a crashed control) and 64, open at 8 and
-    20-28 (no fix runs yet); a fix run from a session without a crashed stock control does not count."""
+    """The standard moved to where stock crashes: met at 32 (s14 + s15, each with a crashed control) and 64, and since s22
+    at 8 and 20-28 too; without s22 (the data before it) 8 is open, and a fix run from a session without a crashed stock
+    control does not count."""
     import pandas as pd
     from dflash_lab import analysis, verification
 
     df = analysis.load_runs()
     t = verification.standard_where_stock_crashes(df).set_index("concurrency")
     assert list(t.index) == [8, 20, 24, 28, 32, 64]
-    assert t.loc[32, "met"] and t.loc[32, "needed"] == 10 and t.loc[64, "met"] and not t.loc[8, "met"]
-    assert t.loc[8, "fix runs"] == 0 and t.loc[8, "sessions"] == "-"
+    assert t.loc[32, "met"] and t.loc[32, "needed"] == 10 and t["met"].all()
+    assert t.loc[8, "fix runs"] == 3 and t.loc[8, "sessions"] == "2026-11-30-s22"
+    df = df[df["gpu_session"] != "2026-11-30-s22"]      # the data before s22: nothing of the fix at 8
+    t = verification.standard_where_stock_crashes(df).set_index("concurrency")
+    assert not t.loc[8, "met"] and t.loc[8, "fix runs"] == 0 and t.loc[8, "sessions"] == "-"
     # three fix runs at 8 in a session without any stock run: not counted
     f = df[(df["gpu_session"] == "2026-11-30-s14") & (df["fix"] == True) & (df["concurrency"] == 16)].copy()
     f["concurrency"], f["gpu_session"] = 8, "2026-11-30-s99"
@@ -290,7 +302,7 @@ def test_rows_where_keeps_the_columns_of_an_empty_frame():
 
     df = analysis.load_runs()
     kept = analysis.rows_where(df, lambda r: r["concurrency"] == 12)
-    assert len(kept) == 2 and list(kept.columns) == list(df.columns)
+    assert len(kept) == (df["concurrency"] == 12).sum() > 0 and list(kept.columns) == list(df.columns)
     empty = analysis.rows_where(df.iloc[:0], lambda r: True)
     assert len(empty) == 0 and list(empty.columns) == list(df.columns)
     assert len(analysis.rows_where(df, lambda r: False)) == 0
