@@ -122,6 +122,28 @@ def first_divergence(probe: dict) -> dict | None:
     return None
 
 
+ZERO_ACCEPTED_COLUMNS = ["step", "mode", "row", "request"]
+
+
+def zero_accepted(probe: dict, group: str = "gdn0"):
+    """Every (step, batch row, request) whose GDN spec-decode metadata carries an accepted count of 0, i.e. the step
+    before gave that row no valid token. vLLM 0.22.1's ``fused_sigmoid_gating_delta_rule_update_kernel`` reads the
+    row's initial state slot at column ``num_accepted_tokens - 1`` of ``ssm_state_indices`` (fused_sigmoid_gating.py
+    106-111): for a row above 0 that is the previous row's last entry, a valid slot of another request; for row 0 it
+    is the element before the tensor. ``reqs`` and the GDN rows are in the same batch order."""
+    import pandas as pd
+
+    rows = []
+    for s in probe["steps"]:
+        g = (s.get("gdn") or {}).get(group)
+        if not g or g.get("na") is None:
+            continue
+        for row, (req, x) in enumerate(zip(s.get("reqs") or [], g["na"])):
+            if x == 0:
+                rows.append({"step": s["step"], "mode": s["mode"], "row": row, "request": req})
+    return pd.DataFrame(rows, columns=ZERO_ACCEPTED_COLUMNS)
+
+
 def nan_onset(probe: dict) -> dict | None:
     """The first step whose graph replay produced NaN/Inf outputs where the reference pass did not."""
     for s in probe["steps"]:

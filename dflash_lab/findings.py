@@ -102,7 +102,7 @@ def write_findings(root: Path, out: Path) -> Path:
         + f"; --enforce-eager {int(eager['crashed'].sum())}/{len(eager)} at 32."
         + (f" Not monotonic in concurrency in the runs so far: {_with_sessions(stock, low_crash)} crashed where "
            f"{_with_sessions(stock, mid_ok)} completed"
-           + (f" (all of them in GPU session {', '.join(_short(x) for x in common)})" if (common := _common_sessions(
+           + (f" (each of these concurrencies also ran in GPU session {', '.join(_short(x) for x in common)})" if (common := _common_sessions(
                stock, low_crash + mid_ok)) else " (never in one GPU session)") + "."
            if low_crash and mid_ok else "")
         + (f" At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: "
@@ -280,6 +280,23 @@ def _part1_line(wsc) -> str:
             + ".")
 
 
+def _row0(path) -> str:
+    """Where a probe log's GDN accepted counts of 0 fell (divergence.zero_accepted): rows above 0 read another
+    request's slot silently; row 0 reads before the state-index tensor."""
+    from . import divergence
+
+    p = divergence.load_probe(path)
+    z = divergence.zero_accepted(p)
+    if not len(z):
+        return ""
+    r0 = z[z["row"] == 0]
+    last = p["steps"][-1]["step"]
+    return (f"; then GDN accepted counts of 0 on {z['step'].nunique()} steps, in batch rows above 0"
+            + (f" until step {int(r0['step'].min())}, which put one in row 0"
+               + (" (the crash step: the GDN kernel reads state column -1, before the index tensor in row 0)"
+                  if int(r0["step"].min()) == last else "") if len(r0) else ", never in row 0"))
+
+
 def _low_nan(low) -> str:
     """Which of the stock probe logs below 32 requests wrote NaN, and where (probe table rows)."""
     bad = low[low["first NaN step"].notna()]
@@ -289,7 +306,7 @@ def _low_nan(low) -> str:
     for _, r in bad.iterrows():
         first = " (its first FULL step)" if r["first NaN step"] == r["first diverging step"] else ""
         parts.append(f"at concurrency {r['concurrencies']} ({_short(r['gpu_session'])}) from step {int(r['first NaN step'])}"
-                     f"{first}, NaN rows graph / reference {r['NaN rows graph / reference']}")
+                     f"{first}, NaN rows graph / reference {r['NaN rows graph / reference']}" + _row0(r["path"]))
     from . import verification
     rest = sorted(verification.reached(low[low["first NaN step"].isna()]))
     return (f"NaN in {len(bad)} of them: " + "; ".join(parts)

@@ -76,3 +76,27 @@ def test_stock_diverges_at_low_concurrency_too():
         assert full and all(s["diverge"]["diverged"] for s in full)
         assert D.short(D.first_divergence(p)["first_layer_written_differently"]) == "L8 gdn"
         assert D.nan_onset(p) is None
+
+
+def test_zero_accepted_counts_at_8_reach_row_0_only_at_the_crash_step():
+    """s22's stock probe at 8: after the NaN of its first FULL step, requests 1-7 get GDN accepted counts of 0 (a row
+    with no valid token the step before) 33-45 times each, always in rows above 0, where the kernel's column -1 is the
+    previous row's last slot; request 0 never does. The crash step is the first without request 0: request 7 moves to
+    row 0 with a count of 0. At 12 no count is 0."""
+    c8 = [D.load_probe(f) for f in D.probe_files() if "/stock-probe-c8.a1.probe/" in f]
+    c12 = [D.load_probe(f) for f in D.probe_files() if "/stock-probe-c12.a1.probe/" in f]
+    assert len(c8) == 1 and len(c12) == 1
+    z = D.zero_accepted(c8[0])
+    per_request = z.groupby("request").size()
+    assert sorted(per_request.index) == [1, 2, 3, 4, 5, 6, 7] and per_request.min() == 33 and per_request.max() == 45
+    last = c8[0]["steps"][-1]
+    assert z.loc[z["row"] == 0, ["step", "request"]].values.tolist() == [[last["step"], 7]]
+    assert 0 not in last["reqs"] and all(0 in s["reqs"] for s in c8[0]["steps"][2:-1])
+    assert z["step"].min() > D.nan_onset(c8[0])["step"]
+    assert len(D.zero_accepted(c12[0])) == 0
+    # synthetic: rows without GDN metadata or counts are skipped; a count of 0 is found in its row
+    probe = {"steps": [{"step": 1, "mode": "FULL", "reqs": [4, 5], "gdn": {"gdn0": {"na": [1, 0]}}},
+                       {"step": 2, "mode": "PIECEWISE", "reqs": [4]},
+                       {"step": 3, "mode": "FULL", "reqs": [5], "gdn": {"gdn0": {"na": None}}}]}
+    assert D.zero_accepted(probe).to_dict("records") == [{"step": 1, "mode": "FULL", "row": 1, "request": 5}]
+    assert list(D.zero_accepted({"steps": []}).columns) == D.ZERO_ACCEPTED_COLUMNS

@@ -19,7 +19,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert ("Stock probed at lower concurrency too (4 probe log(s), concurrency 2, 8, 12, 16): 1104 of 1105 FULL steps "
             "diverge (the other 1: a crash step, whose pass ended in a CUDA error before the comparison), each log first at "
             "L8 gdn; NaN in 1 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows graph / reference "
-            "32 / 0 (8 req, 128 tokens); at 2, 12, 16 finite on every FULL step.") in text
+            "32 / 0 (8 req, 128 tokens); then GDN accepted counts of 0 on 174 steps, in batch rows above 0 until step 273, which "
+            "put one in row 0 (the crash step: the GDN kernel reads state column -1, before the index tensor in row 0); at 2, "
+            "12, 16 finite on every FULL step.") in text
     assert "986 of 986 FULL-graph steps identical to the no-graph pass" in text
     assert ("FULL_AND_PIECEWISE (FA3 splits 1 for the drafter only) at concurrency 32: 3 / 3 crashed (predicted: crash; "
             "core dump: copy_and_expand_dflash_inputs_kernel)") in text
@@ -35,7 +37,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s21: not monotonic, and the acceptance-8.8 runs counted apart, never pooled with 1.86
     # s22 ran 8, 10, 12 and 16 in one session
     assert ("Not monotonic in concurrency in the runs so far: 8 (s20, s22) crashed where 10 (s22), 12 (s21, s22), 16 (s21, "
-            "s22, a session before labels) completed (all of them in GPU session s22).") in text
+            "s22, a session before labels) completed (each of these concurrencies also ran in GPU session s22).") in text
     assert "the first draft position was accepted in 100% of drafts, so no step rejected every draft" in text
     assert ("Where offline stock crashes every run, the fix completed 3/3 at concurrency 8, 3/3 at concurrency 20, 3/3 at "
             "concurrency 24, 3/3 at concurrency 28, 14/14 at concurrency 32, 3/3 at concurrency 64; at 2, 16 stock completes "
