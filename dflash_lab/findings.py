@@ -242,7 +242,7 @@ def _with_sessions(runs, concurrencies) -> str:
     out = []
     for c in concurrencies:
         g = runs.loc[runs["concurrency"] == c, "gpu_session"]
-        sess = sorted({str(x).rsplit("-", 1)[-1] for x in g.dropna()}) + (["a session before labels"] if g.isna().any() else [])
+        sess = sorted({_short(x) for x in g.dropna()}) + (["a session before labels"] if g.isna().any() else [])
         out.append(f"{c} ({', '.join(sess)})")
     return ", ".join(out)
 
@@ -304,7 +304,7 @@ def _low_nan(low) -> str:
         return "none wrote NaN"
     parts = []
     for _, r in bad.iterrows():
-        first = " (its first FULL step)" if r["first NaN step"] == r["first diverging step"] else ""
+        first = " (its first FULL step)" if r["first NaN step"] == r["first FULL step"] else ""
         parts.append(f"at concurrency {r['concurrencies']} ({_short(r['gpu_session'])}) from step {int(r['first NaN step'])}"
                      f"{first}, NaN rows graph / reference {r['NaN rows graph / reference']}" + _row0(r["path"]))
     from . import verification

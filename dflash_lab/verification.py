@@ -154,7 +154,7 @@ def verdict(table) -> dict:
 STOCK_PROBE = "dflash k=15, FULL_AND_PIECEWISE (step probe)"
 PROBE_COLUMNS = ["session", "engine", "path", "fix", "configuration", "gpu_session", "concurrencies", "reached",
                  "runs ok / runs", "steps", "FULL steps", "max requests in a FULL step", "FULL steps diverging",
-                 "FULL steps ended by an error",
+                 "FULL steps ended by an error", "first FULL step",
                  "max |output diff|", "first diverging step", "layers written identically before it",
                  "last layer written identically", "first layer written differently", "first NaN step",
                  "NaN rows graph / reference", "violations"]
@@ -193,6 +193,7 @@ def probe_table(df, pattern: str = divergence.PROBE_GLOB):
             "FULL steps diverging": sum(bool(s.get("diverge", {}).get("diverged")) for s in full),
             # a step whose graph or reference pass raised (the crash step) has no comparison
             "FULL steps ended by an error": sum(bool(s.get("error")) for s in full),
+            "first FULL step": full[0]["step"] if full else None,
             "max |output diff|": max(diffs) if diffs else None,
             "first diverging step": fd["step"] if fd else None,
             "layers written identically before it": fd["layers_written_identically_before"] if fd else None,
