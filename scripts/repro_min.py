@@ -2,7 +2,7 @@
 """Minimal reproducer for the vLLM 0.22.1 DFlash + FULL CUDA graph bug (needs only vLLM 0.22.1 and a GPU).
 
     python scripts/repro_min.py [--concurrency 4] [--tokens 48] [--no-reference] [--json OUT.json]
-                                [--coredump-dir DIR] [--timeout-s 420] [--deadline-s S]
+                                [--coredump-dir DIR] [--timeout-s 420] [--deadline-s S] [--models-dir DIR]
     python scripts/repro_min.py --resume WORKDIR [--deadline-s S] [--json OUT.json]   # run what an earlier run left out
 
 What it builds: a tiny random Qwen3.5-MoE target (8 layers: 6 Gated-DeltaNet + 2 full attention,
@@ -13,6 +13,11 @@ layers land in two KV-cache groups of the same spec: group "layer 3" builds the 
 metadata every step, group "layer 7" reuses it (``update_block_table``). Its FULL CUDA graphs were
 captured reading *its own* builder's persistent FA3 ``scheduler_metadata``, which nothing
 refreshes after capture.
+
+The two config.json files go to a folder that is the same on every run (``--models-dir``, default
+~/.cache/repro-min/models-<hash of the configs>), not into the run's temporary work folder: vLLM's
+compile cache is keyed by the model path, so only a fixed path lets a second run on the host start
+from the first run's compiled graphs and Triton autotuning (see ``default_models_dir``).
 
 Each engine runs in its own child process (a crashing engine cannot take the others with it),
 one after the other, DFlash k=15, greedy, the same prompts:
@@ -48,6 +53,7 @@ outside (a timeout, a signal) runs now, its old files set aside; then all three 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -67,12 +73,9 @@ TARGET_TEXT = dict(
 )
 
 
-def write_models(root: str) -> tuple[str, str]:
+def model_configs() -> tuple[dict, dict]:
     """config.json of the target and of the draft (dummy weights come from vLLM)."""
     t = TARGET_TEXT
-    tdir, ddir = os.path.join(root, "target"), os.path.join(root, "draft")
-    os.makedirs(tdir, exist_ok=True)
-    os.makedirs(ddir, exist_ok=True)
     cfg = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "text_config": t,
            "vision_config": {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
                              "out_hidden_size": t["hidden_size"], "model_type": "qwen3_5_moe"},
@@ -87,10 +90,42 @@ def write_models(root: str) -> tuple[str, str]:
             "tie_word_embeddings": False, "torch_dtype": "bfloat16", "block_size": 16,
             "target_hidden_size": t["hidden_size"], "layer_types": ["full_attention"], "eos_token_id": 2,
             "dflash_config": {"mask_token_id": t["vocab_size"] - 1, "target_layer_ids": [1, 5]}}
-    for d, c in ((tdir, cfg), (ddir, dcfg)):
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(c, f, indent=1)
+    return cfg, dcfg
+
+
+def write_models(root: str) -> tuple[str, str]:
+    """Write the two config.json files under ``root``/target and ``root``/draft (atomically: several runs may
+    share ``root``); return the two folders."""
+    tdir, ddir = os.path.join(root, "target"), os.path.join(root, "draft")
+    for d, c in zip((tdir, ddir), model_configs()):
+        os.makedirs(d, exist_ok=True)
+        _write(os.path.join(d, "config.json"), c, indent=1)
     return tdir, ddir
+
+
+def default_models_dir() -> str:
+    """A folder that stays the same from run to run on one host: ~/.cache/repro-min/models-<hash of the configs>.
+
+    Why not the run's temporary work folder: vLLM 0.22.1's compile-cache key hashes the model path
+    (ModelConfig.compute_hash does not ignore ``model``), and vLLM points TRITON_CACHE_DIR into that
+    key's folder (vllm/compilation/compiler_interface.py:480). A model in a new folder every run thus
+    re-compiles the graphs (~25 s) and re-autotunes the GDN prefill kernels (~66 s) in every engine,
+    however warm the host. Measured on an H200 (GPU session s23): a second run in a new folder started its
+    engines in 148 and 162 s, and two engines in a third folder had not started after 165 s, each with
+    its own cache folder and six autotuning passes; in the second run's folder, the fixed engine loaded
+    the graphs from the cache and still autotuned (81 s in its first profiling run, as in s17 and s18),
+    and the next fixed engine there started in 38 s with no autotuning."""
+    digest = hashlib.sha256(json.dumps(model_configs(), sort_keys=True).encode()).hexdigest()[:12]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "repro-min", f"models-{digest}")
+
+
+def models_of(workdir: str) -> tuple[str, str]:
+    """The target and draft folders a run's engines load: run.json's ``models_dir`` (runs since s23), else the
+    work folder itself (earlier runs wrote the configs there)."""
+    run = _read_json(os.path.join(workdir, "run.json")) or {}
+    root = run.get("models_dir") or workdir
+    return os.path.join(root, "target"), os.path.join(root, "draft")
 
 
 # ---- run inside the engine's worker process (collective_rpc; cloudpickled, no outer state)
@@ -211,7 +246,7 @@ ROLES = {"stock": ("FULL_AND_PIECEWISE", False), "fixed": ("FULL_AND_PIECEWISE",
 def child(role: str, workdir: str, concurrency: int, tokens: int) -> int:
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a function (our check)
     mode, fix = ROLES[role]
-    tdir, ddir = os.path.join(workdir, "target"), os.path.join(workdir, "draft")
+    tdir, ddir = models_of(workdir)
     checks = os.path.join(workdir, f"{role}.checks.jsonl")
     res = {"role": role, "mode": mode, "fix": fix}
     llm, res["startup_s"] = engine(tdir, ddir, mode, concurrency)
@@ -227,16 +262,22 @@ def child(role: str, workdir: str, concurrency: int, tokens: int) -> int:
     import torch
 
     res["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    try:
+        import triton
+
+        res["versions"] = {"torch": torch.__version__, "triton": triton.__version__}
+    except ImportError:
+        res["versions"] = {"torch": torch.__version__}
     _write(os.path.join(workdir, f"{role}.json"), res)
     return 0
 
 
 # ---- parent process: no CUDA; runs the children and judges
 
-def _write(path: str, obj) -> None:
-    tmp = path + ".tmp"
+def _write(path: str, obj, indent=None) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f)
+        json.dump(obj, f, indent=indent)
     os.replace(tmp, path)
 
 
@@ -668,6 +709,8 @@ def main(argv=None) -> int:
                     help="for all engines together: an engine that would start with less than "
                          f"{MIN_ENGINE_S} s left is not run, and the verdict is printed before this runs out")
     ap.add_argument("--write-configs-only", metavar="DIR", help="write the two config.json files and stop")
+    ap.add_argument("--models-dir", help="where the two config.json files go (default: a fixed folder under "
+                                          "~/.cache/repro-min, so that a second run on the host starts from vLLM's caches)")
     ap.add_argument("--coredump-dir", help="CUDA core dumps of a crashing engine go here (read them with cuda-gdb)")
     ap.add_argument("--rejudge", metavar="WORKDIR",
                     help="no engines: judge again from the files the children of an earlier run wrote in WORKDIR "
@@ -729,8 +772,13 @@ def main(argv=None) -> int:
         _write(os.path.join(root, "run.json"), res)
     else:
         root = tempfile.mkdtemp(prefix="repro-min-")
-        write_models(root)
-        res = {"vllm": have, "concurrency": a.concurrency, "tokens": a.tokens, "workdir": root,
+        models = os.path.abspath(a.models_dir or default_models_dir())
+        try:
+            write_models(models)
+        except OSError as e:
+            print(f"repro_min: cannot write the model configs under {models}: {e} (give --models-dir)", file=sys.stderr)
+            return 2
+        res = {"vllm": have, "concurrency": a.concurrency, "tokens": a.tokens, "workdir": root, "models_dir": models,
                "no_reference": a.no_reference, "coredump_dir": a.coredump_dir,
                "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

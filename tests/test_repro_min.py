@@ -487,3 +487,58 @@ def test_resume_needs_an_earlier_runs_folder(root, tmp_path, monkeypatch, capsys
     assert rm.main(["--resume", str(tmp_path)]) == 2
     assert "no readable run.json" in capsys.readouterr().err
     assert rm.main(["--resume", str(tmp_path), "--rejudge", str(tmp_path)]) == 2
+
+
+def test_the_models_folder_is_the_same_on_every_run_and_the_children_load_it(root, tmp_path, monkeypatch):
+    """s23: vLLM keys its compile cache (and, through TRITON_CACHE_DIR, Triton's autotuning) by the model path, so
+    the configs live in one folder per config content, not in each run's temporary work folder."""
+    rm = _load(root)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    d = rm.default_models_dir()
+    assert d == rm.default_models_dir() and d.startswith(str(tmp_path / "cache" / "repro-min" / "models-"))
+    monkeypatch.setitem(rm.TARGET_TEXT, "num_hidden_layers", 12)
+    assert rm.default_models_dir() != d          # other configs, another folder: never a stale config
+    monkeypatch.setitem(rm.TARGET_TEXT, "num_hidden_layers", 8)
+    calls = []
+
+    def fake_run_role(role, w, c, t, timeout_s, coredump_dir=None):
+        calls.append(rm.models_of(w))
+        return {"role": role, "completed": True, "engine_started": True, "outputs": OUT, "checks": [],
+                "check_counts": {"calls": 5}, "error": None, "wall_s": 0.1}
+
+    monkeypatch.setattr(rm, "run_role", fake_run_role)
+    _vllm_0221(monkeypatch)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    rm.main(["--no-reference", "--json", str(tmp_path / "a.json")])
+    rm.main(["--no-reference", "--json", str(tmp_path / "b.json")])
+    a, b = (json.load(open(tmp_path / f)) for f in ("a.json", "b.json"))
+    assert a["workdir"] != b["workdir"] and a["models_dir"] == b["models_dir"] == d
+    assert calls == [(f"{d}/target", f"{d}/draft")] * 4   # stock and fixed of both runs load the one folder
+    assert json.load(open(f"{d}/target/config.json"))["text_config"]["num_hidden_layers"] == 8
+    # a work folder of the runs before s23 (configs inside it, no models_dir in run.json) still resolves
+    old = root.joinpath(*REPRO4)
+    assert rm.models_of(str(old)) == (str(old / "target"), str(old / "draft"))
+    # --models-dir wins; an unwritable one is one clear error
+    rm.main(["--no-reference", "--models-dir", str(tmp_path / "m"), "--json", str(tmp_path / "c.json")])
+    assert json.load(open(tmp_path / "c.json"))["models_dir"] == str(tmp_path / "m")
+    (tmp_path / "file").write_text("")
+    assert rm.main(["--models-dir", str(tmp_path / "file" / "m")]) == 2
+
+
+def test_vllm_keys_its_compile_and_triton_caches_by_the_model_path():
+    """The premise of the fixed models folder, on vLLM 0.22.1's own source: ModelConfig's hash does not ignore
+    ``model``, and the compiler points TRITON_CACHE_DIR into the hashed cache folder."""
+    import ast
+
+    from dflash_lab.vllm_sources import read_source
+
+    tree = ast.parse(read_source("vllm/config/model.py"))
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "ModelConfig")
+    fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "compute_hash")
+    ignored = next(ast.literal_eval(n.value) for n in ast.walk(fn)
+                   if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "ignored_factors")
+    assert "model" in fields and "model" not in ignored and "seed" in ignored
+    src = read_source("vllm/compilation/compiler_interface.py")
+    assert 'triton_cache = os.path.join(self.base_cache_dir, "triton_cache")' in src
+    assert 'os.environ["TRITON_CACHE_DIR"] = triton_cache' in src
