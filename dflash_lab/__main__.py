@@ -100,6 +100,23 @@ def _ingest(a) -> int:
     return 0
 
 
+def _ingest_repro(a) -> int:
+    from .ingest import ingest_repro
+
+    if len(a.call) != len(a.command):
+        raise LabError(f"ingest-repro: {len(a.call)} --call but {len(a.command)} --command (one command per call)")
+    prov = {}
+    for kv in a.provenance or []:
+        if "=" not in kv:
+            raise LabError(f"--provenance {kv!r}: expected KEY=VALUE")
+        k, v = kv.split("=", 1)
+        prov[k] = v
+    meta = ingest_repro(list(zip(a.call, a.command)), a.name, data_dir=a.data, gpu_session=a.gpu_session,
+                        git_commit=a.git_commit, provenance=prov, what_happened=a.what_happened)
+    print(json.dumps({k: meta[k] for k in ("name", "startup_s", "judged")}))
+    return 0
+
+
 def _amend(a) -> int:
     from .amend import amend
 
@@ -155,6 +172,16 @@ def main(argv=None) -> int:
     p.add_argument("--kind", choices=("runs", "bench"), default="runs",
                    help="bench: server-mode benchmark lines, into data/bench/")
     p.set_defaults(fn=_ingest)
+    p = sub.add_parser("ingest-repro", help="bring one GPU run of scripts/repro_min.py (one or more calls) into data/gpu/")
+    p.add_argument("name")
+    p.add_argument("--call", action="append", required=True, help="a call's output folder, in order")
+    p.add_argument("--command", action="append", required=True, help="that call's device command, in the same order")
+    p.add_argument("--data", default="data")
+    p.add_argument("--gpu-session", required=True)
+    p.add_argument("--git-commit", help="the checkout's commit on the host")
+    p.add_argument("--provenance", action="append", help="KEY=VALUE not in the files (e.g. driver=580.159.04)")
+    p.add_argument("--what-happened", help="what the calls did, in words, for the record")
+    p.set_defaults(fn=_ingest_repro)
     p = sub.add_parser("amend", help="correct recorded run lines from their recorded logs (rules in dflash_lab/amend.py)")
     p.add_argument("name", help="data/runs/NAME.jsonl")
     p.add_argument("--data", default="data")

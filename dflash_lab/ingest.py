@@ -153,3 +153,113 @@ def _drop_already_recorded(stage_gpu: Path, kept: list[str], data: Path, gpu_ses
             mine.unlink()
             already.append(f"{rel} (byte-identical to {twin.name}/{rel})")
     return out, already
+
+
+REPRO_FILES = ("repro_min.json", "repro_min.log", "repro_min.rejudged.json", "rejudge.log", "rc.txt")
+REPRO_KEEP = (".log", ".json", ".jsonl")
+
+
+def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data", gpu_session: str | None = None,
+                 git_commit: str | None = None, provenance: dict | None = None, what_happened: str | None = None) -> dict:
+    """Bring one GPU run of ``scripts/repro_min.py`` into ``data/gpu/NAME/``: a run may take several device calls
+    (a deadline, ``--resume``, a child run by hand, ``--rejudge``), given in order as (folder, device command).
+
+    Each call's own files (REPRO_FILES) go to ``callN/``; the last call's ``children*.tgz`` (the work folder as
+    it was left) is unpacked into ``children/``, logs and JSON only. ``verdict.txt`` is the verdict line of the
+    last call that judged (``repro_min.rejudged.json`` before ``repro_min.json``). ``meta.json`` gets the
+    provenance the files hold (GPU name and versions the engines recorded, the run's command and start) plus
+    ``provenance`` given here (e.g. the driver) and each engine's start-up. Staged, then moved into place; an
+    existing NAME is refused."""
+    if not calls:
+        raise LabError("ingest-repro: give at least one call (--call FOLDER --command CMD)")
+    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise LabError(f"name {name!r} may hold only letters, digits, '-', '_' and '.'")
+    folders = [Path(f) for f, _ in calls]
+    for f in folders:
+        if not f.is_dir():
+            raise LabError(f"{f}: no such folder")
+        if not any((f / x).exists() for x in REPRO_FILES) and not list(f.glob("children*.tgz")):
+            raise LabError(f"{f}: holds no output of scripts/repro_min.py ({', '.join(REPRO_FILES)}, children*.tgz)")
+    data = Path(data_dir)
+    dst = data / "gpu" / name
+    if dst.exists():
+        raise LabError(f"{dst} already exists: choose another name (recorded results are never overwritten)")
+    (data / "gpu").mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".ingest-", dir=data))
+    try:
+        out = stage / "gpu"
+        out.mkdir()
+        files, left_out, judged, verdict_line = [], [], None, None
+        for i, f in enumerate(folders, 1):
+            for x in REPRO_FILES:
+                if (f / x).exists():
+                    (out / f"call{i}").mkdir(exist_ok=True)
+                    shutil.copy2(f / x, out / f"call{i}" / x)
+                    files.append(f"call{i}/{x}")
+            left_out += [f"call{i}/{p.name}" for p in sorted(f.iterdir())
+                         if p.name not in REPRO_FILES and not p.name.startswith("children")]
+            for x, how in (("repro_min.rejudged.json", "--rejudge"), ("repro_min.json", "the parent")):
+                try:
+                    line = json.loads((f / x).read_text()).get("verdict_line")
+                except (OSError, ValueError, AttributeError):
+                    continue
+                if line:
+                    verdict_line, judged = line, f"by scripts/repro_min.py on the GPU host ({how}, call {i})"
+                    break
+        tgz = next((t for f in reversed(folders) for t in sorted(f.glob("children*.tgz"))), None)
+        if tgz is not None:
+            try:
+                with tarfile.open(tgz) as tf:
+                    for m in tf.getmembers():
+                        rel = Path(m.name)
+                        if not m.isfile() or not m.name.endswith(REPRO_KEEP):
+                            continue
+                        if ".." in rel.parts or rel.is_absolute():
+                            raise LabError(f"{tgz}: unsafe member {m.name}")
+                        target = out / "children" / rel
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        with tf.extractfile(m) as fsrc, open(target, "wb") as fdst:
+                            shutil.copyfileobj(fsrc, fdst)
+                        files.append(str(Path("children") / rel))
+            except (tarfile.TarError, EOFError) as e:
+                raise LabError(f"{tgz}: not a readable tar.gz ({e})") from None
+        ch = out / "children"
+
+        def _json(p: Path):
+            try:
+                return json.loads(p.read_text())
+            except (OSError, ValueError):
+                return None
+
+        run = _json(ch / "run.json") or next((j for f in folders for j in [_json(f / "repro_min.json")] if j), None) or {}
+        results = [j for j in (_json(p) for p in sorted(ch.glob("*.json"))) if isinstance(j, dict) and j.get("role")]
+        gpus = sorted({r["gpu"] for r in results if r.get("gpu")})
+        versions = next((r["versions"] for r in results if r.get("versions")), {})
+        startups = {}
+        for p in sorted(ch.glob("*.started.json")):
+            j = _json(p) or {}
+            startups[p.name.split(".")[0]] = j.get("startup_s")
+        if verdict_line:
+            (out / "verdict.txt").write_text(verdict_line + "\n")
+            files.append("verdict.txt")
+        meta = {
+            "name": name, "matrix": None, "gpu_session": gpu_session, "lines": 0, "outcomes": {},
+            "device_command": " | ".join(f"call {i}: {c}" for i, (_, c) in enumerate(calls, 1)),
+            "provenance": {"gpu": gpus[0] if len(gpus) == 1 else (gpus or None),
+                           "vllm_version": run.get("vllm"), "torch_version": versions.get("torch"),
+                           "triton_version": versions.get("triton"), "started_at": run.get("started_at"),
+                           "command": run.get("command"), "git_commit": git_commit,
+                           **(provenance or {})},
+            "startup_s": startups,
+            "judged": judged,
+            "files": sorted(files),
+        }
+        if left_out:
+            meta["left_out"] = left_out
+        if what_happened:
+            meta["what_happened"] = what_happened
+        (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        os.replace(out, dst)
+        return meta
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

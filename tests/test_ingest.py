@@ -137,3 +137,55 @@ def test_a_later_call_of_the_same_session_does_not_record_earlier_logs_again(tmp
     third = make_out(tmp_path / "3", json.dumps({"run_id": "c", "outcome": "ok", "gpu_session": "T"}) + "\n")
     meta3 = ingest(str(third), "call3", data_dir=str(data), gpu_session="T")
     assert "e.a1.log" in meta3["files"] and "already_recorded" not in meta3
+
+
+def _tgz(path, members):
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tf:
+        for name, text in members.items():
+            b = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(b)
+            tf.addfile(info, io.BytesIO(b))
+
+
+def test_a_reproducer_run_over_several_calls_is_recorded_whole(tmp_path):
+    import pytest
+
+    from dflash_lab.errors import LabError
+    from dflash_lab.ingest import ingest_repro
+
+    c1, c2, data = tmp_path / "c1", tmp_path / "c2", tmp_path / "data"
+    c1.mkdir(), c2.mkdir()
+    (c1 / "repro_min.json").write_text(json.dumps({"verdict_line": "INCONCLUSIVE: fixed not run", "vllm": "0.22.1"}))
+    (c1 / "workdir.txt").write_text("/tmp/repro-min-x\n")
+    _tgz(c1 / "children.tgz", {"./stock.log": "early\n"})
+    (c2 / "repro_min.rejudged.json").write_text(json.dumps({"verdict_line": "REPRODUCED: all three"}))
+    run = {"vllm": "0.22.1", "started_at": "2026-12-01T00:42:00Z", "command": "python3 scripts/repro_min.py"}
+    _tgz(c2 / "children.tgz", {"./run.json": json.dumps(run), "./stock.log": "late\n", "./core.nvcudmp": "x",
+                               "./stock.started.json": json.dumps({"startup_s": 147.9}),
+                               "./fixed.json": json.dumps({"role": "fixed", "gpu": "NVIDIA H200",
+                                                           "versions": {"torch": "2.11.0", "triton": "3.6.0"}})})
+    meta = ingest_repro([(str(c1), "cmd one"), (str(c2), "cmd two")], "r1", data_dir=str(data),
+                        gpu_session="s", git_commit="abc", provenance={"driver": "580"})
+    d = data / "gpu" / "r1"
+    assert (d / "verdict.txt").read_text() == "REPRODUCED: all three\n"
+    assert meta["judged"] == "by scripts/repro_min.py on the GPU host (--rejudge, call 2)"
+    assert (d / "children" / "stock.log").read_text() == "late\n" and not (d / "children" / "core.nvcudmp").exists()
+    assert (d / "call1" / "repro_min.json").exists() and meta["left_out"] == ["call1/workdir.txt"]
+    assert meta["startup_s"] == {"stock": 147.9} and meta["device_command"] == "call 1: cmd one | call 2: cmd two"
+    p = meta["provenance"]
+    assert (p["gpu"], p["torch_version"], p["started_at"], p["driver"], p["git_commit"]) == (
+        "NVIDIA H200", "2.11.0", "2026-12-01T00:42:00Z", "580", "abc")
+    assert json.loads((d / "meta.json").read_text()) == meta
+    with pytest.raises(LabError, match="already exists"):
+        ingest_repro([(str(c2), "again")], "r1", data_dir=str(data))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LabError, match="holds no output"):
+        ingest_repro([(str(tmp_path / "empty"), "x")], "r2", data_dir=str(data))
+    _tgz(c2 / "children.tgz", {"../evil.log": "x"})
+    with pytest.raises(LabError, match="unsafe member"):
+        ingest_repro([(str(c2), "x")], "r3", data_dir=str(data))
+    assert sorted(p.name for p in (data / "gpu").iterdir()) == ["r1"] and not list(data.glob(".ingest-*"))
