@@ -411,9 +411,24 @@ def repro_min_runs(root="."):
                          "on the CPU from the files its engines wrote (scripts/repro_min.py --rejudge)"
                          if "--rejudge" in str(meta.get("verdict_by", "")) else "as printed on the GPU host"))
                      if line else None,
-                     "verdict": line.split(":", 1)[0] if line else None, "verdict line": line})
+                     "verdict": line.split(":", 1)[0] if line else None, "verdict line": line,
+                     "start-up s": _startups(d)})
     rows.sort(key=lambda r: (session_key(r["gpu_session"] or ""), r["folder"]))
-    return pd.DataFrame(rows, columns=["folder", "gpu_session", "judged", "verdict", "verdict line"])
+    return pd.DataFrame(rows, columns=["folder", "gpu_session", "judged", "verdict", "verdict line", "start-up s"])
+
+
+def _startups(run_dir: Path) -> str | None:
+    """'stock 147.9, reference 162.3, fixed 37.8': each engine's start-up as its child recorded it
+    (children/<role>.started.json; an engine that never finished starting has none)."""
+    got = []
+    for role in ("stock", "reference", "fixed"):
+        try:
+            v = json.loads((run_dir / "children" / f"{role}.started.json").read_text()).get("startup_s")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if v is not None:
+            got.append(f"{role} {v:g}")
+    return ", ".join(got) or None
 
 
 def _repro_min_label(root) -> str:

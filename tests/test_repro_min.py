@@ -335,6 +335,14 @@ def test_recorded_reproducer_runs_are_listed_by_session(tmp_path):
     empty = tmp_path / "e"
     empty.mkdir()
     assert "no GPU verdict recorded yet" in findings._repro_min_label(empty)
+    # each engine's start-up as its child recorded it; an engine that never finished starting, or a corrupt file, has none
+    ch = tmp_path / "data" / "gpu" / "x_repro-min-d" / "children"
+    ch.mkdir()
+    (ch / "stock.started.json").write_text(json.dumps({"startup_s": 147.9}))
+    (ch / "fixed.started.json").write_text(json.dumps({"startup_s": 37.8}))
+    (ch / "reference.started.json").write_text("{cut")
+    t = findings.repro_min_runs(tmp_path)
+    assert t["start-up s"].iloc[-1] == "stock 147.9, fixed 37.8" and t["start-up s"].iloc[:-1].isna().all()
 
 
 def test_a_stock_engine_that_does_not_start_stops_the_run(root, tmp_path, monkeypatch):
