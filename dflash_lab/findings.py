@@ -417,18 +417,44 @@ def repro_min_runs(root="."):
     return pd.DataFrame(rows, columns=["folder", "gpu_session", "judged", "verdict", "verdict line", "start-up s"])
 
 
-def _startups(run_dir: Path) -> str | None:
-    """'stock 147.9, reference 162.3, fixed 37.8': each engine's start-up as its child recorded it
-    (children/<role>.started.json; an engine that never finished starting has none)."""
-    got = []
+def _engine_startups(run_dir: Path) -> dict:
+    """{role: seconds}: each engine's start-up as its child recorded it (children/<role>.started.json; an engine
+    that never finished starting, or whose file is unreadable, has none)."""
+    got = {}
     for role in ("stock", "reference", "fixed"):
         try:
-            v = json.loads((run_dir / "children" / f"{role}.started.json").read_text()).get("startup_s")
-        except (OSError, ValueError, AttributeError):
+            v = float(json.loads((run_dir / "children" / f"{role}.started.json").read_text())["startup_s"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
-        if v is not None:
-            got.append(f"{role} {v:g}")
-    return ", ".join(got) or None
+        got[role] = v
+    return got
+
+
+def _startups(run_dir: Path) -> str | None:
+    """'stock 147.9, reference 162.3, fixed 37.8' (see _engine_startups)."""
+    return ", ".join(f"{r} {v:g}" for r, v in _engine_startups(run_dir).items()) or None
+
+
+def repro_min_startups(root=".", limit_s: float = 120.0):
+    """Every recorded engine start-up of scripts/repro_min.py: folder, GPU session, role, seconds, whether it is
+    under ``limit_s`` (the issue's 2 minutes), and whether its log says it loaded compiled graphs from vLLM's cache
+    instead of compiling them ("Directly load the compiled graph"); and the runs with all three engines under it."""
+    import pandas as pd
+
+    runs = repro_min_runs(root)
+    rows = []
+    for folder, session in zip(runs["folder"], runs["gpu_session"]):
+        d = Path(root) / folder
+        for role, v in _engine_startups(d).items():
+            try:
+                log = (d / "children" / f"{role}.log").read_text(errors="replace")
+            except OSError:
+                log = ""
+            rows.append({"folder": folder, "gpu_session": session, "role": role, "startup_s": v,
+                         "under limit": v < limit_s, "graphs from cache": "Directly load the compiled graph" in log})
+    t = pd.DataFrame(rows, columns=["folder", "gpu_session", "role", "startup_s", "under limit", "graphs from cache"])
+    all_under = [f for f, g in t.groupby("folder", sort=False) if len(g) == 3 and g["under limit"].all()]
+    return t, all_under
 
 
 def _repro_min_label(root) -> str:

@@ -206,7 +206,16 @@ def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data"
                 if line:
                     verdict_line, judged = line, f"by scripts/repro_min.py on the GPU host ({how}, call {i})"
                     break
-        tgz = next((t for f in reversed(folders) for t in sorted(f.glob("children*.tgz"))), None)
+        tgzs = [(i, t) for i, f in enumerate(folders, 1) for t in sorted(f.glob("children*.tgz"))]
+        last = [t for i, t in tgzs if i == len(folders)]
+        if tgzs and not last:
+            raise LabError(f"{folders[-1]}: the last call has no children*.tgz (the work folder as it was left): "
+                           "give the calls in order, ending with one that packed the work folder")
+        if len(last) > 1:
+            raise LabError(f"{folders[-1]}: more than one children*.tgz ({', '.join(t.name for t in last)}): which is "
+                           "the work folder as it was left is ambiguous")
+        tgz = last[0] if last else None
+        left_out += [f"call{i}/{t.name} (an earlier snapshot of the work folder)" for i, t in tgzs if t != tgz]
         if tgz is not None:
             try:
                 with tarfile.open(tgz) as tf:
@@ -250,6 +259,8 @@ def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data"
                            "triton_version": versions.get("triton"), "started_at": run.get("started_at"),
                            "command": run.get("command"), "git_commit": git_commit,
                            **(provenance or {})},
+            "provenance_given": sorted(provenance or {}),   # these keys came from the command line, not the files
+            "children_from": f"call{len(folders)}/{tgz.name}" if tgz is not None else None,
             "startup_s": startups,
             "judged": judged,
             "files": sorted(files),

@@ -361,7 +361,7 @@ hybrid, hunk 1 as one function): reproduced and attributed in s18 and again in s
 greedy tokens and log-probabilities identical to a PIECEWISE engine's (data/gpu/2026-11-30_h200_repro-min-4,
 data/gpu/2026-12-01_h200_repro-min-6). GPU session 2026-11-30-s22 (verify-fix-e{1,2}): stock controls
 at 8 and 20 crashed; with the change 3/3 each at 8, 20, 24 and 28 completed (hunk 1 alone: 3/3 at 8
-and at 20), where stock crashed in every run (8: 6/6, 20: 4/4, 24: 4/4, 28: 4/4 over s19-s22). Not
+and at 20), where stock crashed in every run (plain runs: 8: 6/6, 20: 4/4, 24: 4/4, 28: 4/4 over s19-s22). Not
 measured: the fix on the OpenAI server path (stock crashed there 5/5 at 32), TP > 1, real weights,
 this diff applied as a diff. Stock also crashed 3/3 at 64 (s20), in a later session than
 the fix's 3/3 there, but completed at 16 (3/3 without the launch hook in s21), so the fix's 3/3 at 16 is no evidence.

@@ -16,8 +16,9 @@ refreshes after capture.
 
 The two config.json files go to a folder that is the same on every run (``--models-dir``, default
 ~/.cache/repro-min/models-<hash of the configs>), not into the run's temporary work folder: vLLM's
-compile cache is keyed by the model path, so only a fixed path lets a second run on the host start
-from the first run's compiled graphs and Triton autotuning (see ``default_models_dir``).
+compile cache is keyed by the model path, so only a fixed path lets a later run on the host load the
+compiled graphs of an earlier one (see ``default_models_dir``). run.json keeps both configs, and an
+engine whose folder has gone (another host, a cleared cache) writes them there again.
 
 Each engine runs in its own child process (a crashing engine cannot take the others with it),
 one after the other, DFlash k=15, greedy, the same prompts:
@@ -93,11 +94,11 @@ def model_configs() -> tuple[dict, dict]:
     return cfg, dcfg
 
 
-def write_models(root: str) -> tuple[str, str]:
-    """Write the two config.json files under ``root``/target and ``root``/draft (atomically: several runs may
-    share ``root``); return the two folders."""
+def write_models(root: str, configs: tuple[dict, dict] | None = None) -> tuple[str, str]:
+    """Write the two config.json files (default: ``model_configs()``) under ``root``/target and ``root``/draft
+    (atomically: several runs may share ``root``); return the two folders."""
     tdir, ddir = os.path.join(root, "target"), os.path.join(root, "draft")
-    for d, c in zip((tdir, ddir), model_configs()):
+    for d, c in zip((tdir, ddir), configs or model_configs()):
         os.makedirs(d, exist_ok=True)
         _write(os.path.join(d, "config.json"), c, indent=1)
     return tdir, ddir
@@ -106,26 +107,46 @@ def write_models(root: str) -> tuple[str, str]:
 def default_models_dir() -> str:
     """A folder that stays the same from run to run on one host: ~/.cache/repro-min/models-<hash of the configs>.
 
-    Why not the run's temporary work folder: vLLM 0.22.1's compile-cache key hashes the model path
-    (ModelConfig.compute_hash does not ignore ``model``), and vLLM points TRITON_CACHE_DIR into that
-    key's folder (vllm/compilation/compiler_interface.py:480). A model in a new folder every run thus
-    re-compiles the graphs (~25 s) and re-autotunes the GDN prefill kernels (~66 s) in every engine,
-    however warm the host. Measured on an H200 (GPU session s23): a second run in a new folder started its
-    engines in 148 and 162 s, and two engines in a third folder had not started after 165 s, each with
-    its own cache folder and six autotuning passes; in the second run's folder, the fixed engine loaded
-    the graphs from the cache and still autotuned (81 s in its first profiling run, as in s17 and s18),
-    and the next fixed engine there started in 38 s with no autotuning."""
+    Why not the run's temporary work folder: vLLM 0.22.1's compile-cache folder is named by a hash of the
+    engine configuration that includes the model path (ModelConfig.compute_hash does not ignore ``model``;
+    vllm/compilation/backends.py and the AOT cache in decorators.py both hash vllm_config.compute_hash()).
+    A model in a new folder every run is therefore compiled again in every engine, however warm the host.
+    Measured on an H200 (GPU session s23): each new folder got new cache folders, and every engine that
+    compiled also re-ran six Triton autotuning passes of the GDN prefill kernels; a second run in a new
+    folder started its engines in 148 and 162 s, two engines in a third folder had not started after 165 s.
+    In the second run's folder the first engine that loaded the compiled graphs from the cache still
+    autotuned (81 s), and the next one started in 38 s with no autotuning; why the first one did is not
+    known, so a fixed folder is what lets a later run start from the cache, not a promise that every
+    engine of the second run skips the autotuning."""
     digest = hashlib.sha256(json.dumps(model_configs(), sort_keys=True).encode()).hexdigest()[:12]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "repro-min", f"models-{digest}")
 
 
 def models_of(workdir: str) -> tuple[str, str]:
-    """The target and draft folders a run's engines load: run.json's ``models_dir`` (runs since s23), else the
-    work folder itself (earlier runs wrote the configs there)."""
-    run = _read_json(os.path.join(workdir, "run.json")) or {}
-    root = run.get("models_dir") or workdir
-    return os.path.join(root, "target"), os.path.join(root, "draft")
+    """The target and draft folders a run's engines load: run.json's ``models_dir`` (runs since s23), where the
+    configs run.json holds are written again if the folder has gone; else, for a work folder of an earlier run
+    (configs inside it), the work folder itself. Raises SystemExit with one message when neither exists."""
+    path = os.path.join(workdir, "run.json")
+    run = _read_json(path)
+    if isinstance(run, dict) and run.get("models_dir"):
+        root = run["models_dir"]
+        t, d = os.path.join(root, "target"), os.path.join(root, "draft")
+        have = [_read_json(os.path.join(x, "config.json")) for x in (t, d)]
+        want = run.get("model_configs")
+        if want and have != [want.get("target"), want.get("draft")]:
+            if any(have):
+                raise SystemExit(f"repro_min: {root} holds other configs than {path} records (give --models-dir)")
+            try:
+                write_models(root, (want["target"], want["draft"]))
+            except (OSError, KeyError) as e:
+                raise SystemExit(f"repro_min: cannot write the configs {path} records into {root}: {e}")
+        elif not all(have):
+            raise SystemExit(f"repro_min: {root} (run.json's models_dir) holds no configs, and run.json has none")
+        return t, d
+    if os.path.isfile(os.path.join(workdir, "target", "config.json")):
+        return os.path.join(workdir, "target"), os.path.join(workdir, "draft")
+    raise SystemExit(f"repro_min: {workdir}: no readable run.json naming the model folder, and no configs inside it")
 
 
 # ---- run inside the engine's worker process (collective_rpc; cloudpickled, no outer state)
@@ -710,7 +731,7 @@ def main(argv=None) -> int:
                          f"{MIN_ENGINE_S} s left is not run, and the verdict is printed before this runs out")
     ap.add_argument("--write-configs-only", metavar="DIR", help="write the two config.json files and stop")
     ap.add_argument("--models-dir", help="where the two config.json files go (default: a fixed folder under "
-                                          "~/.cache/repro-min, so that a second run on the host starts from vLLM's caches)")
+                                          "~/.cache/repro-min, so that a later run on the host can load vLLM's compiled graphs)")
     ap.add_argument("--coredump-dir", help="CUDA core dumps of a crashing engine go here (read them with cuda-gdb)")
     ap.add_argument("--rejudge", metavar="WORKDIR",
                     help="no engines: judge again from the files the children of an earlier run wrote in WORKDIR "
@@ -765,20 +786,27 @@ def main(argv=None) -> int:
         a.concurrency, a.tokens = int(res["concurrency"]), int(res["tokens"])
         a.no_reference = a.no_reference or bool(res.get("no_reference"))
         a.coredump_dir = a.coredump_dir or res.get("coredump_dir")
+        try:
+            models_of(root)   # the engines to run need their configs: there, or written again from run.json
+        except SystemExit as e:
+            print(e, file=sys.stderr)
+            return 2
         res["workdir"] = root
         res["resumed"] = list(res.get("resumed") or []) + [{
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}]
         _write(os.path.join(root, "run.json"), res)
     else:
-        root = tempfile.mkdtemp(prefix="repro-min-")
         models = os.path.abspath(a.models_dir or default_models_dir())
         try:
             write_models(models)
         except OSError as e:
             print(f"repro_min: cannot write the model configs under {models}: {e} (give --models-dir)", file=sys.stderr)
             return 2
+        root = tempfile.mkdtemp(prefix="repro-min-")   # only now: a failed start leaves no empty work folder
+        target_cfg, draft_cfg = model_configs()
         res = {"vllm": have, "concurrency": a.concurrency, "tokens": a.tokens, "workdir": root, "models_dir": models,
+               "model_configs": {"target": target_cfg, "draft": draft_cfg},
                "no_reference": a.no_reference, "coredump_dir": a.coredump_dir,
                "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -174,7 +174,9 @@ def test_a_reproducer_run_over_several_calls_is_recorded_whole(tmp_path):
     assert (d / "verdict.txt").read_text() == "REPRODUCED: all three\n"
     assert meta["judged"] == "by scripts/repro_min.py on the GPU host (--rejudge, call 2)"
     assert (d / "children" / "stock.log").read_text() == "late\n" and not (d / "children" / "core.nvcudmp").exists()
-    assert (d / "call1" / "repro_min.json").exists() and meta["left_out"] == ["call1/workdir.txt"]
+    assert (d / "call1" / "repro_min.json").exists() and meta["children_from"] == "call2/children.tgz"
+    assert meta["left_out"] == ["call1/workdir.txt", "call1/children.tgz (an earlier snapshot of the work folder)"]
+    assert meta["provenance_given"] == ["driver"]
     assert meta["startup_s"] == {"stock": 147.9} and meta["device_command"] == "call 1: cmd one | call 2: cmd two"
     p = meta["provenance"]
     assert (p["gpu"], p["torch_version"], p["started_at"], p["driver"], p["git_commit"]) == (
@@ -185,6 +187,14 @@ def test_a_reproducer_run_over_several_calls_is_recorded_whole(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(LabError, match="holds no output"):
         ingest_repro([(str(tmp_path / "empty"), "x")], "r2", data_dir=str(data))
+    rejudge_only = tmp_path / "c3"        # a last call that judged but did not pack the work folder
+    rejudge_only.mkdir()
+    (rejudge_only / "rc.txt").write_text("rc=0\n")
+    with pytest.raises(LabError, match="the last call has no children"):
+        ingest_repro([(str(c2), "x"), (str(rejudge_only), "y")], "r4", data_dir=str(data))
+    _tgz(c1 / "children3.tgz", {"./a.log": "x"})
+    with pytest.raises(LabError, match="more than one children"):
+        ingest_repro([(str(c1), "x")], "r5", data_dir=str(data))
     _tgz(c2 / "children.tgz", {"../evil.log": "x"})
     with pytest.raises(LabError, match="unsafe member"):
         ingest_repro([(str(c2), "x")], "r3", data_dir=str(data))

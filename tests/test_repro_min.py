@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from dflash_lab import kvgroups
 
 
@@ -297,6 +299,7 @@ def test_the_deadline_leaves_engines_unrun_and_still_gives_a_verdict(root, tmp_p
     import importlib.metadata as md
     monkeypatch.setattr(md, "version", lambda name: "0.22.1")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(__import__("tempfile"), "tempdir", str(tmp_path))  # tempfile caches its folder
     out = tmp_path / "v.json"
     rc = rm.main(["--deadline-s", "1.0", "--json", str(out)])
     v = json.load(open(out))
@@ -343,6 +346,17 @@ def test_recorded_reproducer_runs_are_listed_by_session(tmp_path):
     (ch / "reference.started.json").write_text("{cut")
     t = findings.repro_min_runs(tmp_path)
     assert t["start-up s"].iloc[-1] == "stock 147.9, fixed 37.8" and t["start-up s"].iloc[:-1].isna().all()
+    # under the issue's 2 minutes, and whether the engine's own log says its graphs came from the cache
+    (ch / "fixed.log").write_text("INFO [backends.py:292] Directly load the compiled graph(s) for compile range\n")
+    (ch / "stock.log").write_text("INFO [backends.py:393] Compiling a graph for compile range (1, 4096)\n")
+    s, all_under = findings.repro_min_startups(tmp_path)
+    assert s[["role", "startup_s", "under limit", "graphs from cache"]].values.tolist() == [
+        ["stock", 147.9, False, False], ["fixed", 37.8, True, True]] and all_under == []
+    (ch / "stock.started.json").write_text(json.dumps({"startup_s": "slow"}))   # not a number: no start-up
+    (ch / "reference.started.json").write_text(json.dumps({"startup_s": 50}))
+    assert findings.repro_min_startups(tmp_path)[0]["role"].tolist() == ["reference", "fixed"]
+    (ch / "stock.started.json").write_text(json.dumps({"startup_s": 99.0}))
+    assert findings.repro_min_startups(tmp_path)[1] == ["data/gpu/x_repro-min-d"]
 
 
 def test_a_stock_engine_that_does_not_start_stops_the_run(root, tmp_path, monkeypatch):
@@ -359,6 +373,7 @@ def test_a_stock_engine_that_does_not_start_stops_the_run(root, tmp_path, monkey
     import importlib.metadata as md
     monkeypatch.setattr(md, "version", lambda name: "0.22.1")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(__import__("tempfile"), "tempdir", str(tmp_path))  # tempfile caches its folder
     out = tmp_path / "v.json"
     assert rm.main(["--json", str(out)]) == 2 and calls == ["stock"]
     v = json.load(open(out))
@@ -497,9 +512,11 @@ def test_resume_needs_an_earlier_runs_folder(root, tmp_path, monkeypatch, capsys
     assert rm.main(["--resume", str(tmp_path), "--rejudge", str(tmp_path)]) == 2
 
 
-def test_the_models_folder_is_the_same_on_every_run_and_the_children_load_it(root, tmp_path, monkeypatch):
-    """s23: vLLM keys its compile cache (and, through TRITON_CACHE_DIR, Triton's autotuning) by the model path, so
-    the configs live in one folder per config content, not in each run's temporary work folder."""
+def test_the_models_folder_is_the_same_on_every_run_and_the_children_load_it(root, tmp_path, monkeypatch, capsys):
+    """s23: vLLM keys its compile cache by the model path, so the configs live in one folder per config content,
+    not in each run's temporary work folder; run.json keeps them, so a work folder stays usable without that folder."""
+    import shutil
+
     rm = _load(root)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     d = rm.default_models_dir()
@@ -516,26 +533,46 @@ def test_the_models_folder_is_the_same_on_every_run_and_the_children_load_it(roo
 
     monkeypatch.setattr(rm, "run_role", fake_run_role)
     _vllm_0221(monkeypatch)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setattr(__import__("tempfile"), "tempdir", str(work))
     rm.main(["--no-reference", "--json", str(tmp_path / "a.json")])
     rm.main(["--no-reference", "--json", str(tmp_path / "b.json")])
     a, b = (json.load(open(tmp_path / f)) for f in ("a.json", "b.json"))
     assert a["workdir"] != b["workdir"] and a["models_dir"] == b["models_dir"] == d
     assert calls == [(f"{d}/target", f"{d}/draft")] * 4   # stock and fixed of both runs load the one folder
     assert json.load(open(f"{d}/target/config.json"))["text_config"]["num_hidden_layers"] == 8
+    # run.json keeps the configs: with the folder gone (another host, a cleared cache) a child writes them again
+    shutil.rmtree(d)
+    assert rm.models_of(a["workdir"]) == (f"{d}/target", f"{d}/draft")
+    assert json.load(open(f"{d}/draft/config.json")) == rm.model_configs()[1]
+    # a folder holding other configs is refused, not used
+    cfg = json.load(open(f"{d}/target/config.json"))
+    cfg["text_config"]["num_hidden_layers"] = 9
+    json.dump(cfg, open(f"{d}/target/config.json", "w"))
+    with pytest.raises(SystemExit, match="holds other configs"):
+        rm.models_of(a["workdir"])
     # a work folder of the runs before s23 (configs inside it, no models_dir in run.json) still resolves
     old = root.joinpath(*REPRO4)
     assert rm.models_of(str(old)) == (str(old / "target"), str(old / "draft"))
-    # --models-dir wins; an unwritable one is one clear error
+    with pytest.raises(SystemExit, match="no readable run.json"):
+        rm.models_of(str(tmp_path / "cache"))
+    # --models-dir wins; an unwritable one is one clear error, and no empty work folder is left behind
     rm.main(["--no-reference", "--models-dir", str(tmp_path / "m"), "--json", str(tmp_path / "c.json")])
     assert json.load(open(tmp_path / "c.json"))["models_dir"] == str(tmp_path / "m")
     (tmp_path / "file").write_text("")
+    before = sorted(p.name for p in work.iterdir())
+    capsys.readouterr()
     assert rm.main(["--models-dir", str(tmp_path / "file" / "m")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("repro_min: cannot write the model configs under")
+    assert sorted(p.name for p in work.iterdir()) == before
 
 
-def test_vllm_keys_its_compile_and_triton_caches_by_the_model_path():
-    """The premise of the fixed models folder, on vLLM 0.22.1's own source: ModelConfig's hash does not ignore
-    ``model``, and the compiler points TRITON_CACHE_DIR into the hashed cache folder."""
+def test_vllm_keys_its_compile_cache_by_the_model_path():
+    """The premise of the fixed models folder, on vLLM 0.22.1's own source: the compile-cache folder's hash takes
+    vllm_config.compute_hash(), which takes model_config.compute_hash(), which does not ignore ``model``; the AOT
+    compile cache (the path the s23 logs show) hashes vllm_config.compute_hash() too."""
     import ast
 
     from dflash_lab.vllm_sources import read_source
@@ -547,6 +584,9 @@ def test_vllm_keys_its_compile_and_triton_caches_by_the_model_path():
     ignored = next(ast.literal_eval(n.value) for n in ast.walk(fn)
                    if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "ignored_factors")
     assert "model" in fields and "model" not in ignored and "seed" in ignored
-    src = read_source("vllm/compilation/compiler_interface.py")
-    assert 'triton_cache = os.path.join(self.base_cache_dir, "triton_cache")' in src
-    assert 'os.environ["TRITON_CACHE_DIR"] = triton_cache' in src
+    assert "vllm_factors.append(self.model_config.compute_hash())" in read_source("vllm/config/vllm.py")
+    backends = read_source("vllm/compilation/backends.py")
+    assert "config_hash = vllm_config.compute_hash()" in backends
+    assert "factors = [env_hash, config_hash, code_hash, compiler_hash]" in backends
+    caching = read_source("vllm/compilation/caching.py")
+    assert "config_hash = vllm_config.compute_hash()" in caching and "factors.append(config_hash)" in caching
