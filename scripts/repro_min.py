@@ -215,6 +215,25 @@ def _counts(worker):
     return dict(getattr(B.update_block_table, "_counts", {}))
 
 
+def _cache_dirs(worker):
+    """Where this engine's worker keeps Triton's and Inductor's caches after start-up, and how many Triton
+    autotuning results (``*.autotune.json``) each holds: s23 left open why the first engine to load compiled
+    graphs from vLLM's cache still autotuned, and this records where each engine looked."""
+    import os as _os
+
+    home = _os.path.expanduser("~")
+    dirs = {"TRITON_CACHE_DIR": _os.environ.get("TRITON_CACHE_DIR"),
+            "TORCHINDUCTOR_CACHE_DIR": _os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+            "default_triton": _os.path.join(home, ".triton", "cache")}
+    out = {}
+    for name, d in dirs.items():
+        n = None
+        if d and _os.path.isdir(d):
+            n = sum(f.endswith(".autotune.json") for _, _, fs in _os.walk(d) for f in fs)
+        out[name] = {"path": d, "autotune_files": n}
+    return out
+
+
 def _groups(worker):
     """FlashAttention KV-cache groups with full-graph builders: gid and layer names."""
     out = []
@@ -271,6 +290,10 @@ def child(role: str, workdir: str, concurrency: int, tokens: int) -> int:
     checks = os.path.join(workdir, f"{role}.checks.jsonl")
     res = {"role": role, "mode": mode, "fix": fix}
     llm, res["startup_s"] = engine(tdir, ddir, mode, concurrency)
+    try:
+        res["caches"] = llm.collective_rpc(_cache_dirs)[0]
+    except Exception as e:  # a diagnostic: never the reason an engine fails
+        res["caches"] = {"error": f"{type(e).__name__}: {e}"[:200]}
     _write(os.path.join(workdir, f"{role}.started.json"), res)
     if mode != "PIECEWISE":
         llm.collective_rpc(_install, args=(fix, checks))

@@ -590,3 +590,25 @@ def test_vllm_keys_its_compile_cache_by_the_model_path():
     assert "factors = [env_hash, config_hash, code_hash, compiler_hash]" in backends
     caching = read_source("vllm/compilation/caching.py")
     assert "config_hash = vllm_config.compute_hash()" in caching and "factors.append(config_hash)" in caching
+
+
+def test_each_engine_records_where_its_autotuning_cache_is(root, tmp_path, monkeypatch):
+    """The open question of s23 (why a first cache-loading engine autotuned again) gets data: the worker's
+    Triton/Inductor cache folders and how many autotuning results each holds."""
+    rm = _load(root)
+    trit, ind, home = tmp_path / "t", tmp_path / "i", tmp_path / "home"
+    (trit / "ab").mkdir(parents=True)
+    (trit / "ab" / "chunk_fwd_kernel_o.autotune.json").write_text("{}")
+    (trit / "ab" / "kernel.cubin").write_text("")
+    (home / ".triton" / "cache" / "cd").mkdir(parents=True)
+    for n in ("a", "b"):
+        (home / ".triton" / "cache" / "cd" / f"{n}.autotune.json").write_text("{}")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(trit))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(ind))       # set but not there: no count, not an error
+    monkeypatch.setenv("HOME", str(home))
+    got = rm._cache_dirs(None)
+    assert got["TRITON_CACHE_DIR"] == {"path": str(trit), "autotune_files": 1}
+    assert got["TORCHINDUCTOR_CACHE_DIR"] == {"path": str(ind), "autotune_files": None}
+    assert got["default_triton"] == {"path": str(home / ".triton" / "cache"), "autotune_files": 2}
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    assert rm._cache_dirs(None)["TRITON_CACHE_DIR"] == {"path": None, "autotune_files": None}
