@@ -821,13 +821,13 @@ def main(argv=None) -> int:
         _write(os.path.join(root, "run.json"), res)
     else:
         models = os.path.abspath(a.models_dir or default_models_dir())
+        target_cfg, draft_cfg = model_configs()
         try:
-            write_models(models)
+            write_models(models, (target_cfg, draft_cfg))
         except OSError as e:
             print(f"repro_min: cannot write the model configs under {models}: {e} (give --models-dir)", file=sys.stderr)
             return 2
         root = tempfile.mkdtemp(prefix="repro-min-")   # only now: a failed start leaves no empty work folder
-        target_cfg, draft_cfg = model_configs()
         res = {"vllm": have, "concurrency": a.concurrency, "tokens": a.tokens, "workdir": root, "models_dir": models,
                "model_configs": {"target": target_cfg, "draft": draft_cfg},
                "no_reference": a.no_reference, "coredump_dir": a.coredump_dir,

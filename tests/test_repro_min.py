@@ -293,7 +293,7 @@ def test_the_deadline_leaves_engines_unrun_and_still_gives_a_verdict(root, tmp_p
                 "check_counts": {"calls": 5}, "error": None, "wall_s": 0.3}
 
     monkeypatch.setattr(rm, "run_role", fake_run_role)
-    monkeypatch.setattr(rm, "write_models", lambda d: None)
+    monkeypatch.setattr(rm, "write_models", lambda d, configs=None: None)
     monkeypatch.setattr(rm, "MIN_ENGINE_S", 0.5)
     monkeypatch.setattr(rm, "RESERVE_S", 0.0)
     import importlib.metadata as md
@@ -369,7 +369,7 @@ def test_a_stock_engine_that_does_not_start_stops_the_run(root, tmp_path, monkey
                 "error": "ValueError: bad config", "wall_s": 1.0}
 
     monkeypatch.setattr(rm, "run_role", fake_run_role)
-    monkeypatch.setattr(rm, "write_models", lambda d: None)
+    monkeypatch.setattr(rm, "write_models", lambda d, configs=None: None)
     import importlib.metadata as md
     monkeypatch.setattr(md, "version", lambda name: "0.22.1")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
