@@ -35,13 +35,33 @@ KEEP_SUFFIXES = (".log", ".json", ".jsonl", ".npz")
 GZIP_ABOVE = 1 << 20  # bytes: a JSONL log larger than this is stored gzipped
 
 
+def _check_new(name: str, *dests: Path) -> None:
+    """A record name of letters, digits, '-', '_' and '.', none of whose destinations exists yet."""
+    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise LabError(f"name {name!r} may hold only letters, digits, '-', '_' and '.'")
+    for p in dests:
+        if p.exists():
+            raise LabError(f"{p} already exists: choose another name (recorded results are never overwritten)")
+
+
+def _kept_members(tf: tarfile.TarFile, archive: Path, suffixes: tuple[str, ...]):
+    """(member, its path) for the regular files of ``tf`` whose name ends in ``suffixes``; a member that would
+    land outside the destination (``..``, an absolute path) stops the whole ingest."""
+    for m in tf.getmembers():
+        if not m.isfile() or not m.name.endswith(suffixes):
+            continue
+        rel = Path(m.name)
+        if ".." in rel.parts or rel.is_absolute():
+            raise LabError(f"{archive}: unsafe member {m.name}")
+        yield m, rel
+
+
 def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = None,
            device_command: str | None = None, gpu_session: str | None = None, kind: str = "runs") -> dict:
     src = Path(folder)
     if not src.is_dir():
         raise LabError(f"{folder}: no such folder")
-    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise LabError(f"name {name!r} may hold only letters, digits, '-', '_' and '.'")
+    _check_new(name)
     runs_src = src / "runs.jsonl"
     lines = read_lines(runs_src) if runs_src.exists() else []
     if kind not in ("runs", "bench"):
@@ -55,9 +75,7 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
     data = Path(data_dir)
     runs_dst = data / kind / f"{name}.jsonl"
     gpu_dst = data / "gpu" / name
-    for p in (runs_dst, gpu_dst):
-        if p.exists():
-            raise LabError(f"{p} already exists: choose another name (recorded results are never overwritten)")
+    _check_new(name, runs_dst, gpu_dst)
     sessions = {l.get("gpu_session") for l in lines} - {None}
     if gpu_session and sessions and sessions != {gpu_session}:
         raise LabError(f"{runs_src}: lines say GPU session {sorted(sessions)}, --gpu-session says {gpu_session!r}")
@@ -72,14 +90,10 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
         if logs.exists():
             try:
                 with tarfile.open(logs) as tf:
-                    for m in tf.getmembers():
-                        if not m.isfile() or not m.name.endswith(KEEP_SUFFIXES):
-                            continue
-                        parts = Path(m.name).parts
-                        if ".." in parts or Path(m.name).is_absolute():
-                            raise LabError(f"{logs}: unsafe member {m.name}")
+                    for m, rel in _kept_members(tf, logs, KEEP_SUFFIXES):
                         # runlogs/<engine>.aN.hook/<file> -> <engine>.aN.hook/<file>
-                        rel = Path(*parts[1:]) if parts[0] == "runlogs" else Path(m.name)
+                        if rel.parts[0] == "runlogs":
+                            rel = Path(*rel.parts[1:])
                         if rel.suffix == ".json" and rel.parent == Path(".") and not rel.name.startswith("engine"):
                             continue  # the runner's temporary spec files
                         out = stage / "gpu" / rel
@@ -172,8 +186,7 @@ def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data"
     existing NAME is refused."""
     if not calls:
         raise LabError("ingest-repro: give at least one call (--call FOLDER --command CMD)")
-    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise LabError(f"name {name!r} may hold only letters, digits, '-', '_' and '.'")
+    _check_new(name)
     folders = [Path(f) for f, _ in calls]
     for f in folders:
         if not f.is_dir():
@@ -182,8 +195,7 @@ def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data"
             raise LabError(f"{f}: holds no output of scripts/repro_min.py ({', '.join(REPRO_FILES)}, children*.tgz)")
     data = Path(data_dir)
     dst = data / "gpu" / name
-    if dst.exists():
-        raise LabError(f"{dst} already exists: choose another name (recorded results are never overwritten)")
+    _check_new(name, dst)
     (data / "gpu").mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".ingest-", dir=data))
     try:
@@ -219,12 +231,7 @@ def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data"
         if tgz is not None:
             try:
                 with tarfile.open(tgz) as tf:
-                    for m in tf.getmembers():
-                        rel = Path(m.name)
-                        if not m.isfile() or not m.name.endswith(REPRO_KEEP):
-                            continue
-                        if ".." in rel.parts or rel.is_absolute():
-                            raise LabError(f"{tgz}: unsafe member {m.name}")
+                    for m, rel in _kept_members(tf, tgz, REPRO_KEEP):
                         target = out / "children" / rel
                         target.parent.mkdir(parents=True, exist_ok=True)
                         with tf.extractfile(m) as fsrc, open(target, "wb") as fdst:
