@@ -169,8 +169,20 @@ def _drop_already_recorded(stage_gpu: Path, kept: list[str], data: Path, gpu_ses
     return out, already
 
 
-REPRO_FILES = ("repro_min.json", "repro_min.log", "repro_min.rejudged.json", "rejudge.log", "rc.txt")
+REPRO_FILES = ("repro_min.json", "repro_min.log", "repro_min.rejudged.json", "rejudge.log", "rc.txt",
+               # what a device command may add beside them: the GPU and driver (nvidia-smi), when it started,
+               # which work folder it used, and the Triton autotuning results it found in each cache folder after
+               "gpu.txt", "started.txt", "workdir.txt", "autotune_counts.txt")
+# a call holding only these judged an existing work folder again (--rejudge reads it and writes nothing there),
+# so the snapshot an earlier call packed is still the work folder as it was left
+JUDGE_ONLY = ("repro_min.rejudged.json", "rejudge.log")
 REPRO_KEEP = (".log", ".json", ".jsonl")
+
+
+def _judge_only(f: Path) -> bool:
+    """A call that only judged an earlier work folder again: a --rejudge result, no engine run, no snapshot."""
+    return (any((f / x).exists() for x in JUDGE_ONLY) and not list(f.glob("children*.tgz"))
+            and not any((f / x).exists() for x in REPRO_FILES if x not in JUDGE_ONLY + ("rc.txt",)))
 
 
 def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data", gpu_session: str | None = None,
@@ -178,8 +190,9 @@ def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data"
     """Bring one GPU run of ``scripts/repro_min.py`` into ``data/gpu/NAME/``: a run may take several device calls
     (a deadline, ``--resume``, a child run by hand, ``--rejudge``), given in order as (folder, device command).
 
-    Each call's own files (REPRO_FILES) go to ``callN/``; the last call's ``children*.tgz`` (the work folder as
-    it was left) is unpacked into ``children/``, logs and JSON only. ``verdict.txt`` is the verdict line of the
+    Each call's own files (REPRO_FILES) go to ``callN/``; the ``children*.tgz`` (the work folder as it was left)
+    of the last call, or of the last before trailing calls that only ran ``--rejudge`` (JUDGE_ONLY files and
+    ``rc.txt``, nothing else), is unpacked into ``children/``, logs and JSON only. ``verdict.txt`` is the verdict line of the
     last call that judged (``repro_min.rejudged.json`` before ``repro_min.json``). ``meta.json`` gets the
     provenance the files hold (GPU name and versions the engines recorded, the run's command and start) plus
     ``provenance`` given here (e.g. the driver) and each engine's start-up. Staged, then moved into place; an
@@ -219,13 +232,18 @@ def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data"
                     verdict_line, judged = line, f"by scripts/repro_min.py on the GPU host ({how}, call {i})"
                     break
         tgzs = [(i, t) for i, f in enumerate(folders, 1) for t in sorted(f.glob("children*.tgz"))]
-        last = [t for i, t in tgzs if i == len(folders)]
+        # the last call that may have changed the work folder: trailing --rejudge-only calls did not
+        packed = len(folders)
+        while packed > 1 and _judge_only(folders[packed - 1]):
+            packed -= 1
+        last = [t for i, t in tgzs if i == packed]
         if tgzs and not last:
-            raise LabError(f"{folders[-1]}: the last call has no children*.tgz (the work folder as it was left): "
-                           "give the calls in order, ending with one that packed the work folder")
+            raise LabError(f"{folders[packed - 1]}: the last call that may have changed the work folder (call {packed}) "
+                           "has no children*.tgz (the work folder as it was left): give the calls in order, ending with "
+                           "one that packed the work folder (only --rejudge calls may follow it)")
         if len(last) > 1:
-            raise LabError(f"{folders[-1]}: more than one children*.tgz ({', '.join(t.name for t in last)}): which is "
-                           "the work folder as it was left is ambiguous")
+            raise LabError(f"{folders[packed - 1]}: more than one children*.tgz ({', '.join(t.name for t in last)}): "
+                           "which is the work folder as it was left is ambiguous")
         tgz = last[0] if last else None
         left_out += [f"call{i}/{t.name} (an earlier snapshot of the work folder)" for i, t in tgzs if t != tgz]
         if tgz is not None:
@@ -267,7 +285,7 @@ def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data"
                            "command": run.get("command"), "git_commit": git_commit,
                            **(provenance or {})},
             "provenance_given": sorted(provenance or {}),   # these keys came from the command line, not the files
-            "children_from": f"call{len(folders)}/{tgz.name}" if tgz is not None else None,
+            "children_from": f"call{packed}/{tgz.name}" if tgz is not None else None,
             "startup_s": startups,
             "judged": judged,
             "files": sorted(files),

@@ -161,6 +161,7 @@ def test_a_reproducer_run_over_several_calls_is_recorded_whole(tmp_path):
     c1.mkdir(), c2.mkdir()
     (c1 / "repro_min.json").write_text(json.dumps({"verdict_line": "INCONCLUSIVE: fixed not run", "vllm": "0.22.1"}))
     (c1 / "workdir.txt").write_text("/tmp/repro-min-x\n")
+    (c1 / "notes.txt").write_text("not a reproducer file\n")
     _tgz(c1 / "children.tgz", {"./stock.log": "early\n"})
     (c2 / "repro_min.rejudged.json").write_text(json.dumps({"verdict_line": "REPRODUCED: all three"}))
     run = {"vllm": "0.22.1", "started_at": "2026-12-01T00:42:00Z", "command": "python3 scripts/repro_min.py"}
@@ -175,7 +176,8 @@ def test_a_reproducer_run_over_several_calls_is_recorded_whole(tmp_path):
     assert meta["judged"] == "by scripts/repro_min.py on the GPU host (--rejudge, call 2)"
     assert (d / "children" / "stock.log").read_text() == "late\n" and not (d / "children" / "core.nvcudmp").exists()
     assert (d / "call1" / "repro_min.json").exists() and meta["children_from"] == "call2/children.tgz"
-    assert meta["left_out"] == ["call1/workdir.txt", "call1/children.tgz (an earlier snapshot of the work folder)"]
+    assert (d / "call1" / "workdir.txt").exists()
+    assert meta["left_out"] == ["call1/notes.txt", "call1/children.tgz (an earlier snapshot of the work folder)"]
     assert meta["provenance_given"] == ["driver"]
     assert meta["startup_s"] == {"stock": 147.9} and meta["device_command"] == "call 1: cmd one | call 2: cmd two"
     p = meta["provenance"]
@@ -190,12 +192,26 @@ def test_a_reproducer_run_over_several_calls_is_recorded_whole(tmp_path):
     rejudge_only = tmp_path / "c3"        # a last call that judged but did not pack the work folder
     rejudge_only.mkdir()
     (rejudge_only / "rc.txt").write_text("rc=0\n")
-    with pytest.raises(LabError, match="the last call has no children"):
+    with pytest.raises(LabError, match=r"changed the work folder \(call 2\) has no children"):
         ingest_repro([(str(c2), "x"), (str(rejudge_only), "y")], "r4", data_dir=str(data))
+    # a trailing call that only judged the work folder again (--rejudge writes nothing there): the earlier
+    # call's snapshot is still the work folder as it was left, and the later verdict is the record's
+    (rejudge_only / "repro_min.rejudged.json").write_text(json.dumps({"verdict_line": "REPRODUCED: judged again"}))
+    (rejudge_only / "rejudge.log").write_text("REPRODUCED: judged again\n")
+    meta = ingest_repro([(str(c1), "x"), (str(c2), "y"), (str(rejudge_only), "z")], "r6", data_dir=str(data))
+    assert meta["children_from"] == "call2/children.tgz" and meta["judged"].endswith("(--rejudge, call 3)")
+    assert (data / "gpu" / "r6" / "children" / "stock.log").read_text() == "late\n"
+    assert "call3/repro_min.rejudged.json" in meta["files"]
+    ran_engines = tmp_path / "c4"         # but a last call that ran the reproducer again may have changed it
+    ran_engines.mkdir()
+    (ran_engines / "repro_min.log").write_text("REPRODUCED\n")
+    (ran_engines / "repro_min.rejudged.json").write_text(json.dumps({"verdict_line": "REPRODUCED"}))
+    with pytest.raises(LabError, match=r"call 3\) has no children"):
+        ingest_repro([(str(c1), "x"), (str(c2), "y"), (str(ran_engines), "z")], "r7", data_dir=str(data))
     _tgz(c1 / "children3.tgz", {"./a.log": "x"})
     with pytest.raises(LabError, match="more than one children"):
         ingest_repro([(str(c1), "x")], "r5", data_dir=str(data))
     _tgz(c2 / "children.tgz", {"../evil.log": "x"})
     with pytest.raises(LabError, match="unsafe member"):
         ingest_repro([(str(c2), "x")], "r3", data_dir=str(data))
-    assert sorted(p.name for p in (data / "gpu").iterdir()) == ["r1"] and not list(data.glob(".ingest-*"))
+    assert sorted(p.name for p in (data / "gpu").iterdir()) == ["r1", "r6"] and not list(data.glob(".ingest-*"))
