@@ -13,6 +13,9 @@ Rules the functions here enforce, because the findings quote their output:
   concurrency); cells from different sessions are never paired;
 - crashed runs are kept: a cell reports ``crashed/runs``; a mode that crashed in a cell is never
   recommended for it;
+- a run the runner's session deadline cut short (:func:`dflash_lab.runner.is_deadline_cut`) measured
+  nothing: it is neither a crash nor a completed run, and is counted apart (``cut_by_deadline``), never
+  in ``runs``;
 - the first run of every engine start is a warm-up (the bench matrices start each engine with a short
   one): its outcome counts, its metrics do not;
 - the step-time model is fitted on some cells and checked on a cell it did not see.
@@ -25,6 +28,7 @@ import math
 import os
 
 from .errors import LabError
+from .runner import is_deadline_cut
 
 MODES = ("DFlash FULL (fixed)", "DFlash FULL (stock)", "DFlash PIECEWISE", "DFlash eager", "no speculation")
 METRICS = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
@@ -69,6 +73,7 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
         row = {"file": os.path.basename(f), "run_id": r["run_id"], "gpu_session": r["gpu_session"],
                "mode": mode_of(r), "concurrency": r["concurrency"], "acceptance": r.get("acceptance"),
                "outcome": r["outcome"], "crashed": r["outcome"] == "crash",
+               "cut_by_deadline": is_deadline_cut(r),
                "acceptance_length": sd.get("acceptance_length"),
                "num_speculative_tokens": r.get("num_speculative_tokens") if r.get("spec_method") not in (None, "none") else 0,
                "engine_id": r.get("engine_id"), "attempt": r.get("attempt"), "round": r.get("round"),
@@ -90,18 +95,22 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
 def cells(df):
     """One row per (session, acceptance, mode, concurrency): runs, crashes and the spread of each metric
     over the completed runs (mean, std, min, max; ``ok`` is their number), warm-up runs left out of the
-    metrics and of ``ok`` but not of ``runs`` and ``crashed``."""
+    metrics and of ``ok`` but not of ``runs`` and ``crashed``. Runs the runner's deadline cut short are
+    left out of all of them and counted in ``cut_by_deadline``."""
     import pandas as pd
 
     out = []
     for key, g in df.groupby(["gpu_session", "acceptance", "mode", "concurrency"], dropna=False):
+        cut = g["cut_by_deadline"].astype(bool) if "cut_by_deadline" in g else pd.Series(False, index=g.index)
+        n_cut = int(cut.sum())
+        g = g[~cut]
         warm = g["warmup"] if "warmup" in g else pd.Series(False, index=g.index)
-        if (warm & (g["outcome"] == "ok")).all():
+        if not n_cut and (warm & (g["outcome"] == "ok")).all():
             continue  # only warm-up runs that completed: nothing measured, nothing crashed
         ok = g[(g["outcome"] == "ok") & ~warm]
         row = dict(zip(("gpu_session", "acceptance", "mode", "concurrency"), key))
         row.update({"runs": len(g), "ok": len(ok), "crashed": int(g["crashed"].sum()),
-                    "crashed / runs": f"{int(g['crashed'].sum())}/{len(g)}",
+                    "crashed / runs": f"{int(g['crashed'].sum())}/{len(g)}", "cut_by_deadline": n_cut,
                     "acceptance_length": ok["acceptance_length"].mean() if len(ok) else None})
         for m in METRICS:
             x = ok[m].dropna()

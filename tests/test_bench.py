@@ -138,3 +138,29 @@ def test_warm_up_runs_count_as_runs_only_when_they_crash(tmp_path):
     c = bench.cells(bench.load_bench(str(d / "b.jsonl")))
     row = c.iloc[0]
     assert (row["runs"], row["crashed"], row["ok"], row["output_throughput"]) == (2, 1, 1, 90)
+
+
+def test_deadline_cuts_are_counted_apart_not_as_runs(tmp_path):
+    """s24's shape: the piecewise engine's c1/r2 was cut by the runner's deadline in the first call; the next
+    call restarted the engine and ran c1/r2 first (a warm-up run: its outcome counts, its metrics do not)."""
+    from dflash_lab.runner import DEADLINE_CUT
+
+    d = tmp_path / "bench"
+    d.mkdir()
+    cut = dict(line("piecewise/c1/r2", "piecewise", 1, None, None, outcome="timeout"), error=DEADLINE_CUT)
+    call1 = [dict(line("piecewise/c2/r0", "piecewise", 2, 50, 9)),
+             line("piecewise/c1/r0", "piecewise", 1, 88, 11), line("piecewise/c1/r1", "piecewise", 1, 90, 11), cut]
+    call2 = [line("piecewise/c1/r2", "piecewise", 1, 200, 5), line("piecewise/c4/r0", "piecewise", 4, 290, 12),
+             dict(line("piecewise/c8/r0", "piecewise", 8, None, None, outcome="timeout"), error="run timed out after 300 s"),
+             dict(cut, run_id="piecewise/c16/r0", concurrency=16)]
+    (d / "a1.jsonl").write_text("".join(json.dumps(l) + "\n" for l in call1))
+    (d / "a2.jsonl").write_text("".join(json.dumps(l) + "\n" for l in call2))
+    c = bench.cells(bench.load_bench(str(d / "*.jsonl"))).set_index("concurrency")
+    c1 = c.loc[1]
+    assert (c1["runs"], c1["ok"], c1["crashed"], c1["crashed / runs"], c1["cut_by_deadline"]) == (3, 2, 0, "0/3", 1)
+    assert c1["output_throughput"] == pytest.approx(89)  # the second call's first run is its engine's warm-up
+    assert c.loc[4, "cut_by_deadline"] == 0 and c.loc[4, "runs"] == 1
+    # an engine's own timeout is a run that did not complete; a cell with only a cut run measured nothing
+    assert (c.loc[8, "runs"], c.loc[8, "ok"], c.loc[8, "cut_by_deadline"]) == (1, 0, 0)
+    assert (c.loc[16, "runs"], c.loc[16, "ok"], c.loc[16, "crashed / runs"], c.loc[16, "cut_by_deadline"]) == (0, 0, "0/0", 1)
+    assert 2 not in c.index  # the first call's completed warm-up run
