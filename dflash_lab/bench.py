@@ -372,3 +372,47 @@ def holdout_check(cells_df, held_acceptance, mode: str = "DFlash FULL (fixed)", 
                      "speedup measured": r["ratio"], "measured range": (r["low"], r["high"]),
                      "error": (pred / r["ratio"] - 1) if pred is not None and r["ratio"] else None})
     return {"spec_model": spec_m, "base_model": base_m, "table": pd.DataFrame(rows)}
+
+
+# ----------------------------------------------------------------------------- what the data holds yet
+
+def tradeoffs_gaps(cells_df, mode: str = "DFlash FULL (fixed)", held_out=None, base: str = "no speculation") -> list[str]:
+    """What notebook 06 needs of one session's cells (:func:`one_session`) and they lack, one phrase each
+    (empty: it can render). It fits a step-time line per mode (two or more token counts each: for ``mode``
+    without the held-out acceptance, for ``base`` on all cells) and checks the fit on the held-out acceptance
+    (default: the largest), where some concurrency needs a ratio ``mode``/``base`` (which also makes
+    :func:`speedup_grid` non-empty)."""
+    accs = sorted(cells_df["acceptance"].unique()) if len(cells_df) else []
+    if not accs:
+        return ["measured bench cells (none recorded)"]
+    if held_out is None:
+        held_out = accs[-1]
+    elif held_out not in accs:
+        return [f"cells at the held-out acceptance {held_out} (recorded: {', '.join(map(str, accs))})"]
+    gaps = []
+    base_concs = sorted({p[3] for p in step_points(cells_df, base)})
+    if len(base_concs) < 2:
+        gaps.append(f"completed {base!r} cells at 2 or more concurrencies "
+                    f"(has {', '.join(map(str, base_concs)) if base_concs else 'none'})")
+    train = cells_df[cells_df["acceptance"] != held_out]
+    if len({p[0] for p in step_points(train, mode)}) < 2:
+        gaps.append(f"completed {mode!r} cells outside the held-out acceptance {held_out}, at 2 or more concurrencies "
+                    f"(acceptances recorded: {', '.join(map(str, accs))})")
+    if base_concs:
+        s = speedup(cells_df[cells_df["acceptance"] == held_out], mode, base)
+        if s.empty or s["ratio"].isna().all():
+            gaps.append(f"a concurrency at the held-out acceptance {held_out} where {mode!r} and {base!r} "
+                        "both completed without a crash in one session")
+    return gaps
+
+
+def tradeoffs_missing(bench_glob: str = "data/bench/*.jsonl", mode: str = "DFlash FULL (fixed)", held_out=None,
+                      session=None) -> str | None:
+    """None when notebook 06 has what it needs in ``bench_glob`` (with the same parameters), else a one-line
+    reason: the report's readiness check for it (notebook metadata ``dflash_lab.ready``)."""
+    if not glob.glob(bench_glob):
+        return f"needs bench lines ({bench_glob}), none recorded yet"
+    c = cells(load_bench(bench_glob))
+    gaps = tradeoffs_gaps(one_session(c, session) if len(c) else c, mode, held_out)
+    return "needs " + "; ".join(gaps) if gaps else None
+

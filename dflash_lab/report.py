@@ -4,7 +4,12 @@
 
 A notebook whose metadata declares the data it needs (``dflash_lab.requires``: a glob such as
 ``data/bench/*.jsonl``) is listed as not rendered while nothing matches it (the GPU runs it reads
-have not been recorded yet); named with ``--only``, it runs and fails with its own error.
+have not been recorded yet). One that needs more than some lines names a readiness function
+(``dflash_lab.ready: "module:function"``), called from the repository root with the ``-p``
+parameters it accepts (else its defaults, which are the notebook's): it returns None when the
+recorded data has what the notebook needs, else a one-line reason, and the notebook is listed as
+not rendered with that reason. Named with ``--only``, a notebook runs whatever the data holds and
+fails with its own error.
 
 Each notebook in ``notebooks/`` runs in a fresh kernel with the repository root as working
 directory; the executed copy is rendered to ``reports/<name>.html`` and ``reports/index.html``
@@ -16,7 +21,10 @@ command exits non-zero after trying the others.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
+import importlib
+import inspect
 import json
 import os
 import sys
@@ -44,6 +52,35 @@ def missing_inputs(nb_path: Path, root: Path) -> str | None:
     if req and not list(root.glob(req)):
         return req
     return None
+
+
+@contextlib.contextmanager
+def _cwd(path: Path):
+    """contextlib.chdir (Python 3.11+) for 3.10."""
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def not_ready(nb_path: Path, root: Path, params: dict | None = None) -> str | None:
+    """The reason a notebook's readiness function (metadata ``dflash_lab.ready``: ``"module:function"``)
+    gives why the recorded data cannot render it yet, or None (ready, or no such function). The function
+    runs in ``root`` with the parameters of ``params`` that its signature names; its errors propagate."""
+    spec = json.loads(nb_path.read_text()).get("metadata", {}).get("dflash_lab", {}).get("ready")
+    if not spec:
+        return None
+    mod, sep, name = spec.partition(":")
+    if not sep or not mod or not name:
+        raise ValueError(f"{nb_path.name}: metadata dflash_lab.ready must be 'module:function', got {spec!r}")
+    fn = getattr(importlib.import_module(mod), name)
+    accepted = inspect.signature(fn).parameters
+    kwargs = {k: v for k, v in (params or {}).items() if k in accepted}
+    with _cwd(root):
+        reason = fn(**kwargs)
+    return " ".join(str(reason).split()) if reason else None
 
 
 def title_of(nb_path: Path) -> str:
@@ -133,6 +170,19 @@ def main(argv=None) -> int:
             entries.append((nb, False, f"not rendered: needs {missing}, not recorded yet"))
             print(f"{nb.stem}: not rendered: its data ({missing}) is not recorded yet", flush=True)
             continue
+        if not a.only:
+            try:
+                reason = not_ready(nb, root, params)
+            except Exception as e:  # noqa: BLE001 - a broken readiness check fails this notebook, not the report
+                failed += 1
+                entries.append((nb, False, f"readiness check: {_error_line(e)}"))
+                print(f"dflash-lab: error: notebook {nb.stem}: readiness check failed: {_error_line(e)}",
+                      file=sys.stderr, flush=True)
+                continue
+            if reason:
+                entries.append((nb, False, f"not rendered: {reason}"))
+                print(f"{nb.stem}: not rendered: {reason}", flush=True)
+                continue
         ok, info = run_one(nb, out, params, a.kernel)
         entries.append((nb, ok, info))
         if ok:

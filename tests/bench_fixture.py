@@ -37,12 +37,15 @@ def _line(i, mode, conc, acc, session, rng):
             "spec_decode_metrics": {"acceptance_length": L} if spec and not crash else None}
 
 
-def write_fixture(folder, seed=0, accs=ACCS):
+MODES = ("fixed", "piecewise", "nospec", "eager", "stock")
+
+
+def write_fixture(folder, seed=0, accs=ACCS, modes=MODES):
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     for acc, session in accs.items():
         lines = []
-        for m in ("fixed", "piecewise", "nospec", "eager", "stock"):
+        for m in modes:
             lines.append(dict(_line(0, m, 2, acc, session, rng), run_id=f"{m}/c2/warm-up"))  # each engine's first run
             lines += [_line(i, m, c, acc, session, rng) for c in CONCS for i in range(3 if not (m == "stock" and c >= 32) else 1)]
         (folder / f"{session}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))

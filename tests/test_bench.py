@@ -164,3 +164,51 @@ def test_deadline_cuts_are_counted_apart_not_as_runs(tmp_path):
     assert (c.loc[8, "runs"], c.loc[8, "ok"], c.loc[8, "cut_by_deadline"]) == (1, 0, 0)
     assert (c.loc[16, "runs"], c.loc[16, "ok"], c.loc[16, "crashed / runs"], c.loc[16, "cut_by_deadline"]) == (0, 0, "0/0", 1)
     assert 2 not in c.index  # the first call's completed warm-up run
+
+
+def _two_acc_lines(base_concs=(1, 4, 16), held_base_concs=None):
+    """DFlash FULL (fixed) at 1.86 and 3.6 (concurrency 1, 4, 16), no speculation beside it."""
+    lines = []
+    for acc in (1.86, 3.6):
+        lines += [line(f"f{acc}/c{c}", "fixed", c, 100.0 * c, 10 + c / 10, acc=acc, L=acc) for c in (1, 4, 16)]
+        concs = base_concs if acc == 1.86 or held_base_concs is None else held_base_concs
+        lines += [line(f"n{acc}/c{c}", "nospec", c, 60.0 * c, 8 + c / 20, acc=acc) for c in concs]
+    return lines
+
+
+def _sub(tmp_path, name):
+    (tmp_path / name).mkdir()
+    return tmp_path / name
+
+
+def test_tradeoffs_ready_on_two_acceptances_with_a_baseline(tmp_path):
+    from bench_fixture import write_fixture
+
+    assert bench.tradeoffs_missing(write(tmp_path, _two_acc_lines())) is None
+    c = bench.one_session(bench.cells(bench.load_bench(write(tmp_path, _two_acc_lines()))))
+    assert bench.tradeoffs_gaps(c) == [] and bench.tradeoffs_gaps(c, held_out=1.86) == []
+    assert bench.tradeoffs_missing(write_fixture(tmp_path / "fx")) is None  # what notebook 06's fixture test renders
+
+
+def test_tradeoffs_missing_names_what_notebook06_lacks(tmp_path):
+    # s24's shape: fixed FULL and PIECEWISE at one acceptance, no baseline
+    only = [line(f"{m}/c{c}", m, c, 100.0 * c, 10, acc=1.86) for m in ("fixed", "piecewise") for c in (1, 4, 8)]
+    why = bench.tradeoffs_missing(write(_sub(tmp_path, "a"), only))
+    assert why == ("needs completed 'no speculation' cells at 2 or more concurrencies (has none); completed "
+                   "'DFlash FULL (fixed)' cells outside the held-out acceptance 1.86, at 2 or more concurrencies "
+                   "(acceptances recorded: 1.86)")
+    # a baseline at one concurrency cannot be fitted
+    assert bench.tradeoffs_missing(write(_sub(tmp_path, "b"), _two_acc_lines(base_concs=(4,)))) == \
+        "needs completed 'no speculation' cells at 2 or more concurrencies (has 4)"
+    # the baseline at the held-out acceptance only where the mode was not measured: nothing to check the model on
+    assert bench.tradeoffs_missing(write(_sub(tmp_path, "c"), _two_acc_lines(held_base_concs=(32, 64)))) == (
+        "needs a concurrency at the held-out acceptance 3.6 where 'DFlash FULL (fixed)' and 'no speculation' "
+        "both completed without a crash in one session")
+    # ... or crashed there
+    crashed = [l if not l["run_id"].startswith("n3.6/") else dict(l, outcome="crash") for l in _two_acc_lines()]
+    assert "held-out acceptance 3.6 where" in bench.tradeoffs_missing(write(_sub(tmp_path, "d"), crashed))
+    # an explicit held-out acceptance that has no cells; no lines at all
+    assert bench.tradeoffs_missing(write(_sub(tmp_path, "e"), _two_acc_lines()), held_out=6.0) == \
+        "needs cells at the held-out acceptance 6.0 (recorded: 1.86, 3.6)"
+    assert bench.tradeoffs_missing(str(tmp_path / "nothing" / "*.jsonl")).startswith("needs bench lines")
+

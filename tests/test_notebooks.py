@@ -53,10 +53,10 @@ def test_report_command_fails_cleanly_on_a_bad_parameter(tmp_path):
 
 # Notebooks 05/06 read data/bench/, which the GPU benchmark fills; here they run on hand-made lines
 # (tests/bench_fixture.py, sessions labelled 'fixture-*'), figures into a temporary folder.
-def _bench_nb(name, tmp_path, **params):
+def _bench_nb(name, tmp_path, glob_=None, **params):
     from bench_fixture import write_fixture
 
-    glob_ = write_fixture(tmp_path / "bench")
+    glob_ = glob_ or write_fixture(tmp_path / "bench")
     res = tmp_path / "r.json"
     pm.execute_notebook(str(ROOT / f"notebooks/{name}.ipynb"), str(tmp_path / "o.ipynb"),
                         parameters={"bench_glob": glob_, "results_json": str(res), "figures_dir": str(tmp_path / "fig"),
@@ -72,6 +72,32 @@ def test_notebook05_on_fixture_lines(tmp_path):
     fx_pw = d["speedups"]["DFlash FULL (fixed) / DFlash PIECEWISE"]
     assert all(1.0 < r["ratio"] < 1.2 for r in fx_pw)  # the fixture's PIECEWISE is 8% slower
     assert sorted((tmp_path / "fig").glob("05-*.png"))
+
+
+def _partial_slice(tmp_path):
+    """s24's shape: fixed FULL and PIECEWISE at acceptance 1.86 only, one PIECEWISE run cut by the deadline."""
+    from bench_fixture import write_fixture
+
+    from dflash_lab.runner import DEADLINE_CUT
+
+    glob_ = write_fixture(tmp_path / "bench", accs={1.86: "fixture-a"}, modes=("fixed", "piecewise"))
+    f = tmp_path / "bench" / "fixture-a.jsonl"
+    lines = [json.loads(l) for l in f.read_text().splitlines()]
+    cut = dict(next(l for l in lines if l["run_id"] == "piecewise/c1/r2"), run_id="piecewise/c1/r3", outcome="timeout",
+               error=DEADLINE_CUT, serve_metrics=None, spec_decode_metrics=None)
+    f.write_text("".join(json.dumps(l) + "\n" for l in lines + [cut]))
+    return glob_
+
+
+def test_notebook06_on_a_partial_slice_is_one_clear_error(tmp_path):
+    from dflash_lab import bench
+
+    glob_ = _partial_slice(tmp_path)
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        _bench_nb("06_tradeoffs", tmp_path, glob_=glob_)
+    assert e.value.ename == "LabError"
+    assert e.value.evalue == ("the recorded bench data cannot render this notebook yet: "
+                              + bench.tradeoffs_missing(glob_))
 
 
 def test_notebook06_on_fixture_lines(tmp_path):
