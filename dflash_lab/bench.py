@@ -416,3 +416,115 @@ def tradeoffs_missing(bench_glob: str = "data/bench/*.jsonl", mode: str = "DFlas
     gaps = tradeoffs_gaps(one_session(c, session) if len(c) else c, mode, held_out)
     return "needs " + "; ".join(gaps) if gaps else None
 
+
+SPEEDUP_PAIRS = (("DFlash FULL (fixed)", "DFlash PIECEWISE"), ("DFlash FULL (fixed)", "DFlash eager")) + tuple(
+    (m, "no speculation") for m in MODES if m.startswith("DFlash"))
+
+
+def _mode_order(m) -> tuple:
+    return (MODES.index(m), "") if m in MODES else (len(MODES), str(m))
+
+
+def planned_cells(pattern: str = "matrices/bench-*.yaml"):
+    """The cells the bench matrices plan: one row per (acceptance, mode, concurrency) a server-mode engine
+    of a matrix matching ``pattern`` runs, each engine's first run (its warm-up) left out, as
+    :func:`mode_of` names the lines that engine will write."""
+    import pandas as pd
+
+    from .runner import FIX_PARTS, load_matrix
+
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise LabError(f"no bench matrices match {pattern}")
+    rows = set()
+    for f in files:
+        for eng in load_matrix(f)["engines"]:
+            e = eng["engine"]
+            if e["mode"] != "server":
+                continue
+            as_line = {"spec_method": e["spec_method"], "num_speculative_tokens": e["num_speculative_tokens"],
+                       "enforce_eager": e["enforce_eager"], "fix": e["fix"],
+                       "cudagraph_mode": None if e["enforce_eager"] else e["cudagraph_mode"],
+                       # as the runner writes them (runner.Runner.line)
+                       "fix_parts": [p for p in FIX_PARTS if p in (e["fix_parts"] or FIX_PARTS)] if e["fix"] else None}
+            for run in eng["runs"][1:]:
+                rows.add((float(run.acceptance), mode_of(as_line), int(run.concurrency)))
+    return pd.DataFrame(sorted(rows, key=lambda r: (r[0], _mode_order(r[1]), r[2])),
+                        columns=["acceptance", "mode", "concurrency"])
+
+
+def _num(x) -> str:
+    return str(int(x)) if float(x).is_integer() and not isinstance(x, float) else str(float(x))
+
+
+def _nums(xs) -> str:
+    return ", ".join(map(_num, xs)) or "none"
+
+
+def coverage(cells_df, planned) -> dict:
+    """Which planned cells (:func:`planned_cells`) the recorded cells measure (a cell is measured once a run in
+    it completed, warm-ups aside, or crashed: a run the deadline cut measured nothing), and which
+    modes, acceptances and concurrencies have no measured cell yet. ``slices``: per (acceptance, mode) planned
+    or measured, the concurrencies measured and those planned but not yet measured."""
+    import pandas as pd
+
+    have = cells_df[(cells_df["ok"] > 0) | (cells_df["crashed"] > 0)] if len(cells_df) else cells_df
+    meas = {(float(a), m, int(c)) for a, m, c in zip(have.get("acceptance", []), have.get("mode", []),
+                                                       have.get("concurrency", []))}
+    plan = {(float(a), m, int(c)) for a, m, c in zip(planned["acceptance"], planned["mode"], planned["concurrency"])}
+
+    def split(i, order=None):
+        m, p = {t[i] for t in meas}, {t[i] for t in plan}
+        return {"measured": sorted(m, key=order), "not_measured": sorted(p - m, key=order)}
+
+    slices = []
+    for acc, mode in sorted({(t[0], t[1]) for t in meas | plan}, key=lambda k: (k[0], _mode_order(k[1]))):
+        got = sorted(c for a, m, c in meas if (a, m) == (acc, mode))
+        todo = sorted(c for a, m, c in plan - meas if (a, m) == (acc, mode))
+        slices.append({"acceptance": acc, "mode": mode, "concurrencies measured": _nums(got),
+                       "planned, not measured yet": _nums(todo)})
+    cut = int(cells_df["cut_by_deadline"].sum()) if "cut_by_deadline" in cells_df else 0
+    return {"cells": {"planned": len(plan), "measured": len(plan & meas), "unplanned": len(meas - plan)},
+            "modes": split(1, _mode_order), "acceptances": split(0), "concurrencies": split(2),
+            "cut_by_deadline": cut, "slices": pd.DataFrame(slices)}
+
+
+def coverage_markdown(cov, plan_source: str = "matrices/bench-*.yaml") -> str:
+    """The notebook's sentences on what is measured yet, from :func:`coverage`."""
+    c = cov["cells"]
+    lines = [f"**Measured so far: {c['measured']} of the {c['planned']} planned cells** (mode x acceptance x "
+             f"concurrency, as planned in `{plan_source}`; a cell is measured once one of its runs completed, warm-ups "
+             "aside, or crashed)" + (f", and {c['unplanned']} cells outside the plan." if c["unplanned"] else ".")]
+    for key, name, fmt in (("modes", "Modes", lambda xs: ", ".join(xs) or "none"),
+                           ("acceptances", "Synthetic acceptances", _nums), ("concurrencies", "Concurrencies", _nums)):
+        lines.append(f"- {name} measured: {fmt(cov[key]['measured'])}; not measured yet: {fmt(cov[key]['not_measured'])}.")
+    if cov["cut_by_deadline"]:
+        n = cov["cut_by_deadline"]
+        lines.append(f"- {n} run{'s' if n > 1 else ''} cut short by the runner's session deadline "
+                     f"{'are' if n > 1 else 'is'} counted apart (`cut_by_deadline`): {'they' if n > 1 else 'it'} "
+                     "measured nothing, neither a crash nor a completed run.")
+    return "\n".join(lines)
+
+
+def speedup_tables(cells_df, pairs=SPEEDUP_PAIRS) -> tuple[dict, list]:
+    """:func:`speedup` of every pair that has cells of both modes in one session, by 'num / den', and the
+    pairs that have none (not measured yet side by side)."""
+    tables, missing = {}, []
+    for num, den in pairs:
+        s = speedup(cells_df, num, den)
+        if s.empty:
+            missing.append(f"{num} / {den}")
+        else:
+            tables[f"{num} / {den}"] = s
+    return tables, missing
+
+
+def recommendation_scope(cells_df, acceptance, planned=None) -> str:
+    """The modes a recommendation at ``acceptance`` chose among, and the planned ones it could not."""
+    c = cells_df[(cells_df["acceptance"] == acceptance) & ((cells_df["ok"] > 0) | (cells_df["crashed"] > 0))]
+    have = sorted(set(c["mode"]), key=_mode_order)
+    s = f"acceptance {_num(acceptance)}: chosen among {', '.join(have) or 'no mode'}"
+    if planned is not None:
+        todo = sorted(set(planned.loc[planned["acceptance"] == float(acceptance), "mode"]) - set(have), key=_mode_order)
+        s += f"; not measured here yet: {', '.join(todo)}" if todo else "; every planned mode measured"
+    return s

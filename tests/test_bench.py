@@ -212,3 +212,53 @@ def test_tradeoffs_missing_names_what_notebook06_lacks(tmp_path):
         "needs cells at the held-out acceptance 6.0 (recorded: 1.86, 3.6)"
     assert bench.tradeoffs_missing(str(tmp_path / "nothing" / "*.jsonl")).startswith("needs bench lines")
 
+
+def test_planned_cells_are_what_the_bench_matrices_run(root, monkeypatch):
+    monkeypatch.chdir(root)
+    p = bench.planned_cells()
+    got = set(zip(p["acceptance"], p["mode"], p["concurrency"]))
+    assert got == {(a, m, c) for a in (1.86, 3.6, 6.0) for m in bench.MODES for c in (1, 4, 8, 16, 32, 64)}
+    assert len(p) == len(got)  # the engines' warm-up runs (concurrency 2) are not planned cells
+    with pytest.raises(LabError, match="no bench matrices match"):
+        bench.planned_cells("nowhere/*.yaml")
+
+
+def test_coverage_names_what_is_measured_and_what_is_not_yet(tmp_path):
+    import pandas as pd
+
+    from dflash_lab.runner import DEADLINE_CUT
+
+    planned = pd.DataFrame([(a, m, c) for a in (1.86, 3.6) for m in ("DFlash FULL (fixed)", "DFlash FULL (stock)", "no speculation")
+                            for c in (1, 4)], columns=["acceptance", "mode", "concurrency"])
+    lines = [line("f1", "fixed", 1, 100, 5), line("f4", "fixed", 4, 300, 6),
+             line("s1", "stock", 1, None, None, outcome="crash"),  # crashed: measured
+             dict(line("s4", "stock", 4, None, None, outcome="timeout"), error=DEADLINE_CUT),  # cut: not measured
+             line("p8", "piecewise", 8, 500, 7)]  # outside the plan
+    warm = [line(f"{m}-warm", m, 2, 10, 10) for m in ("fixed", "stock", "piecewise")]  # completed: no cells
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(l) + "\n" for l in warm + lines))
+    c = bench.cells(bench.load_bench(str(tmp_path / "b.jsonl")))
+    cov = bench.coverage(c, planned)
+    assert cov["cells"] == {"planned": 12, "measured": 3, "unplanned": 1} and cov["cut_by_deadline"] == 1
+    assert cov["modes"] == {"measured": ["DFlash FULL (fixed)", "DFlash FULL (stock)", "DFlash PIECEWISE"],
+                            "not_measured": ["no speculation"]}
+    assert cov["acceptances"] == {"measured": [1.86], "not_measured": [3.6]}
+    assert cov["concurrencies"] == {"measured": [1, 4, 8], "not_measured": []}
+    sl = cov["slices"].set_index(["acceptance", "mode"])
+    assert sl.loc[(1.86, "DFlash FULL (stock)"), "concurrencies measured"] == "1"
+    assert sl.loc[(1.86, "DFlash FULL (stock)"), "planned, not measured yet"] == "4"
+    assert sl.loc[(3.6, "no speculation"), "planned, not measured yet"] == "1, 4"
+    text = bench.coverage_markdown(cov)
+    assert text.startswith("**Measured so far: 3 of the 12 planned cells**") and "and 1 cells outside the plan" in text
+    assert "- Synthetic acceptances measured: 1.86; not measured yet: 3.6." in text
+    assert "- Modes measured: DFlash FULL (fixed), DFlash FULL (stock), DFlash PIECEWISE; not measured yet: no speculation." in text
+    assert "- 1 run cut short by the runner's session deadline is counted apart" in text
+    assert bench.recommendation_scope(c, 1.86, planned) == (
+        "acceptance 1.86: chosen among DFlash FULL (fixed), DFlash FULL (stock), DFlash PIECEWISE; "
+        "not measured here yet: no speculation")
+    # fixed and stock share concurrency 1 and 4 (a pair, crashed or cut: no ratio); nothing else is side by side
+    tables, unpaired = bench.speedup_tables(c, (("DFlash FULL (fixed)", "DFlash FULL (stock)"),
+                                                ("DFlash FULL (fixed)", "DFlash PIECEWISE"),
+                                                ("DFlash FULL (fixed)", "no speculation")))
+    assert list(tables) == ["DFlash FULL (fixed) / DFlash FULL (stock)"]
+    assert tables["DFlash FULL (fixed) / DFlash FULL (stock)"]["ratio"].isna().all()
+    assert unpaired == ["DFlash FULL (fixed) / DFlash PIECEWISE", "DFlash FULL (fixed) / no speculation"]

@@ -72,6 +72,9 @@ def test_notebook05_on_fixture_lines(tmp_path):
     fx_pw = d["speedups"]["DFlash FULL (fixed) / DFlash PIECEWISE"]
     assert all(1.0 < r["ratio"] < 1.2 for r in fx_pw)  # the fixture's PIECEWISE is 8% slower
     assert sorted((tmp_path / "fig").glob("05-*.png"))
+    cov = d["coverage"]  # the fixture measures every cell the bench matrices plan
+    assert cov["cells"] == {"planned": 90, "measured": 90, "unplanned": 0} and cov["modes"]["not_measured"] == []
+    assert d["speedups_not_measured"] == []
 
 
 def _partial_slice(tmp_path):
@@ -87,6 +90,30 @@ def _partial_slice(tmp_path):
                error=DEADLINE_CUT, serve_metrics=None, spec_decode_metrics=None)
     f.write_text("".join(json.dumps(l) + "\n" for l in lines + [cut]))
     return glob_
+
+
+def test_notebook05_on_a_partial_slice_says_what_is_not_measured_yet(tmp_path):
+    d = _bench_nb("05_benchmark", tmp_path, glob_=_partial_slice(tmp_path))
+    cov = d["coverage"]
+    assert cov["cells"] == {"planned": 90, "measured": 12, "unplanned": 0} and cov["cut_by_deadline"] == 1
+    assert cov["modes"] == {"measured": ["DFlash FULL (fixed)", "DFlash PIECEWISE"],
+                            "not_measured": ["DFlash FULL (stock)", "DFlash eager", "no speculation"]}
+    assert cov["acceptances"] == {"measured": [1.86], "not_measured": [3.6, 6.0]}
+    assert cov["concurrencies"] == {"measured": [1, 4, 8, 16, 32, 64], "not_measured": []}
+    assert list(d["speedups"]) == ["DFlash FULL (fixed) / DFlash PIECEWISE"]
+    assert "DFlash FULL (fixed) / no speculation" in d["speedups_not_measured"]
+    assert d["recommendations"]["1.86"][0]["mode"] == "DFlash FULL (fixed)"
+    assert sorted(p.name for p in (tmp_path / "fig").glob("05-*.png")) == ["05-throughput.png", "05-tpot.png"]
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"acceptances": [9.9]}, "acceptances=[9.9]: no cells at [9.9]; recorded: [1.86]"),
+    ({"modes": ["DFlash eager"]}, "modes=['DFlash eager']: no cells of ['DFlash eager'] in the sessions shown"),
+])
+def test_notebook05_asks_for_what_the_partial_slice_lacks_in_one_line(tmp_path, params, message):
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        _bench_nb("05_benchmark", tmp_path, glob_=_partial_slice(tmp_path), **params)
+    assert e.value.ename == "ParameterError" and message in e.value.evalue
 
 
 def test_notebook06_on_a_partial_slice_is_one_clear_error(tmp_path):
