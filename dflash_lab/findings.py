@@ -7,6 +7,7 @@ just wrote (``figures/``); every number on the page is computed here from those 
 from __future__ import annotations
 
 import base64
+import glob
 import html
 import json
 import os
@@ -122,6 +123,7 @@ def write_findings(root: Path, out: Path) -> Path:
            if rope else "")
         + ".",
     ]
+    summary.insert(1, bench_line(root))
     if fd:
         summary.append(
             f"First wrong value (step probe, one run at concurrency {sp.iloc[-1]['reached']}, every "
@@ -235,6 +237,40 @@ draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
     tmp.write_text(page)
     os.replace(tmp, path)
     return path
+
+
+def bench_line(root=".") -> str:
+    """The findings page's sentence on speed (issue 11): every side-by-side ratio of mean output throughput the
+    benchmark has, per GPU session and acceptance, with the spread of the repeats, what the cells ran on, and the
+    ratios not measured yet. Nothing is compared across sessions (``bench.speedup``)."""
+    from . import bench
+
+    pattern = str(Path(root) / "data" / "bench" / "*.jsonl")
+    if not glob.glob(pattern):
+        return "Speed (issue 11 benchmark): not measured yet."
+    df = bench.load_bench(pattern)
+    c = bench.cells(df)
+    tables, missing = bench.speedup_tables(c)
+    done = df[df["outcome"].isin(["ok", "crash"])]
+    targets = sorted(set(done["target"].dropna()))
+    weights = sorted(set(done["weights"].dropna()))
+    parts = []
+    for name, t in tables.items():
+        for (session, acc), g in t.groupby(["gpu_session", "acceptance"], sort=True):
+            cells = "; ".join(
+                (f"concurrency {int(r['concurrency'])}: {r['ratio']:.2f}x ({r['low']:.2f}-{r['high']:.2f}, "
+                 f"repeats {r['n']})") if r["ratio"] is not None and r["ratio"] == r["ratio"]
+                else f"concurrency {int(r['concurrency'])}: no ratio ({r['note']})" for _, r in g.iterrows())
+            parts.append(f"{name}, synthetic acceptance {acc:g}, GPU session {session}: {cells}")
+    crashed = c[c["crashed"] > 0]
+    crash_text = "; ".join(f"{m} at concurrency {int(k)}, synthetic acceptance {a:g} ({x})" for m, k, a, x in
+                           zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"], crashed["crashed / runs"]))
+    return ("Speed (issue 11 benchmark: the OpenAI server on loopback, streamed chat completions of 512 tokens, "
+            f"{', '.join(targets)} architecture, {', '.join(weights)} weights, DFlash k=15, TP=1; ratio of mean output "
+            "throughputs, in brackets the slowest over the fastest repeat and the reverse): "
+            + (". ".join(parts) if parts else "no pair of modes measured side by side yet")
+            + (f". Crashed cells: {crash_text}" if len(crashed) else ". No benchmark run crashed")
+            + (f". Not measured side by side yet: {'; '.join(missing)}." if missing else "."))
 
 
 def _with_sessions(runs, concurrencies) -> str:
@@ -437,24 +473,47 @@ def _startups(run_dir: Path) -> str | None:
 
 def repro_min_startups(root=".", limit_s: float = 120.0):
     """Every recorded engine start-up of scripts/repro_min.py: folder, GPU session, role, seconds, whether it is
-    under ``limit_s`` (the issue's 2 minutes), and whether its log says it loaded compiled graphs from vLLM's cache
-    instead of compiling them ("Directly load the compiled graph"); and the runs with all three engines under it."""
+    under ``limit_s`` (the issue's 2 minutes), whether its log says it loaded compiled graphs from vLLM's cache
+    instead of compiling them ("Directly load the compiled graph"), how many Triton autotuning passes it printed
+    (only for runs whose device command set TRITON_PRINT_AUTOTUNING=1, else None), and where its worker's Triton
+    cache was (the ``caches`` field the script records since s24: "compile cache" when TRITON_CACHE_DIR pointed into
+    vLLM's torch_compile_cache, "~/.triton/cache" when it was unset; None where not recorded); and the runs with all
+    three engines under the limit."""
     import pandas as pd
 
     runs = repro_min_runs(root)
     rows = []
     for folder, session in zip(runs["folder"], runs["gpu_session"]):
         d = Path(root) / folder
+        try:
+            printed = "TRITON_PRINT_AUTOTUNING=1" in json.loads((d / "meta.json").read_text()).get("device_command", "")
+        except (OSError, ValueError, AttributeError):
+            printed = False
         for role, v in _engine_startups(d).items():
             try:
                 log = (d / "children" / f"{role}.log").read_text(errors="replace")
             except OSError:
                 log = ""
             rows.append({"folder": folder, "gpu_session": session, "role": role, "startup_s": v,
-                         "under limit": v < limit_s, "graphs from cache": "Directly load the compiled graph" in log})
-    t = pd.DataFrame(rows, columns=["folder", "gpu_session", "role", "startup_s", "under limit", "graphs from cache"])
+                         "under limit": v < limit_s, "graphs from cache": "Directly load the compiled graph" in log,
+                         "autotuning passes": log.count("Triton autotuning for function") if printed else None,
+                         "Triton cache": _triton_cache(d / "children" / f"{role}.started.json")})
+    t = pd.DataFrame(rows, columns=["folder", "gpu_session", "role", "startup_s", "under limit", "graphs from cache",
+                                    "autotuning passes", "Triton cache"])
     all_under = [f for f, g in t.groupby("folder", sort=False) if len(g) == 3 and g["under limit"].all()]
     return t, all_under
+
+
+def _triton_cache(started: Path) -> str | None:
+    """Where an engine's worker kept Triton's cache (see repro_min_startups), from its started.json."""
+    try:
+        c = json.loads(started.read_text())["caches"]["TRITON_CACHE_DIR"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    path = c.get("path") if isinstance(c, dict) else None
+    if not path:
+        return "~/.triton/cache"
+    return "compile cache" if "torch_compile_cache" in path else path
 
 
 def _repro_min_label(root) -> str:

@@ -262,3 +262,26 @@ def test_coverage_names_what_is_measured_and_what_is_not_yet(tmp_path):
     assert list(tables) == ["DFlash FULL (fixed) / DFlash FULL (stock)"]
     assert tables["DFlash FULL (fixed) / DFlash FULL (stock)"]["ratio"].isna().all()
     assert unpaired == ["DFlash FULL (fixed) / DFlash PIECEWISE", "DFlash FULL (fixed) / no speculation"]
+
+
+def test_the_findings_speed_sentence_pairs_cells_of_one_session_and_names_what_is_missing(tmp_path):
+    """The findings page's speed sentence (issue 11: the page opens with the speedups a user can expect): a
+    ratio per session and acceptance, crashes named, pairs without cells said to be missing, nothing when
+    no bench data exists."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_fixture import write_fixture
+
+    from dflash_lab import findings
+
+    assert findings.bench_line(tmp_path) == "Speed (issue 11 benchmark): not measured yet."
+    write_fixture(tmp_path / "data" / "bench", accs={1.86: "fixture-a"}, modes=("fixed", "piecewise", "stock"))
+    line = findings.bench_line(tmp_path)
+    assert "DFlash FULL (fixed) / DFlash PIECEWISE, synthetic acceptance 1.86, GPU session fixture-a: concurrency 1: " in line
+    assert "dummy weights" in line and "qwen36-35b-a3b architecture" in line
+    assert "Crashed cells: DFlash FULL (stock) at concurrency 32, synthetic acceptance 1.86 (1/1)" in line
+    assert "Not measured side by side yet: DFlash FULL (fixed) / DFlash eager; DFlash FULL (fixed) / no speculation" in line
+    # the stock/no-speculation pair has no baseline: never a ratio against a mode from elsewhere
+    assert "DFlash FULL (stock) / no speculation" in line.split("Not measured side by side yet:")[1]

@@ -357,6 +357,22 @@ def test_recorded_reproducer_runs_are_listed_by_session(tmp_path):
     assert findings.repro_min_startups(tmp_path)[0]["role"].tolist() == ["reference", "fixed"]
     (ch / "stock.started.json").write_text(json.dumps({"startup_s": 99.0}))
     assert findings.repro_min_startups(tmp_path)[1] == ["data/gpu/x_repro-min-d"]
+    # autotuning passes are counted only where the device command printed them (else zero would mean nothing)
+    assert findings.repro_min_startups(tmp_path)[0]["autotuning passes"].isna().all()
+    meta = tmp_path / "data" / "gpu" / "x_repro-min-d" / "meta.json"
+    m = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**m, "device_command": "call 1: export TRITON_PRINT_AUTOTUNING=1; python3 ..."}))
+    (ch / "stock.log").write_text("Triton autotuning for function chunk_fwd_kernel_o finished after 9.1s\n" * 6)
+    # and the worker's Triton cache: inside vLLM's compile cache (a compiling engine), unset (Triton's default), or
+    # not recorded (runs before s24, a corrupt file)
+    caches = lambda p: {"TRITON_CACHE_DIR": {"path": p, "autotune_files": 6}}
+    (ch / "stock.started.json").write_text(json.dumps({"startup_s": 99.0, "caches": caches(
+        "/root/.cache/vllm/torch_compile_cache/torch_aot_compile/99/inductor_cache/triton/0")}))
+    (ch / "fixed.started.json").write_text(json.dumps({"startup_s": 37.8, "caches": caches(None)}))
+    s = findings.repro_min_startups(tmp_path)[0].set_index("role")
+    assert s.loc["stock", "autotuning passes"] == 6 and s.loc["fixed", "autotuning passes"] == 0
+    assert [s.loc[r, "Triton cache"] for r in ("stock", "fixed")] == ["compile cache", "~/.triton/cache"]
+    assert s["Triton cache"].isna()["reference"]
 
 
 def test_a_stock_engine_that_does_not_start_stops_the_run(root, tmp_path, monkeypatch):
