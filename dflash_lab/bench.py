@@ -528,3 +528,43 @@ def recommendation_scope(cells_df, acceptance, planned=None) -> str:
         todo = sorted(set(planned.loc[planned["acceptance"] == float(acceptance), "mode"]) - set(have), key=_mode_order)
         s += f"; not measured here yet: {', '.join(todo)}" if todo else "; every planned mode measured"
     return s
+
+
+def capture_ceilings(pattern: str = "data/gpu/*bench*/*.log") -> dict:
+    """{engine log: largest CUDA-graph capture size in tokens} from the ``max_cudagraph_capture_size`` the engine
+    printed in its configuration (vLLM logs its compilation config at start-up); logs without it are left out."""
+    import re
+
+    out = {}
+    for f in sorted(glob.glob(pattern)):
+        try:
+            with open(f, errors="replace") as fh:
+                m = re.search(r"'max_cudagraph_capture_size': (\d+)", fh.read())
+        except OSError:
+            continue
+        if m:
+            out[f] = int(m.group(1))
+    return out
+
+
+def graph_ceiling_note(cells_df, ceilings: dict, k: int = 15) -> str:
+    """Which measured concurrencies of the graph modes lie above what one CUDA graph holds: a decode step of c
+    requests verifies c * (k + 1) tokens, and above the largest capture size vLLM runs the step without a graph in
+    FULL_AND_PIECEWISE and PIECEWISE alike (vLLM 0.22.1 ``CudagraphDispatcher.dispatch``,
+    vllm/v1/cudagraph_dispatcher.py:276-284: ``num_tokens > max_cudagraph_capture_size`` gives CUDAGraphMode.NONE) (so the two modes are expected to meet there; a prediction from the
+    configuration, not a separate measurement)."""
+    if not ceilings:
+        return "The engines' largest CUDA-graph capture size is not recorded with these cells (no engine log)."
+    sizes = sorted(set(ceilings.values()))
+    if len(sizes) > 1:
+        return f"The engines ran with different largest capture sizes ({', '.join(map(str, sizes))} tokens): not summarised."
+    top = sizes[0]
+    graph_modes = cells_df[cells_df["mode"].str.startswith("DFlash FULL") | (cells_df["mode"] == "DFlash PIECEWISE")]
+    above = sorted({int(c) for c in graph_modes["concurrency"] if int(c) * (k + 1) > top})
+    s = (f"The engines' largest CUDA graph holds {top} tokens (`max_cudagraph_capture_size` in all {len(ceilings)} "
+         f"engine logs), i.e. {top // (k + 1)} requests x {k + 1} tokens per decode step.")
+    if above:
+        s += (f" At concurrency {', '.join(map(str, above))} a decode step is larger, so vLLM runs it without a CUDA graph "
+              "in FULL_AND_PIECEWISE and PIECEWISE alike: the two graph modes are expected to meet there (a prediction "
+              "from the configuration, not measured separately).")
+    return s

@@ -285,3 +285,24 @@ def test_the_findings_speed_sentence_pairs_cells_of_one_session_and_names_what_i
     assert "Not measured side by side yet: DFlash FULL (fixed) / DFlash eager; DFlash FULL (fixed) / no speculation" in line
     # the stock/no-speculation pair has no baseline: never a ratio against a mode from elsewhere
     assert "DFlash FULL (stock) / no speculation" in line.split("Not measured side by side yet:")[1]
+
+
+def test_concurrencies_above_the_largest_cuda_graph_are_named(tmp_path):
+    """A decode step of c requests verifies 16 c tokens; above the largest capture size (read from the engine's
+    printed config) both graph modes run it without a graph, and the notebook says at which measured concurrencies."""
+    import pandas as pd
+
+    logs = tmp_path / "gpu" / "x_bench-a"
+    logs.mkdir(parents=True)
+    (logs / "full.log").write_text("... 'pass_config': {}, 'max_cudagraph_capture_size': 512, 'dynamic_shapes_config' ...\n")
+    (logs / "other.log").write_text("no config printed\n")
+    got = bench.capture_ceilings(str(tmp_path / "gpu" / "*bench*" / "*.log"))
+    assert got == {str(logs / "full.log"): 512}
+    c = pd.DataFrame({"mode": ["DFlash FULL (fixed)", "DFlash PIECEWISE", "no speculation", "DFlash eager"],
+                      "concurrency": [32, 64, 128, 256]})
+    note = bench.graph_ceiling_note(c, got)
+    assert "holds 512 tokens" in note and "32 requests x 16 tokens" in note
+    assert "At concurrency 64 a decode step is larger" in note       # 32 fits exactly; 128/256 are not graph modes
+    assert "not recorded" in bench.graph_ceiling_note(c, {})
+    assert "different largest capture sizes" in bench.graph_ceiling_note(c, {"a": 512, "b": 1024})
+    assert "At concurrency" not in bench.graph_ceiling_note(c[c["concurrency"] <= 32], got)
