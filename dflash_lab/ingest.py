@@ -181,8 +181,9 @@ REPRO_KEEP = (".log", ".json", ".jsonl")
 
 def _judge_only(f: Path) -> bool:
     """A call that only judged an earlier work folder again: a --rejudge result, no engine run, no snapshot."""
-    return (any((f / x).exists() for x in JUDGE_ONLY) and not list(f.glob("children*.tgz"))
-            and not any((f / x).exists() for x in REPRO_FILES if x not in JUDGE_ONLY + ("rc.txt",)))
+    names = {p.name for p in f.iterdir()}
+    # nothing else: a log of a child run by hand, say, means the work folder may have changed after the snapshot
+    return bool(names & set(JUDGE_ONLY)) and names <= set(JUDGE_ONLY) | {"rc.txt"}
 
 
 def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data", gpu_session: str | None = None,
@@ -192,7 +193,8 @@ def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data"
 
     Each call's own files (REPRO_FILES) go to ``callN/``; the ``children*.tgz`` (the work folder as it was left)
     of the last call, or of the last before trailing calls that only ran ``--rejudge`` (JUDGE_ONLY files and
-    ``rc.txt``, nothing else), is unpacked into ``children/``, logs and JSON only. ``verdict.txt`` is the verdict line of the
+    ``rc.txt``, nothing else, and a rejudged JSON naming the snapshot's own work folder), is unpacked into
+    ``children/``, logs and JSON only. ``verdict.txt`` is the verdict line of the
     last call that judged (``repro_min.rejudged.json`` before ``repro_min.json``). ``meta.json`` gets the
     provenance the files hold (GPU name and versions the engines recorded, the run's command and start) plus
     ``provenance`` given here (e.g. the driver) and each engine's start-up. Staged, then moved into place; an
@@ -266,6 +268,11 @@ def ingest_repro(calls: list[tuple[str, str]], name: str, data_dir: str = "data"
                 return None
 
         run = _json(ch / "run.json") or next((j for f in folders for j in [_json(f / "repro_min.json")] if j), None) or {}
+        for i in range(packed, len(folders)):   # trailing --rejudge calls must have judged the packed folder
+            judged_dir = (_json(folders[i] / "repro_min.rejudged.json") or {}).get("workdir")
+            if tgz is not None and judged_dir != run.get("workdir"):
+                raise LabError(f"{folders[i]}: its --rejudge judged {judged_dir!r}, but the packed snapshot "
+                               f"(call {packed}) is of {run.get('workdir')!r}: not the same work folder")
         results = [j for j in (_json(p) for p in sorted(ch.glob("*.json"))) if isinstance(j, dict) and j.get("role")]
         gpus = sorted({r["gpu"] for r in results if r.get("gpu")})
         versions = next((r["versions"] for r in results if r.get("versions")), {})

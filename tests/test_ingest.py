@@ -164,7 +164,8 @@ def test_a_reproducer_run_over_several_calls_is_recorded_whole(tmp_path):
     (c1 / "notes.txt").write_text("not a reproducer file\n")
     _tgz(c1 / "children.tgz", {"./stock.log": "early\n"})
     (c2 / "repro_min.rejudged.json").write_text(json.dumps({"verdict_line": "REPRODUCED: all three"}))
-    run = {"vllm": "0.22.1", "started_at": "2026-12-01T00:42:00Z", "command": "python3 scripts/repro_min.py"}
+    run = {"vllm": "0.22.1", "started_at": "2026-12-01T00:42:00Z", "command": "python3 scripts/repro_min.py",
+           "workdir": "/tmp/repro-min-x"}
     _tgz(c2 / "children.tgz", {"./run.json": json.dumps(run), "./stock.log": "late\n", "./core.nvcudmp": "x",
                                "./stock.started.json": json.dumps({"startup_s": 147.9}),
                                "./fixed.json": json.dumps({"role": "fixed", "gpu": "NVIDIA H200",
@@ -196,13 +197,25 @@ def test_a_reproducer_run_over_several_calls_is_recorded_whole(tmp_path):
         ingest_repro([(str(c2), "x"), (str(rejudge_only), "y")], "r4", data_dir=str(data))
     # a trailing call that only judged the work folder again (--rejudge writes nothing there): the earlier
     # call's snapshot is still the work folder as it was left, and the later verdict is the record's
-    (rejudge_only / "repro_min.rejudged.json").write_text(json.dumps({"verdict_line": "REPRODUCED: judged again"}))
+    (rejudge_only / "repro_min.rejudged.json").write_text(json.dumps({"verdict_line": "REPRODUCED: judged again",
+                                                                       "workdir": "/tmp/repro-min-x"}))
     (rejudge_only / "rejudge.log").write_text("REPRODUCED: judged again\n")
     meta = ingest_repro([(str(c1), "x"), (str(c2), "y"), (str(rejudge_only), "z")], "r6", data_dir=str(data))
     assert meta["children_from"] == "call2/children.tgz" and meta["judged"].endswith("(--rejudge, call 3)")
     assert (data / "gpu" / "r6" / "children" / "stock.log").read_text() == "late\n"
     assert "call3/repro_min.rejudged.json" in meta["files"]
-    ran_engines = tmp_path / "c4"         # but a last call that ran the reproducer again may have changed it
+    other = tmp_path / "c5"               # a rejudge of another work folder does not speak for this snapshot
+    other.mkdir()
+    (other / "repro_min.rejudged.json").write_text(json.dumps({"verdict_line": "REPRODUCED", "workdir": "/tmp/repro-min-B"}))
+    with pytest.raises(LabError, match="not the same work folder"):
+        ingest_repro([(str(c2), "y"), (str(other), "z")], "r8", data_dir=str(data))
+    by_hand = tmp_path / "c6"             # nor does a call that also ran a child by hand and did not pack the folder
+    by_hand.mkdir()
+    (by_hand / "repro_min.rejudged.json").write_text(json.dumps({"verdict_line": "REPRODUCED", "workdir": "/tmp/repro-min-x"}))
+    (by_hand / "fixed_by_hand.log").write_text("engine log\n")
+    with pytest.raises(LabError, match=r"call 2\) has no children"):
+        ingest_repro([(str(c2), "y"), (str(by_hand), "z")], "r9", data_dir=str(data))
+    ran_engines = tmp_path / "c4"         # and a last call that ran the reproducer again may have changed it
     ran_engines.mkdir()
     (ran_engines / "repro_min.log").write_text("REPRODUCED\n")
     (ran_engines / "repro_min.rejudged.json").write_text(json.dumps({"verdict_line": "REPRODUCED"}))
