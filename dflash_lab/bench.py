@@ -23,6 +23,7 @@ Rules the functions here enforce, because the findings quote their output:
 
 from __future__ import annotations
 
+import functools
 import glob
 import math
 import os
@@ -78,9 +79,11 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
                "num_speculative_tokens": r.get("num_speculative_tokens") if r.get("spec_method") not in (None, "none") else 0,
                "engine_id": r.get("engine_id"), "attempt": r.get("attempt"), "round": r.get("round"),
                "target": (r.get("target") or {}).get("name") if isinstance(r.get("target"), dict) else r.get("target"),
-               "weights": r.get("weights"), "started_at": r.get("started_at")}
+               "weights": r.get("weights"), "started_at": r.get("started_at"), "max_tokens": r.get("max_tokens"),
+               "tensor_parallel_size": r.get("tensor_parallel_size")}
         for m in METRICS:
             row[m] = sm.get(m)
+        row["jit_compiles"] = ", ".join(jit_compiles_in_runs(_engine_files(f, r)).get(r["run_id"], []))
         rows.append(row)
     df = pd.DataFrame(rows)
     # the first run of every engine start pays for warm-up (lazy compilation, allocator growth): its
@@ -90,6 +93,67 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
         bad = sorted(set(df.loc[df["gpu_session"].isna(), "file"]))
         raise LabError(f"bench lines without a GPU session label in {bad}: ingest them with --gpu-session")
     return df
+
+
+def _engine_files(bench_file: str, r) -> tuple[str, str]:
+    """The engine log and events file a bench line's engine wrote, as ``ingest --kind bench`` keeps them:
+    data/gpu/<runs file name>/<engine id>.a<attempt>.{log,events.jsonl}."""
+    name = os.path.splitext(os.path.basename(bench_file))[0]
+    d = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(bench_file))), "gpu", name)
+    stem = os.path.join(d, f"{r.get('engine_id')}.a{r.get('attempt')}")
+    return stem + ".log", stem + ".events.jsonl"
+
+
+@functools.lru_cache(maxsize=256)
+def jit_compiles_in_runs(files: tuple[str, str]) -> dict:
+    """{run id: [kernel, ...]}: Triton kernels vLLM's JIT monitor reported compiling while a run was in flight
+    ("Triton kernel JIT compilation during inference: NAME" in the engine log, stamped to the second in UTC),
+    each attributed to the run whose start/end (the runner's events file) contains that second. A compile
+    inside a measured run is a latency spike of the engine, not of the mode; runs without files get nothing."""
+    import datetime as dt
+    import json
+    import re
+
+    log, events = files
+    out: dict = {}
+    try:
+        with open(events) as fh:
+            ev = [json.loads(x) for x in fh if x.strip()]
+        with open(log, errors="replace") as fh:
+            text = fh.read()
+    except (OSError, ValueError):
+        return out
+    starts = {e["run"]: e["t"] for e in ev if e.get("event") == "run_start" and "t" in e}
+    spans = [(starts[e["run"]], e["t"], e["run"]) for e in ev
+             if e.get("event") == "run_end" and e.get("run") in starts and "t" in e]
+    if spans:
+        year = dt.datetime.fromtimestamp(spans[0][0], dt.timezone.utc).year
+        for m in re.finditer(r"(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[jit_monitor\.py:\d+\] Triton kernel JIT "
+                             r"compilation during inference: (\S+?)\.? ", text):
+            mo, d, h, mi, sec = (int(x) for x in m.groups()[:5])
+            t = dt.datetime(year, mo, d, h, mi, sec, tzinfo=dt.timezone.utc).timestamp()
+            for a, b, run in spans:
+                if int(a) <= t <= b:
+                    out.setdefault(run, []).append(m.group(6))
+    return out
+
+
+def jit_runs(runs_df):
+    """The measured runs (completed, not an engine's warm-up) during which vLLM compiled a Triton kernel
+    (:func:`jit_compiles_in_runs`): their latency includes the compile."""
+    m = runs_df[(runs_df["outcome"] == "ok") & ~runs_df["warmup"] & (runs_df["jit_compiles"].fillna("") != "")]
+    return m[["file", "run_id", "mode", "acceptance", "concurrency", "jit_compiles", "mean_ttft_ms", "output_throughput"]]
+
+
+def without_jit_runs(runs_df):
+    """``runs_df`` without :func:`jit_runs` (to check whether a ratio depends on them)."""
+    return runs_df.drop(index=jit_runs(runs_df).index)
+
+
+def same_cells(cells_df, like):
+    """The rows of ``cells_df`` whose (session, acceptance, mode, concurrency) are among ``like``'s."""
+    keys = ["gpu_session", "acceptance", "mode", "concurrency"]
+    return cells_df.merge(like[keys].drop_duplicates(), on=keys, how="inner")
 
 
 def cells(df):

@@ -252,8 +252,12 @@ def bench_line(root=".") -> str:
     c = bench.cells(df)
     tables, missing = bench.speedup_tables(c)
     done = df[df["outcome"].isin(["ok", "crash"])]
+    measured = done[~done["warmup"]]
     targets = sorted(set(done["target"].dropna()))
     weights = sorted(set(done["weights"].dropna()))
+    each = lambda col: "/".join(str(int(x)) for x in sorted(set(measured[col].dropna()))) or "?"
+    ks = "/".join(str(int(x)) for x in sorted(set(measured.loc[measured["num_speculative_tokens"] > 0,
+                                                                "num_speculative_tokens"]))) or "?"
     parts = []
     for name, t in tables.items():
         for (session, acc), g in t.groupby(["gpu_session", "acceptance"], sort=True):
@@ -263,13 +267,18 @@ def bench_line(root=".") -> str:
                 else f"concurrency {int(r['concurrency'])}: no ratio ({r['note']})" for _, r in g.iterrows())
             parts.append(f"{name}, synthetic acceptance {acc:g}, GPU session {session}: {cells}")
     crashed = c[c["crashed"] > 0]
+    jit = bench.jit_runs(df)
+    jit_text = [f"{m} at concurrency {int(k)}: {kern}" for m, k, kern in zip(jit["mode"], jit["concurrency"], jit["jit_compiles"])]
     crash_text = "; ".join(f"{m} at concurrency {int(k)}, synthetic acceptance {a:g} ({x})" for m, k, a, x in
                            zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"], crashed["crashed / runs"]))
-    return ("Speed (issue 11 benchmark: the OpenAI server on loopback, streamed chat completions of 512 tokens, "
-            f"{', '.join(targets)} architecture, {', '.join(weights)} weights, DFlash k=15, TP=1; ratio of mean output "
+    return ("Speed (issue 11 benchmark: the OpenAI server on loopback, streamed chat completions of "
+            f"{each('max_tokens')} tokens, {', '.join(targets)} architecture, {', '.join(weights)} weights, DFlash k={ks}, "
+            f"TP={each('tensor_parallel_size')}; ratio of mean output "
             "throughputs, in brackets the slowest over the fastest repeat and the reverse): "
             + (". ".join(parts) if parts else "no pair of modes measured side by side yet")
             + (f". Crashed cells: {crash_text}" if len(crashed) else ". No benchmark run crashed")
+            + (f". {len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}); notebook 05 "
+               "recomputes the ratios without them" if len(jit) else "")
             + (f". Not measured side by side yet: {'; '.join(missing)}." if missing else "."))
 
 

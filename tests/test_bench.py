@@ -306,3 +306,32 @@ def test_concurrencies_above_the_largest_cuda_graph_are_named(tmp_path):
     assert "not recorded" in bench.graph_ceiling_note(c, {})
     assert "different largest capture sizes" in bench.graph_ceiling_note(c, {"a": 512, "b": 1024})
     assert "At concurrency" not in bench.graph_ceiling_note(c[c["concurrency"] <= 32], got)
+
+
+def test_a_triton_compile_is_attributed_to_the_run_in_flight(tmp_path):
+    """vLLM's JIT monitor line (UTC, to the second) goes to the run whose start/end contains it; compiles before
+    the first run (start-up) or between runs go nowhere; the run is then flagged and can be left out."""
+    import datetime as dt
+
+    import pandas as pd
+
+    t0 = dt.datetime(2026, 12, 1, 3, 21, 38, 400000, tzinfo=dt.timezone.utc).timestamp()
+    (tmp_path / "e.a1.events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"event": "ready", "t": t0 - 60},
+        {"event": "run_start", "run": "e/c16/r0", "t": t0}, {"event": "run_end", "run": "e/c16/r0", "t": t0 + 7.8},
+        {"event": "run_start", "run": "e/c16/r1", "t": t0 + 20}, {"event": "run_end", "run": "e/c16/r1", "t": t0 + 26}]))
+    w = "(EngineCore pid=1) WARNING 12-01 {} [jit_monitor.py:103] Triton kernel JIT compilation during inference: {}. This causes"
+    (tmp_path / "e.a1.log").write_text("\n".join([w.format("03:20:57", "_zero_kv_blocks_kernel"),   # start-up
+                                                  w.format("03:21:39", "fused_moe_kernel"),         # inside r0
+                                                  w.format("03:21:50", "between_runs_kernel"),      # between runs
+                                                  w.format("03:21:59", "late_kernel")]) + "\n")     # inside r1
+    files = (str(tmp_path / "e.a1.log"), str(tmp_path / "e.a1.events.jsonl"))
+    assert bench.jit_compiles_in_runs(files) == {"e/c16/r0": ["fused_moe_kernel"], "e/c16/r1": ["late_kernel"]}
+    assert bench.jit_compiles_in_runs((str(tmp_path / "none.log"), str(tmp_path / "none.jsonl"))) == {}
+    runs = pd.DataFrame({"file": ["f"] * 3, "run_id": ["e/c2/r0", "e/c16/r0", "e/c16/r1"], "mode": ["m"] * 3,
+                         "acceptance": [1.86] * 3, "concurrency": [2, 16, 16], "outcome": ["ok", "ok", "crash"],
+                         "warmup": [True, False, False], "jit_compiles": ["x", "fused_moe_kernel", "late_kernel"],
+                         "mean_ttft_ms": [1.0, 2.0, None], "output_throughput": [1.0, 2.0, None]})
+    # a warm-up absorbs its compiles by design, a crashed run measured nothing: only the measured run is flagged
+    assert bench.jit_runs(runs)["run_id"].tolist() == ["e/c16/r0"]
+    assert bench.without_jit_runs(runs)["run_id"].tolist() == ["e/c2/r0", "e/c16/r1"]
