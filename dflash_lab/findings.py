@@ -243,6 +243,8 @@ def bench_line(root=".") -> str:
     """The findings page's sentence on speed (issue 11): every side-by-side ratio of mean output throughput the
     benchmark has, per GPU session and acceptance, with the spread of the repeats, what the cells ran on, and the
     ratios not measured yet. Nothing is compared across sessions (``bench.speedup``)."""
+    import pandas as pd
+
     from . import bench
 
     pattern = str(Path(root) / "data" / "bench" / "*.jsonl")
@@ -263,7 +265,7 @@ def bench_line(root=".") -> str:
         for (session, acc), g in t.groupby(["gpu_session", "acceptance"], sort=True):
             cells = "; ".join(
                 (f"concurrency {int(r['concurrency'])}: {r['ratio']:.2f}x ({r['low']:.2f}-{r['high']:.2f}, "
-                 f"repeats {r['n']})") if r["ratio"] is not None and r["ratio"] == r["ratio"]
+                 f"repeats {r['n']})") if pd.notna(r["ratio"])
                 else f"concurrency {int(r['concurrency'])}: no ratio ({r['note']})" for _, r in g.iterrows())
             parts.append(f"{name}, synthetic acceptance {acc:g}, GPU session {session}: {cells}")
     crashed = c[c["crashed"] > 0]
@@ -519,7 +521,9 @@ def _triton_cache(started: Path) -> str | None:
         c = json.loads(started.read_text())["caches"]["TRITON_CACHE_DIR"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    path = c.get("path") if isinstance(c, dict) else None
+    if not isinstance(c, dict):
+        return None
+    path = c.get("path")
     if not path:
         return "~/.triton/cache"
     return "compile cache" if "torch_compile_cache" in path else path

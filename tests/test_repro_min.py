@@ -373,6 +373,8 @@ def test_recorded_reproducer_runs_are_listed_by_session(tmp_path):
     assert s.loc["stock", "autotuning passes"] == 6 and s.loc["fixed", "autotuning passes"] == 0
     assert [s.loc[r, "Triton cache"] for r in ("stock", "fixed")] == ["compile cache", "~/.triton/cache"]
     assert s["Triton cache"].isna()["reference"]
+    (ch / "fixed.started.json").write_text(json.dumps({"startup_s": 37.8, "caches": {"TRITON_CACHE_DIR": "odd"}}))
+    assert findings.repro_min_startups(tmp_path)[0].set_index("role")["Triton cache"].isna()["fixed"]  # unreadable: unknown
 
 
 def test_a_stock_engine_that_does_not_start_stops_the_run(root, tmp_path, monkeypatch):
