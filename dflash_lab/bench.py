@@ -83,7 +83,8 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
                "tensor_parallel_size": r.get("tensor_parallel_size")}
         for m in METRICS:
             row[m] = sm.get(m)
-        row["jit_compiles"] = ", ".join(jit_compiles_in_runs(_engine_files(f, r)).get(r["run_id"], []))
+        files = _engine_files(f, r)
+        row["jit_compiles"] = ", ".join(jit_compiles_in_runs(files).get(r["run_id"], [])) if files else ""
         rows.append(row)
     df = pd.DataFrame(rows)
     # the first run of every engine start pays for warm-up (lazy compilation, allocator growth): its
@@ -95,13 +96,16 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
     return df
 
 
-def _engine_files(bench_file: str, r) -> tuple[str, str]:
-    """The engine log and events file a bench line's engine wrote, as ``ingest --kind bench`` keeps them:
-    data/gpu/<runs file name>/<engine id>.a<attempt>.{log,events.jsonl}."""
-    name = os.path.splitext(os.path.basename(bench_file))[0]
-    d = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(bench_file))), "gpu", name)
-    stem = os.path.join(d, f"{r.get('engine_id')}.a{r.get('attempt')}")
-    return stem + ".log", stem + ".events.jsonl"
+def _engine_files(bench_file: str, r) -> tuple[str, str] | None:
+    """The stored engine log of a bench line (:func:`analysis.engine_log`, from the line's ``log``) and the runner's
+    events file beside it, or None where the log was not kept."""
+    import re
+
+    from . import analysis
+
+    data_dir = os.path.dirname(os.path.dirname(os.path.abspath(bench_file)))
+    log = analysis.engine_log(dict(r, file=bench_file), data_dir)
+    return (log, re.sub(r"\.log(\.gz)?$", ".events.jsonl", log)) if log else None
 
 
 @functools.lru_cache(maxsize=256)
@@ -114,13 +118,14 @@ def jit_compiles_in_runs(files: tuple[str, str]) -> dict:
     import json
     import re
 
+    from . import analysis
+
     log, events = files
     out: dict = {}
     try:
         with open(events) as fh:
             ev = [json.loads(x) for x in fh if x.strip()]
-        with open(log, errors="replace") as fh:
-            text = fh.read()
+        text = analysis.read_text(log)
     except (OSError, ValueError):
         return out
     starts = {e["run"]: e["t"] for e in ev if e.get("event") == "run_start" and "t" in e}
