@@ -106,6 +106,26 @@ def test_notebook05_on_a_partial_slice_says_what_is_not_measured_yet(tmp_path):
     assert sorted(p.name for p in (tmp_path / "fig").glob("05-*.png")) == ["05-throughput.png", "05-tpot.png"]
 
 
+def test_notebook05_shows_the_pairs_of_every_session_of_a_slice(tmp_path):
+    """s24 + s25's shape: one acceptance measured in two sessions (fixed FULL + PIECEWISE; fixed FULL + no
+    speculation + eager). The figures show the latest session; the speedup tables keep each session's pairs, each
+    row naming its session, and pair nothing across them (PIECEWISE / no speculation stays unmeasured)."""
+    from bench_fixture import write_fixture
+
+    write_fixture(tmp_path / "bench", accs={1.86: "fixture-a"}, modes=("fixed", "piecewise"))
+    glob_ = write_fixture(tmp_path / "bench", accs={1.86: "fixture-b"}, modes=("fixed", "nospec", "eager"))
+    d = _bench_nb("05_benchmark", tmp_path, glob_=glob_)
+    assert d["sessions"] == ["fixture-b"]
+    sp = d["speedups"]
+    assert {r["gpu_session"] for r in sp["DFlash FULL (fixed) / DFlash PIECEWISE"]} == {"fixture-a"}
+    assert {r["gpu_session"] for r in sp["DFlash FULL (fixed) / no speculation"]} == {"fixture-b"}
+    assert {r["gpu_session"] for r in sp["DFlash eager / no speculation"]} == {"fixture-b"}
+    assert "DFlash PIECEWISE / no speculation" in d["speedups_not_measured"]
+    # with the session parameter, that session's pairs only
+    d = _bench_nb("05_benchmark", tmp_path, glob_=glob_, session="fixture-a")
+    assert list(d["speedups"]) == ["DFlash FULL (fixed) / DFlash PIECEWISE"]
+
+
 @pytest.mark.parametrize("params, message", [
     ({"acceptances": [9.9]}, "acceptances=[9.9]: no cells at [9.9]; recorded: [1.86]"),
     ({"modes": ["DFlash eager"]}, "modes=['DFlash eager']: no cells of ['DFlash eager'] in the sessions shown"),
