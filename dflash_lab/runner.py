@@ -24,7 +24,14 @@ Matrix (YAML)::
     engines:
       - id: dflash-graphs
         acceptance: 1.86            # synthetic acceptance length, a list of rates, or natural
-        runs: [{concurrency: 16, rounds: 5}, {concurrency: 32, rounds: 5}]
+        runs: [{concurrency: 16, max_tokens: 32, warmup: true},
+               {concurrency: 16, rounds: 5}, {concurrency: 32, rounds: 5}]
+
+Warm-up runs (``warmup: true`` in a run entry; id ``ENGINE/cC/wR``, measured runs ``ENGINE/cC/rR``) come
+before an engine's measured entries and begin every engine start: the first, a restart after a crash
+(the warm-ups that completed ok earlier in this call; one that crashed or timed out is not retried) and a
+continuing call (``--skip-done`` never leaves them out). Their lines carry ``"warmup": true``; the bench
+counts their outcome, not their metrics.
 """
 
 from __future__ import annotations
@@ -80,7 +87,10 @@ ENGINE_DEFAULTS = {
     "run_estimate_s": 0,
 }
 RUN_DEFAULTS = {"concurrency": 16, "rounds": 1, "max_tokens": 512, "temperature": 0.7,
-                "ignore_eos": True, "stream": True, "record_outputs": False}
+                "ignore_eos": True, "stream": True, "record_outputs": False,
+                # a warm-up run: before the measured runs of every engine start (restarts included), its line
+                # flagged; the bench counts its outcome, not its metrics
+                "warmup": False}
 SPEC_METHODS = ("dflash", "ngram", "mtp", "none")
 OUTCOMES = ("ok", "crash", "timeout", "startup_error")
 CUDA_ERR = re.compile(r"(CUDA error:[^\n]*|cudaError\w+[^\n]*|illegal memory access[^\n]*|"
@@ -103,6 +113,7 @@ class Run:
     stream: bool
     acceptance: object
     record_outputs: bool = False
+    warmup: bool = False
 
 
 def _check(cond, msg):
@@ -177,12 +188,20 @@ def validate_matrix(m, where="matrix") -> dict:
             _check(isinstance(w["concurrency"], int) and w["concurrency"] >= 1,
                    f"{where}: engine {e['id']}: concurrency must be a positive integer")
             _check(isinstance(w["rounds"], int) and w["rounds"] >= 1, f"{where}: engine {e['id']}: rounds must be >= 1")
+            _check(isinstance(w["warmup"], bool), f"{where}: engine {e['id']}: warmup must be true or false")
+            # every engine start runs the warm-ups first (restarts included): a warm-up after a measured entry
+            # would run there too, not where the matrix puts it
+            _check(not (w["warmup"] and any(not r.warmup for r in runs)),
+                   f"{where}: engine {e['id']}: a warm-up run entry (concurrency {w['concurrency']}) comes after a "
+                   f"measured one; warm-up entries must come before the first measured entry")
             for r in range(w["rounds"]):
-                runs.append(Run(id=f"{e['id']}/c{w['concurrency']}/r{r}", engine_id=e["id"],
+                runs.append(Run(id=f"{e['id']}/c{w['concurrency']}/{'w' if w['warmup'] else 'r'}{r}", engine_id=e["id"],
                                 concurrency=w["concurrency"], round=r, rounds=w["rounds"],
                                 max_tokens=w["max_tokens"], temperature=w["temperature"],
                                 ignore_eos=w["ignore_eos"], stream=w["stream"], acceptance=acc,
-                                record_outputs=bool(w["record_outputs"])))
+                                record_outputs=bool(w["record_outputs"]), warmup=w["warmup"]))
+        _check(any(not r.warmup for r in runs),
+               f"{where}: engine {e['id']}: has warm-up runs only; it needs at least one measured run entry")
         engines.append({"id": e["id"], "engine": eng, "runs": runs})
     return {"name": m.get("name", Path(str(where)).stem), "models_dir": m.get("models_dir", DEFAULT_MODELS_DIR),
             "engines": engines, "run_timeout_s": float(m.get("run_timeout_s", 420)),
@@ -266,6 +285,7 @@ class Runner:
         self.prov = provenance.collect(command)
         self.log = log
         self.not_run: list[str] = []
+        self.outcomes: dict[str, str] = {}  # run id -> outcome of its latest line in this call
         self.written = 0
         self.startup_s: dict[str, float] = {}
         # core dumps of this invocation go to a folder of their own: a later call of the same matrix on the same
@@ -297,7 +317,7 @@ class Runner:
             "probe": e["probe"], "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
             "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
-            "rounds": run.rounds, "outcome": outcome, "error": None, "requests_completed": 0,
+            "rounds": run.rounds, "warmup": run.warmup, "outcome": outcome, "error": None, "requests_completed": 0,
             "engine_steps": None, "spec_decode_metrics": None, "wall_s": None,
         }
         obj.update(fields)
@@ -308,6 +328,7 @@ class Runner:
         assert outcome in OUTCOMES
         append_line(self.out, obj)
         self.written += 1
+        self.outcomes[run.id] = outcome
         self.log(f"[{time.strftime('%H:%M:%S')}] {run.id}: {outcome}"
                  + (f" ({obj['error']})" if obj.get("error") else "")
                  + (f" {obj.get('output_tok_s')} tok/s" if obj.get("output_tok_s") else ""))
@@ -318,7 +339,9 @@ class Runner:
         with an outcome other than a deadline cut): a matrix larger than one device command continues in
         the next one. Returns how many runs were left out. An engine marked ``control: true`` (e.g. the stock
         control that must crash in the same GPU session as the variants) is left out only for lines of this
-        GPU session: continuing the matrix in a new session runs its control again."""
+        GPU session: continuing the matrix in a new session runs its control again. Warm-up runs are never left
+        out (every engine start begins with them); an engine whose measured runs are all done is left out,
+        warm-ups included."""
         done, done_here = set(), set()
         session = self.prov.get("gpu_session")
         for f in files:
@@ -332,10 +355,10 @@ class Runner:
         n = 0
         for eng in self.m["engines"]:
             skip = done_here if eng["engine"]["control"] else done
-            keep = [r for r in eng["runs"] if r.id not in skip]
+            keep = [r for r in eng["runs"] if r.warmup or r.id not in skip]
             n += len(eng["runs"]) - len(keep)
             eng["runs"] = keep
-        self.m["engines"] = [e for e in self.m["engines"] if e["runs"]]
+        self.m["engines"] = [e for e in self.m["engines"] if any(not r.warmup for r in e["runs"])]
         if n:
             self.log(f"{n} run(s) already measured in {', '.join(map(str, files))}: left out")
         return n
@@ -348,20 +371,31 @@ class Runner:
         self.log(f"{self.written} line(s) written to {self.out}")
         return 0
 
+    def _not_reached(self, runs) -> None:
+        """List ``runs`` as not run, save those that already have a line in this call (warm-ups an engine restart
+        would have run again)."""
+        self.not_run += [r.id for r in runs if r.id not in self.outcomes]
+
     def run_engine(self, eng: dict) -> None:
-        pending = list(eng["runs"])
+        warmups = [r for r in eng["runs"] if r.warmup]
+        pending = list(eng["runs"])  # the runs without a line yet, in the matrix's order
         attempt = 0
         while pending:
             est = self.startup_s.get(eng["id"], self.m["startup_estimate_s"])
             if self.time_left() < est + eng["engine"]["run_estimate_s"] + 30:
-                self.not_run += [r.id for r in pending]
+                self._not_reached(pending)
                 return
             if attempt > self.m["max_restarts"]:
                 self.log(f"{eng['id']}: {attempt} engine starts used up; {len(pending)} run(s) not run")
-                self.not_run += [r.id for r in pending]
+                self._not_reached(pending)
                 return
             attempt += 1
-            pending = self.one_engine(eng, pending, attempt)
+            # every engine start begins with the warm-ups: a restart runs again those that completed ok in this call
+            # (one that crashed or timed out keeps its line and is not retried: stock FULL's c32 warm-up would crash
+            # every restart); the warm-ups still pending follow them, in the matrix's order
+            ids = {r.id for r in pending}
+            again = [w for w in warmups if w.id not in ids and self.outcomes.get(w.id) == "ok"]
+            pending = self.one_engine(eng, again + pending, attempt)
 
     def one_engine(self, eng: dict, pending: list, attempt: int) -> list:
         e = eng["engine"]
@@ -400,7 +434,9 @@ class Runner:
             if e["hook_sync"]:
                 env["DFLASH_LAB_HOOK_SYNC"] = "1"
         cmd = [sys.executable, "-m", self.m["worker"], spec_path, str(events_path)]
-        self.log(f"[{time.strftime('%H:%M:%S')}] {tag}: starting engine ({len(pending)} run(s) to go)")
+        n_warm = sum(r.warmup for r in pending)
+        self.log(f"[{time.strftime('%H:%M:%S')}] {tag}: starting engine ({len(pending)} run(s) to go"
+                 + (f", {n_warm} of them warm-ups)" if n_warm else ")"))
         t0 = time.time()
         with open(log_path, "w") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -470,7 +506,7 @@ class Runner:
                 kill()
                 self.log(f"{tag}: runner deadline reached {time.time() - t0:.0f} s into start-up; "
                          f"{len(pending)} run(s) not run")
-                self.not_run += [r.id for r in pending]
+                self._not_reached(pending)
                 return []
             if proc.poll() is not None or time.time() - t0 > self.m["startup_timeout_s"]:
                 why = ("exited with code %s" % proc.returncode) if proc.poll() is not None else "start-up timed out"
@@ -535,7 +571,7 @@ class Runner:
                               log_tail=tail, wall_s=round(time.time() - t_run, 3), **extra)
                     remaining.pop(0)
                     if self.time_left() < 0:
-                        self.not_run += [r.id for r in remaining]
+                        self._not_reached(remaining)
                         return []
                     return remaining
                 time.sleep(0.5)

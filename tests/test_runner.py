@@ -208,3 +208,54 @@ def test_a_one_sided_split_bound_reaches_the_engine_and_the_line(tmp_path, monke
     assert "(FA3 splits 1 for the drafter only, launch hook)" in analysis.cell_label(by["ds"])
     env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
     assert "DFLASH_LAB_FA_SPLITS=drafter:1\n" in env["ds"] and "DFLASH_LAB_FA_SPLITS=\n" in env["stock"]
+
+
+@pytest.mark.parametrize("runs,msg", [
+    ([{"concurrency": 1, "warmup": "yes"}], "engine a: warmup must be true or false"),
+    ([{"concurrency": 1}, {"concurrency": 4, "warmup": True}],
+     r"engine a: a warm-up run entry \(concurrency 4\) comes after a measured one"),
+    ([{"concurrency": 1, "warmup": True}, {"concurrency": 4, "warmup": True}], "engine a: has warm-up runs only"),
+])
+def test_bad_warm_up_entries_are_refused_naming_matrix_and_engine(runs, msg):
+    with pytest.raises(LabError, match=msg) as e:
+        validate_matrix({"engines": [{"id": "a", "runs": runs}]}, "m.yaml")
+    assert str(e.value).startswith("m.yaml: engine a: ")
+
+
+def test_warm_ups_have_ids_of_their_own_and_say_so_in_their_line(tmp_path):
+    m = validate_matrix({"engines": [{"id": "e", "runs": [{"concurrency": 4, "max_tokens": 32, "warmup": True},
+                                                          {"concurrency": 4, "rounds": 2}]}]})
+    assert [(r.id, r.warmup, r.max_tokens) for r in m["engines"][0]["runs"]] == [
+        ("e/c4/w0", True, 32), ("e/c4/r0", False, 512), ("e/c4/r1", False, 512)]
+    lines, _ = run(tmp_path, [{"id": "e1", "runs": [{"concurrency": 1, "warmup": True}, {"concurrency": 2, "warmup": True},
+                                                    {"concurrency": 1, "rounds": 2}]}])
+    assert [(l["run_id"], l["warmup"], l["outcome"]) for l in lines] == [
+        ("e1/c1/w0", True, "ok"), ("e1/c2/w0", True, "ok"), ("e1/c1/r0", False, "ok"), ("e1/c1/r1", False, "ok")]
+
+
+def test_skip_done_keeps_the_warm_ups_and_drops_an_engine_measured_in_full(tmp_path):
+    prev = tmp_path / "prev.jsonl"
+    prev.write_text("".join(json.dumps(dict(l, matrix="t", outcome="ok")) + "\n" for l in [
+        {"run_id": "e1/c1/w0", "warmup": True}, {"run_id": "e1/c1/r0"}, {"run_id": "e1/c1/r1"},
+        {"run_id": "e2/c1/w0", "warmup": True}, {"run_id": "e2/c1/r0"}]))
+    warm = {"concurrency": 1, "max_tokens": 32, "warmup": True}
+    lines, r = run(tmp_path, [{"id": "e1", "runs": [warm, {"concurrency": 1, "rounds": 3}]},
+                              {"id": "e2", "runs": [warm, {"concurrency": 1}]}], extra=("--skip-done", str(prev)))
+    # e1 starts with its warm-up again before its last measured run; e2 has nothing left to measure: not started
+    assert [(l["run_id"], l["warmup"]) for l in lines] == [("e1/c1/w0", True), ("e1/c1/r2", False)]
+    assert "3 run(s) already measured" in r.stdout and "e2" not in r.stdout
+
+
+def test_a_restarted_engine_runs_the_warm_ups_that_completed_first(tmp_path):
+    """A measured run's crash restarts the engine: it runs again the warm-ups that completed earlier in the call,
+    not one that crashed (stock FULL's c32 warm-up would crash every restart)."""
+    plan = {"e1/c2/w0": "crash", "e1/c1/r1": "crash"}
+    warm = [{"concurrency": c, "max_tokens": 32, "warmup": True} for c in (1, 2, 4)]
+    lines, r = run(tmp_path, [{"id": "e1", "env": {"FAKE_PLAN": json.dumps(plan)},
+                               "runs": warm + [{"concurrency": 1, "rounds": 3}]}])
+    got = [(l["attempt"], l["run_id"], l["outcome"]) for l in lines]
+    assert got == [(1, "e1/c1/w0", "ok"), (1, "e1/c2/w0", "crash"),
+                   (2, "e1/c1/w0", "ok"), (2, "e1/c4/w0", "ok"), (2, "e1/c1/r0", "ok"), (2, "e1/c1/r1", "crash"),
+                   (3, "e1/c1/w0", "ok"), (3, "e1/c4/w0", "ok"), (3, "e1/c1/r2", "ok")]
+    assert all(l["warmup"] == ("/w" in l["run_id"]) for l in lines)
+    assert "not run before the deadline" not in r.stdout
