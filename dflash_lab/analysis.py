@@ -291,7 +291,9 @@ def recorded_lines(pattern: str, what: str = "run"):
 
 def engine_positions(df):
     """Each line's place among the runs of its engine start (0: the first run after start-up, which pays
-    for warm-up), from the order the runner wrote them: per (file, engine id, attempt)."""
+    for warm-up), from the order the runner wrote them: per (file, engine id, attempt). Matrices with a
+    warm-up sweep (run entries with ``warmup: true``) start each engine with several warm-up runs; their
+    lines say so themselves (``"warmup": true``), position 0 being only the first of them."""
     return df.groupby(["file", "engine_id", "attempt"], dropna=False).cumcount()
 
 

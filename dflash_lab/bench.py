@@ -16,8 +16,11 @@ Rules the functions here enforce, because the findings quote their output:
 - a run the runner's session deadline cut short (:func:`dflash_lab.runner.is_deadline_cut`) measured
   nothing: it is neither a crash nor a completed run, and is counted apart (``cut_by_deadline``), never
   in ``runs``;
-- the first run of every engine start is a warm-up (the bench matrices start each engine with a short
-  one): its outcome counts, its metrics do not;
+- warm-up runs count by their outcome, not by their metrics. A warm-up is a line the runner flagged
+  (``"warmup": true``: the bench matrices begin every engine start, restarts and continuing calls
+  included, with a short run at each concurrency, so that vLLM compiles its Triton kernels there rather
+  than in a measured run) or the first run of an engine start (older data, whose matrices started each
+  engine with one short warm-up run and wrote no flag);
 - the step-time model is fitted on some cells and checked on a cell it did not see.
 """
 
@@ -80,16 +83,16 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
                "engine_id": r.get("engine_id"), "attempt": r.get("attempt"), "round": r.get("round"),
                "target": (r.get("target") or {}).get("name") if isinstance(r.get("target"), dict) else r.get("target"),
                "weights": r.get("weights"), "started_at": r.get("started_at"), "max_tokens": r.get("max_tokens"),
-               "tensor_parallel_size": r.get("tensor_parallel_size")}
+               "tensor_parallel_size": r.get("tensor_parallel_size"), "warmup": r.get("warmup") is True}
         for m in METRICS:
             row[m] = sm.get(m)
         files = _engine_files(f, r)
         row["jit_compiles"] = ", ".join(jit_compiles_in_runs(files).get(r["run_id"], [])) if files else ""
         rows.append(row)
     df = pd.DataFrame(rows)
-    # the first run of every engine start pays for warm-up (lazy compilation, allocator growth): its
-    # outcome counts, its metrics do not
-    df["warmup"] = analysis.engine_positions(df) == 0
+    # warm-ups (lazy compilation, allocator growth) count by their outcome, not their metrics: the runs the runner
+    # flagged (the matrices' warm-up sweep) and, for older data without the flag, the first run of every engine start
+    df["warmup"] = df["warmup"].astype(bool) | (analysis.engine_positions(df) == 0)
     if df["gpu_session"].isna().any():
         bad = sorted(set(df.loc[df["gpu_session"].isna(), "file"]))
         raise LabError(f"bench lines without a GPU session label in {bad}: ingest them with --gpu-session")
@@ -496,8 +499,9 @@ def _mode_order(m) -> tuple:
 
 def planned_cells(pattern: str = "matrices/bench-*.yaml"):
     """The cells the bench matrices plan: one row per (acceptance, mode, concurrency) a server-mode engine
-    of a matrix matching ``pattern`` runs, each engine's first run (its warm-up) left out, as
-    :func:`mode_of` names the lines that engine will write."""
+    of a matrix matching ``pattern`` measures, as :func:`mode_of` names the lines that engine will write. Warm-up
+    runs are left out: the flagged ones (``warmup: true``), or an engine's first run where it flags none (a matrix
+    from before the warm-up sweep)."""
     import pandas as pd
 
     from .runner import FIX_PARTS, load_matrix
@@ -516,7 +520,8 @@ def planned_cells(pattern: str = "matrices/bench-*.yaml"):
                        "cudagraph_mode": None if e["enforce_eager"] else e["cudagraph_mode"],
                        # as the runner writes them (runner.Runner.line)
                        "fix_parts": [p for p in FIX_PARTS if p in (e["fix_parts"] or FIX_PARTS)] if e["fix"] else None}
-            for run in eng["runs"][1:]:
+            runs = eng["runs"] if any(r.warmup for r in eng["runs"]) else eng["runs"][1:]
+            for run in (r for r in runs if not r.warmup):
                 rows.add((float(run.acceptance), mode_of(as_line), int(run.concurrency)))
     return pd.DataFrame(sorted(rows, key=lambda r: (r[0], _mode_order(r[1]), r[2])),
                         columns=["acceptance", "mode", "concurrency"])

@@ -335,3 +335,37 @@ def test_a_triton_compile_is_attributed_to_the_run_in_flight(tmp_path):
     # a warm-up absorbs its compiles by design, a crashed run measured nothing: only the measured run is flagged
     assert bench.jit_runs(runs)["run_id"].tolist() == ["e/c16/r0"]
     assert bench.without_jit_runs(runs)["run_id"].tolist() == ["e/c2/r0", "e/c16/r1"]
+
+
+def test_warm_ups_are_the_flagged_runs_and_each_engine_starts_first_run(tmp_path):
+    """A warm-up sweep's lines carry "warmup": true (at the concurrencies measured after them); older lines have no
+    flag and their engine start's first run is the warm-up. Either way the outcome counts, the metrics do not."""
+    w = lambda l: dict(l, warmup=True)
+    sweep = [w(line("fixed/c1/w0", "fixed", 1, 5, 50)), w(line("fixed/c4/w0", "fixed", 4, None, None, outcome="crash")),
+             line("fixed/c1/r0", "fixed", 1, 100, 5), line("fixed/c4/r0", "fixed", 4, 300, 6),
+             # a restart (attempt 2) begins with the warm-up that completed
+             dict(w(line("fixed/c1/w0", "fixed", 1, 6, 40)), attempt=2), dict(line("fixed/c4/r1", "fixed", 4, 320, 6), attempt=2)]
+    old = [line("piecewise/c2/r0", "piecewise", 2, 10, 9), line("piecewise/c1/r0", "piecewise", 1, 90, 6)]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(l) + "\n" for l in sweep + old))
+    df = bench.load_bench(str(tmp_path / "b.jsonl"))
+    assert dict(zip(df["run_id"] + "@" + df["attempt"].astype(str), df["warmup"])) == {
+        "fixed/c1/w0@1": True, "fixed/c4/w0@1": True, "fixed/c1/r0@1": False, "fixed/c4/r0@1": False,
+        "fixed/c1/w0@2": True, "fixed/c4/r1@2": False, "piecewise/c2/r0@1": True, "piecewise/c1/r0@1": False}
+    c = bench.cells(df).set_index(["mode", "concurrency"])
+    c1, c4 = c.loc[("DFlash FULL (fixed)", 1)], c.loc[("DFlash FULL (fixed)", 4)]
+    assert (c1["runs"], c1["ok"], c1["output_throughput"]) == (3, 1, 100)    # two warm-ups, one measured run
+    assert (c4["runs"], c4["ok"], c4["crashed / runs"], c4["output_throughput"]) == (3, 2, "1/3", 310)
+    assert ("DFlash PIECEWISE", 2) not in c.index and c.loc[("DFlash PIECEWISE", 1), "output_throughput"] == 90
+
+
+def test_planned_cells_leave_out_a_flagged_sweep_or_an_old_engine_first_run(tmp_path):
+    import yaml
+
+    sweep = [{"concurrency": c, "max_tokens": 32, "warmup": True} for c in (1, 4, 128)]
+    m = {"name": "b", "defaults": {"mode": "server", "acceptance": 3.6, "target": "qwen36-35b-a3b"}, "engines": [
+        {"id": "full-fixed", "fix": True, "runs": sweep + [{"concurrency": 1, "rounds": 3}, {"concurrency": 4}]},
+        {"id": "nospec", "spec_method": "none", "runs": [{"concurrency": 2, "max_tokens": 64}, {"concurrency": 8}]}]}
+    (tmp_path / "bench-x.yaml").write_text(yaml.safe_dump(m))
+    p = bench.planned_cells(str(tmp_path / "bench-*.yaml"))
+    assert list(zip(p["acceptance"], p["mode"], p["concurrency"])) == [
+        (3.6, "DFlash FULL (fixed)", 1), (3.6, "DFlash FULL (fixed)", 4), (3.6, "no speculation", 8)]
