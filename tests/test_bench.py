@@ -218,7 +218,7 @@ def test_planned_cells_are_what_the_bench_matrices_run(root, monkeypatch):
     p = bench.planned_cells()
     got = set(zip(p["acceptance"], p["mode"], p["concurrency"]))
     assert got == {(a, m, c) for a in (1.86, 3.6, 6.0) for m in bench.MODES for c in (1, 4, 8, 16, 32, 64)}
-    assert len(p) == len(got)  # the engines' warm-up runs (concurrency 2) are not planned cells
+    assert len(p) == len(got)  # bench-acc1.86-a's unflagged warm-ups (concurrency 2) are not planned cells
     with pytest.raises(LabError, match="no bench matrices match"):
         bench.planned_cells("nowhere/*.yaml")
 
