@@ -87,6 +87,7 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
         for m in METRICS:
             row[m] = sm.get(m)
         files = _engine_files(f, r)
+        row["engine_log"] = files[0] if files else None
         row["jit_compiles"] = ", ".join(jit_compiles_in_runs(files).get(r["run_id"], [])) if files else ""
         rows.append(row)
     df = pd.DataFrame(rows)
@@ -166,9 +167,10 @@ def same_cells(cells_df, like):
 
 def cells(df):
     """One row per (session, acceptance, mode, concurrency): runs, crashes and the spread of each metric
-    over the completed runs (mean, std, min, max; ``ok`` is their number), warm-up runs left out of the
-    metrics and of ``ok`` but not of ``runs`` and ``crashed``. Runs the runner's deadline cut short are
-    left out of all of them and counted in ``cut_by_deadline``."""
+    over the completed runs (mean, std, min, max; ``ok`` is their number). A warm-up run that completed is left
+    out of all of them (a warm-up sweep shares its concurrency with the measured runs after it: ``runs`` stays
+    the measured repeats); one that crashed or timed out counts in ``runs`` and ``crashed`` (its outcome counts).
+    Runs the runner's deadline cut short are left out of all of them and counted in ``cut_by_deadline``."""
     import pandas as pd
 
     out = []
@@ -180,6 +182,7 @@ def cells(df):
         if not n_cut and (warm & (g["outcome"] == "ok")).all():
             continue  # only warm-up runs that completed: nothing measured, nothing crashed
         ok = g[(g["outcome"] == "ok") & ~warm]
+        g = g[~(warm & (g["outcome"] == "ok"))]
         row = dict(zip(("gpu_session", "acceptance", "mode", "concurrency"), key))
         row.update({"runs": len(g), "ok": len(ok), "crashed": int(g["crashed"].sum()),
                     "crashed / runs": f"{int(g['crashed'].sum())}/{len(g)}", "cut_by_deadline": n_cut,
@@ -604,41 +607,67 @@ def recommendation_scope(cells_df, acceptance, planned=None) -> str:
     return s
 
 
-def capture_ceilings(pattern: str = "data/gpu/*bench*/*.log") -> dict:
-    """{engine log: largest CUDA-graph capture size in tokens} from the ``max_cudagraph_capture_size`` the engine
-    printed in its configuration (vLLM logs its compilation config at start-up); logs without it are left out."""
+def capture_ceiling(log_path: str) -> int | None:
+    """The largest CUDA-graph capture size in tokens an engine printed in its configuration (vLLM logs its
+    compilation config at start-up: ``max_cudagraph_capture_size``; 0 for ``--enforce-eager``), or None."""
     import re
 
-    out = {}
-    for f in sorted(glob.glob(pattern)):
-        try:
-            with open(f, errors="replace") as fh:
-                m = re.search(r"'max_cudagraph_capture_size': (\d+)", fh.read())
-        except OSError:
-            continue
-        if m:
-            out[f] = int(m.group(1))
-    return out
+    from . import analysis
+
+    try:
+        m = re.search(r"'max_cudagraph_capture_size': (\d+)", analysis.read_text(log_path))
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def capture_ceilings(pattern: str = "data/gpu/*bench*/*.log") -> dict:
+    """{engine log: :func:`capture_ceiling`} for the logs matching ``pattern`` that printed one."""
+    out = {f: capture_ceiling(f) for f in sorted(glob.glob(pattern))}
+    return {f: v for f, v in out.items() if v is not None}
+
+
+def mode_ceilings(runs_df) -> dict:
+    """{mode: sorted largest capture sizes of the engines its lines ran on} (:func:`capture_ceiling` of each
+    line's stored engine log, ``engine_log`` from :func:`load_bench`); a mode none of whose logs was kept or
+    printed one is absent."""
+    out: dict = {}
+    if "engine_log" not in runs_df:
+        return out
+    for mode, log in runs_df[["mode", "engine_log"]].dropna().drop_duplicates().itertuples(index=False):
+        size = capture_ceiling(log)
+        if size is not None:
+            out.setdefault(mode, set()).add(size)
+    return {m: sorted(v) for m, v in out.items()}
 
 
 def graph_ceiling_note(cells_df, ceilings: dict, k: int = 15) -> str:
-    """Which measured concurrencies of the graph modes lie above what one CUDA graph holds: a decode step of c
-    requests verifies c * (k + 1) tokens, and above the largest capture size vLLM runs the step without a graph in
-    FULL_AND_PIECEWISE and PIECEWISE alike (vLLM 0.22.1 ``CudagraphDispatcher.dispatch``,
-    vllm/v1/cudagraph_dispatcher.py:276-284: ``num_tokens > max_cudagraph_capture_size`` gives CUDAGraphMode.NONE) (so the two modes are expected to meet there; a prediction from the
-    configuration, not a separate measurement)."""
-    if not ceilings:
-        return "The engines' largest CUDA-graph capture size is not recorded with these cells (no engine log)."
-    sizes = sorted(set(ceilings.values()))
-    if len(sizes) > 1:
-        return f"The engines ran with different largest capture sizes ({', '.join(map(str, sizes))} tokens): not summarised."
-    top = sizes[0]
-    graph_modes = cells_df[cells_df["mode"].str.startswith("DFlash FULL") | (cells_df["mode"] == "DFlash PIECEWISE")]
-    above = sorted({int(c) for c in graph_modes["concurrency"] if int(c) * (k + 1) > top})
-    s = (f"The engines' largest CUDA graph holds {top} tokens (`max_cudagraph_capture_size` in all {len(ceilings)} "
-         f"engine logs), i.e. {top // (k + 1)} requests x {k + 1} tokens per decode step.")
-    if above:
-        s += (f" At concurrency {', '.join(map(str, above))} a decode step is larger, so vLLM runs it without a CUDA graph "
-              "in FULL_AND_PIECEWISE and PIECEWISE alike: the two graph modes are expected to meet there (a prediction "
-              "from the configuration, not measured separately).")
-    return s
+    """Per mode of ``cells_df``, the largest CUDA graph its engines captured (``ceilings``: :func:`mode_ceilings`)
+    and the measured concurrencies whose decode step is larger: a step of c requests holds c * (k + 1) tokens
+    with DFlash (k drafts plus the bonus token verified together), c without speculation. Above the largest
+    capture size vLLM runs the step without a graph, in FULL_AND_PIECEWISE and PIECEWISE alike (vLLM 0.22.1
+    ``CudagraphDispatcher.dispatch``, vllm/v1/cudagraph_dispatcher.py:276-284: ``num_tokens >
+    max_cudagraph_capture_size`` gives CUDAGraphMode.NONE). A prediction from the configuration, not a separate
+    measurement. Markdown, one bullet per mode."""
+    lines = []
+    for mode in sorted(set(cells_df["mode"]), key=_mode_order):
+        sizes = ceilings.get(mode)
+        per = 1 if mode == "no speculation" else k + 1
+        if not sizes:
+            lines.append(f"- {mode}: largest capture size not recorded (no engine log kept with these cells).")
+        elif len(sizes) > 1:
+            lines.append(f"- {mode}: its engines ran with different largest capture sizes ({', '.join(map(str, sizes))} "
+                         "tokens): not summarised.")
+        elif sizes[0] == 0:
+            lines.append(f"- {mode}: no CUDA graphs (`max_cudagraph_capture_size` 0 in its engine logs).")
+        else:
+            top = sizes[0]
+            concs = sorted({int(c) for c in cells_df.loc[cells_df["mode"] == mode, "concurrency"]})
+            above = [c for c in concs if c * per > top]
+            s = (f"- {mode}: the largest CUDA graph holds {top} tokens, i.e. {top // per} requests x {per} "
+                 f"token{'s' if per > 1 else ''} per decode step.")
+            s += (f" At concurrency {', '.join(map(str, above))} a decode step is larger "
+                  f"({', '.join(str(c * per) for c in above)} tokens), so vLLM runs it without a CUDA graph."
+                  if above else " Every measured concurrency's decode step fits in it.")
+            lines.append(s)
+    return "\n".join(lines) if lines else "No cells."

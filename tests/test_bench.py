@@ -157,8 +157,9 @@ def test_deadline_cuts_are_counted_apart_not_as_runs(tmp_path):
     (d / "a2.jsonl").write_text("".join(json.dumps(l) + "\n" for l in call2))
     c = bench.cells(bench.load_bench(str(d / "*.jsonl"))).set_index("concurrency")
     c1 = c.loc[1]
-    assert (c1["runs"], c1["ok"], c1["crashed"], c1["crashed / runs"], c1["cut_by_deadline"]) == (3, 2, 0, "0/3", 1)
-    assert c1["output_throughput"] == pytest.approx(89)  # the second call's first run is its engine's warm-up
+    # the second call's first run is its engine's warm-up: completed, so neither a measured repeat nor a run
+    assert (c1["runs"], c1["ok"], c1["crashed"], c1["crashed / runs"], c1["cut_by_deadline"]) == (2, 2, 0, "0/2", 1)
+    assert c1["output_throughput"] == pytest.approx(89)
     assert c.loc[4, "cut_by_deadline"] == 0 and c.loc[4, "runs"] == 1
     # an engine's own timeout is a run that did not complete; a cell with only a cut run measured nothing
     assert (c.loc[8, "runs"], c.loc[8, "ok"], c.loc[8, "cut_by_deadline"]) == (1, 0, 0)
@@ -280,6 +281,10 @@ def test_the_findings_speed_sentence_pairs_cells_of_one_session_and_names_what_i
     write_fixture(tmp_path / "data" / "bench", accs={1.86: "fixture-a"}, modes=("fixed", "piecewise", "stock"))
     line = findings.bench_line(tmp_path)
     assert "DFlash FULL (fixed) / DFlash PIECEWISE, synthetic acceptance 1.86, GPU session fixture-a: concurrency 1: " in line
+    # what to run first: the fastest mode that never crashed, per concurrency range, stock FULL left out as crash-prone
+    advice = line.split("The fastest mode that never crashed")[1].split("Every side-by-side ratio")[0]
+    assert "synthetic acceptance 1.86, GPU session fixture-a: concurrency 1-64: DFlash FULL (fixed) (" in advice
+    assert "over DFlash PIECEWISE" in advice and "left out as crash-prone: DFlash FULL (stock)" in advice
     assert "dummy weights" in line and "qwen36-35b-a3b architecture" in line
     assert "Crashed cells: DFlash FULL (stock) at concurrency 32, synthetic acceptance 1.86 (1/1)" in line
     assert "Not measured side by side yet: DFlash FULL (fixed) / DFlash eager; DFlash FULL (fixed) / no speculation" in line
@@ -288,8 +293,9 @@ def test_the_findings_speed_sentence_pairs_cells_of_one_session_and_names_what_i
 
 
 def test_concurrencies_above_the_largest_cuda_graph_are_named(tmp_path):
-    """A decode step of c requests verifies 16 c tokens; above the largest capture size (read from the engine's
-    printed config) both graph modes run it without a graph, and the notebook says at which measured concurrencies."""
+    """Per mode, from the engine logs kept with its lines: a DFlash decode step of c requests verifies 16 c tokens,
+    a plain one c; above the largest capture size (read from the engine's printed config) vLLM runs it without a
+    graph, and the notebook says at which measured concurrencies; eager engines capture none (s25: 512, 128, 0)."""
     import pandas as pd
 
     logs = tmp_path / "gpu" / "x_bench-a"
@@ -298,14 +304,23 @@ def test_concurrencies_above_the_largest_cuda_graph_are_named(tmp_path):
     (logs / "other.log").write_text("no config printed\n")
     got = bench.capture_ceilings(str(tmp_path / "gpu" / "*bench*" / "*.log"))
     assert got == {str(logs / "full.log"): 512}
-    c = pd.DataFrame({"mode": ["DFlash FULL (fixed)", "DFlash PIECEWISE", "no speculation", "DFlash eager"],
-                      "concurrency": [32, 64, 128, 256]})
-    note = bench.graph_ceiling_note(c, got)
-    assert "holds 512 tokens" in note and "32 requests x 16 tokens" in note
-    assert "At concurrency 64 a decode step is larger" in note       # 32 fits exactly; 128/256 are not graph modes
+    (logs / "plain.log").write_text("... 'max_cudagraph_capture_size': 128, ...\n")
+    (logs / "eager.log").write_text("... 'max_cudagraph_capture_size': 0, ...\n")
+    runs = pd.DataFrame({"mode": ["DFlash FULL (fixed)", "DFlash PIECEWISE", "no speculation", "DFlash eager", "DFlash PIECEWISE"],
+                         "engine_log": [str(logs / n) for n in ("full.log", "other.log", "plain.log", "eager.log", "full.log")]})
+    ceilings = bench.mode_ceilings(runs)
+    assert ceilings == {"DFlash FULL (fixed)": [512], "DFlash PIECEWISE": [512], "no speculation": [128], "DFlash eager": [0]}
+    c = pd.DataFrame({"mode": ["DFlash FULL (fixed)"] * 2 + ["DFlash PIECEWISE", "no speculation", "DFlash eager"],
+                      "concurrency": [32, 64, 64, 64, 64]})
+    note = dict(l.split(": ", 1) for l in bench.graph_ceiling_note(c, ceilings).splitlines())
+    assert "holds 512 tokens, i.e. 32 requests x 16 tokens" in note["- DFlash FULL (fixed)"]
+    assert "At concurrency 64 a decode step is larger (1024 tokens)" in note["- DFlash FULL (fixed)"]  # 32 fits exactly
+    assert "At concurrency 64" in note["- DFlash PIECEWISE"]
+    assert "128 requests x 1 token per" in note["- no speculation"] and "Every measured concurrency" in note["- no speculation"]
+    assert "no CUDA graphs" in note["- DFlash eager"]
     assert "not recorded" in bench.graph_ceiling_note(c, {})
-    assert "different largest capture sizes" in bench.graph_ceiling_note(c, {"a": 512, "b": 1024})
-    assert "At concurrency" not in bench.graph_ceiling_note(c[c["concurrency"] <= 32], got)
+    assert "different largest capture sizes" in bench.graph_ceiling_note(c, {"no speculation": [128, 256]})
+    assert "At concurrency" not in bench.graph_ceiling_note(c[c["concurrency"] <= 32], ceilings)
 
 
 def test_a_triton_compile_is_attributed_to_the_run_in_flight(tmp_path):
@@ -353,7 +368,8 @@ def test_warm_ups_are_the_flagged_runs_and_each_engine_starts_first_run(tmp_path
         "fixed/c1/w0@2": True, "fixed/c4/r1@2": False, "piecewise/c2/r0@1": True, "piecewise/c1/r0@1": False}
     c = bench.cells(df).set_index(["mode", "concurrency"])
     c1, c4 = c.loc[("DFlash FULL (fixed)", 1)], c.loc[("DFlash FULL (fixed)", 4)]
-    assert (c1["runs"], c1["ok"], c1["output_throughput"]) == (3, 1, 100)    # two warm-ups, one measured run
+    # two completed warm-ups share the cell and count nowhere: runs are the measured repeats
+    assert (c1["runs"], c1["ok"], c1["crashed / runs"], c1["output_throughput"]) == (1, 1, "0/1", 100)
     assert (c4["runs"], c4["ok"], c4["crashed / runs"], c4["output_throughput"]) == (3, 2, "1/3", 310)
     assert ("DFlash PIECEWISE", 2) not in c.index and c.loc[("DFlash PIECEWISE", 1), "output_throughput"] == 90
 
