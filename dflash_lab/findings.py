@@ -270,13 +270,33 @@ def bench_line(root=".") -> str:
             parts.append(f"{name}, synthetic acceptance {acc:g}, GPU session {session}: {cells}")
     crashed = c[c["crashed"] > 0]
     jit = bench.jit_runs(df)
-    jit_text = [f"{m} at concurrency {int(k)}: {kern}" for m, k, kern in zip(jit["mode"], jit["concurrency"], jit["jit_compiles"])]
+    jit = jit.assign(gpu_session=df.loc[jit.index, "gpu_session"])
+    jit_text = [f"{m} at concurrency {int(k)} in {_short(sess)} ({len(g)} run{'s' if len(g) > 1 else ''}: "
+                f"{', '.join(sorted(set(', '.join(g['jit_compiles']).split(', '))))})"
+                for (sess, m, k), g in jit.groupby(["gpu_session", "mode", "concurrency"], sort=True)]
+    plans = glob.glob(str(Path(root) / "matrices" / "bench-*.yaml"))
+    planned = bench.planned_cells(str(Path(root) / "matrices" / "bench-*.yaml")) if plans else None
+    advice = []
+    for acc in sorted(c["acceptance"].unique()):
+        session = bench.session_for(c, acc)
+        here = c[(c["acceptance"] == acc) & (c["gpu_session"] == session)]
+        rows = bench.recommend(here, acc)
+        picks = "; ".join(f"concurrency {r['concurrency']}: {r['mode']}"
+                          + (f" ({r['margin over runner-up']} over {r['runner-up']})" if r["runner-up"] else "")
+                          for r in rows)
+        scope = bench.recommendation_scope(here, acc, planned).split(": ", 1)[1]
+        prone = rows[0]["left out (crashed in this slice)"] if rows else "-"
+        advice.append(f"synthetic acceptance {acc:g}, GPU session {session}: {picks} ({scope}"
+                      + (f"; left out as crash-prone: {prone}" if prone != "-" else "") + ")")
     crash_text = "; ".join(f"{m} at concurrency {int(k)}, synthetic acceptance {a:g} ({x})" for m, k, a, x in
                            zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"], crashed["crashed / runs"]))
     return ("Speed (issue 11 benchmark: the OpenAI server on loopback, streamed chat completions of "
             f"{each('max_tokens')} tokens, {', '.join(targets)} architecture, {', '.join(weights)} weights, DFlash k={ks}, "
-            f"TP={each('tensor_parallel_size')}; ratio of mean output "
-            "throughputs, in brackets the slowest over the fastest repeat and the reverse): "
+            f"TP={each('tensor_parallel_size')}). The fastest mode that never crashed, per concurrency range, in the latest "
+            "session at each synthetic acceptance (notebook 05; margin: ratio of mean output throughputs over the runner-up): "
+            + ". ".join(advice)
+            + ". Every side-by-side ratio of mean output throughputs, in brackets the slowest over the fastest repeat and "
+            "the reverse: "
             + (". ".join(parts) if parts else "no pair of modes measured side by side yet")
             + (f". Crashed cells: {crash_text}" if len(crashed) else ". No benchmark run crashed")
             + (f". {len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}); notebook 05 "
