@@ -170,22 +170,26 @@ def cells(df):
     over the completed runs (mean, std, min, max; ``ok`` is their number). A warm-up run that completed is left
     out of all of them (a warm-up sweep shares its concurrency with the measured runs after it: ``runs`` stays
     the measured repeats); one that crashed or timed out counts in ``runs`` and ``crashed`` (its outcome counts).
-    Runs the runner's deadline cut short are left out of all of them and counted in ``cut_by_deadline``."""
+    Runs the runner's deadline cut short are left out of all of them and counted in ``cut_by_deadline``; runs
+    whose engine never started (``startup_error``) likewise, in ``startup_errors`` (as :func:`analysis.crash_table`
+    counts them)."""
     import pandas as pd
 
     out = []
     for key, g in df.groupby(["gpu_session", "acceptance", "mode", "concurrency"], dropna=False):
         cut = g["cut_by_deadline"].astype(bool) if "cut_by_deadline" in g else pd.Series(False, index=g.index)
         n_cut = int(cut.sum())
-        g = g[~cut]
+        n_start = int((g["outcome"] == "startup_error").sum())
+        g = g[~cut & (g["outcome"] != "startup_error")]
         warm = g["warmup"] if "warmup" in g else pd.Series(False, index=g.index)
-        if not n_cut and (warm & (g["outcome"] == "ok")).all():
+        if not n_cut and not n_start and (warm & (g["outcome"] == "ok")).all():
             continue  # only warm-up runs that completed: nothing measured, nothing crashed
         ok = g[(g["outcome"] == "ok") & ~warm]
         g = g[~(warm & (g["outcome"] == "ok"))]
         row = dict(zip(("gpu_session", "acceptance", "mode", "concurrency"), key))
         row.update({"runs": len(g), "ok": len(ok), "crashed": int(g["crashed"].sum()),
                     "crashed / runs": f"{int(g['crashed'].sum())}/{len(g)}", "cut_by_deadline": n_cut,
+                    "startup_errors": n_start,
                     "acceptance_length": ok["acceptance_length"].mean() if len(ok) else None})
         for m in METRICS:
             x = ok[m].dropna()

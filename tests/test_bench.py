@@ -152,7 +152,9 @@ def test_deadline_cuts_are_counted_apart_not_as_runs(tmp_path):
              line("piecewise/c1/r0", "piecewise", 1, 88, 11), line("piecewise/c1/r1", "piecewise", 1, 90, 11), cut]
     call2 = [line("piecewise/c1/r2", "piecewise", 1, 200, 5), line("piecewise/c4/r0", "piecewise", 4, 290, 12),
              dict(line("piecewise/c8/r0", "piecewise", 8, None, None, outcome="timeout"), error="run timed out after 300 s"),
-             dict(cut, run_id="piecewise/c16/r0", concurrency=16)]
+             dict(cut, run_id="piecewise/c16/r0", concurrency=16),
+             # an engine that never came up: its runs measured nothing and are counted apart, as crash_table does
+             line("piecewise/c32/r0", "piecewise", 32, None, None, outcome="startup_error")]
     (d / "a1.jsonl").write_text("".join(json.dumps(l) + "\n" for l in call1))
     (d / "a2.jsonl").write_text("".join(json.dumps(l) + "\n" for l in call2))
     c = bench.cells(bench.load_bench(str(d / "*.jsonl"))).set_index("concurrency")
@@ -165,6 +167,8 @@ def test_deadline_cuts_are_counted_apart_not_as_runs(tmp_path):
     assert (c.loc[8, "runs"], c.loc[8, "ok"], c.loc[8, "cut_by_deadline"]) == (1, 0, 0)
     assert (c.loc[16, "runs"], c.loc[16, "ok"], c.loc[16, "crashed / runs"], c.loc[16, "cut_by_deadline"]) == (0, 0, "0/0", 1)
     assert 2 not in c.index  # the first call's completed warm-up run
+    assert (c.loc[32, "runs"], c.loc[32, "crashed / runs"], c.loc[32, "startup_errors"]) == (0, "0/0", 1)
+    assert c.loc[1, "startup_errors"] == 0
 
 
 def _two_acc_lines(base_concs=(1, 4, 16), held_base_concs=None):
