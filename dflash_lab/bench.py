@@ -19,8 +19,9 @@ Rules the functions here enforce, because the findings quote their output:
 - warm-up runs count by their outcome, not by their metrics. A warm-up is a line the runner flagged
   (``"warmup": true``: the bench matrices begin every engine start, restarts and continuing calls
   included, with a short run at each concurrency, so that vLLM compiles its Triton kernels there rather
-  than in a measured run) or the first run of an engine start (older data, whose matrices started each
-  engine with one short warm-up run and wrote no flag);
+  than in a measured run; a line with ``"warmup": false`` is measured wherever it stands) or, in older data
+  without the flag, the first run of an engine start (their matrices started each engine with one short
+  warm-up run; in a continuing call that first run was a measured one, left out all the same);
 - the step-time model is fitted on some cells and checked on a cell it did not see.
 """
 
@@ -38,6 +39,8 @@ MODES = ("DFlash FULL (fixed)", "DFlash FULL (stock)", "DFlash PIECEWISE", "DFla
 METRICS = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
            "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
            "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms")
+
+LOAD = ("peak_running", "peak_waiting", "peak_kv_cache_pct")   # engine_load_in_runs, per run and (max) per cell
 
 
 def mode_of(r) -> str:
@@ -83,17 +86,20 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
                "engine_id": r.get("engine_id"), "attempt": r.get("attempt"), "round": r.get("round"),
                "target": (r.get("target") or {}).get("name") if isinstance(r.get("target"), dict) else r.get("target"),
                "weights": r.get("weights"), "started_at": r.get("started_at"), "max_tokens": r.get("max_tokens"),
-               "tensor_parallel_size": r.get("tensor_parallel_size"), "warmup": r.get("warmup") is True}
+               "tensor_parallel_size": r.get("tensor_parallel_size"), "warmup": r.get("warmup")}
         for m in METRICS:
             row[m] = sm.get(m)
         files = _engine_files(f, r)
         row["engine_log"] = files[0] if files else None
         row["jit_compiles"] = ", ".join(jit_compiles_in_runs(files).get(r["run_id"], [])) if files else ""
+        row.update((engine_load_in_runs(files).get(r["run_id"]) if files else None) or dict.fromkeys(LOAD))
         rows.append(row)
     df = pd.DataFrame(rows)
-    # warm-ups (lazy compilation, allocator growth) count by their outcome, not their metrics: the runs the runner
-    # flagged (the matrices' warm-up sweep) and, for older data without the flag, the first run of every engine start
-    df["warmup"] = df["warmup"].astype(bool) | (analysis.engine_positions(df) == 0)
+    # warm-ups (lazy compilation, allocator growth) count by their outcome, not their metrics: a line the runner
+    # wrote with the flag says itself (a restart whose warm-ups all failed begins with a measured run, which stays
+    # one); for older data without the flag, the first run of every engine start
+    flagged = df["warmup"].notna()
+    df["warmup"] = df["warmup"].where(flagged, analysis.engine_positions(df) == 0).astype(bool)
     if df["gpu_session"].isna().any():
         bad = sorted(set(df.loc[df["gpu_session"].isna(), "file"]))
         raise LabError(f"bench lines without a GPU session label in {bad}: ingest them with --gpu-session")
@@ -112,12 +118,12 @@ def _engine_files(bench_file: str, r) -> tuple[str, str] | None:
     return (log, re.sub(r"\.log(\.gz)?$", ".events.jsonl", log)) if log else None
 
 
-@functools.lru_cache(maxsize=256)
-def jit_compiles_in_runs(files: tuple[str, str]) -> dict:
-    """{run id: [kernel, ...]}: Triton kernels vLLM's JIT monitor reported compiling while a run was in flight
-    ("Triton kernel JIT compilation during inference: NAME" in the engine log, stamped to the second in UTC),
-    each attributed to the run whose start/end (the runner's events file) contains that second. A compile
-    inside a measured run is a latency spike of the engine, not of the mode; runs without files get nothing."""
+@functools.lru_cache(maxsize=512)
+def _stamped_in_runs(files: tuple[str, str], pattern: str) -> dict:
+    """{run id: [groups of each match of ``pattern``]}: engine-log lines that follow vLLM's time stamp ("MM-DD
+    HH:MM:SS ", UTC, to the second), each attributed to the run whose start/end (the runner's events file)
+    contains that second; lines outside every run (start-up, between runs) go nowhere, and so does everything
+    when a file is missing."""
     import datetime as dt
     import json
     import re
@@ -137,14 +143,34 @@ def jit_compiles_in_runs(files: tuple[str, str]) -> dict:
              if e.get("event") == "run_end" and e.get("run") in starts and "t" in e]
     if spans:
         year = dt.datetime.fromtimestamp(spans[0][0], dt.timezone.utc).year
-        for m in re.finditer(r"(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[jit_monitor\.py:\d+\] Triton kernel JIT "
-                             r"compilation during inference: (\S+?)\.? ", text):
+        for m in re.finditer(r"(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) " + pattern, text):
             mo, d, h, mi, sec = (int(x) for x in m.groups()[:5])
             t = dt.datetime(year, mo, d, h, mi, sec, tzinfo=dt.timezone.utc).timestamp()
             for a, b, run in spans:
                 if int(a) <= t <= b:
-                    out.setdefault(run, []).append(m.group(6))
+                    out.setdefault(run, []).append(m.groups()[5:])
     return out
+
+
+def jit_compiles_in_runs(files: tuple[str, str]) -> dict:
+    """{run id: [kernel, ...]}: Triton kernels vLLM's JIT monitor reported compiling while a run was in flight
+    ("Triton kernel JIT compilation during inference: NAME" in the engine log), by :func:`_stamped_in_runs`. A
+    compile inside a measured run is a latency spike of the engine, not of the mode; runs without files get
+    nothing."""
+    found = _stamped_in_runs(files, r"\[jit_monitor\.py:\d+\] Triton kernel JIT compilation during inference: (\S+?)\.? ")
+    return {run: [g[0] for g in gs] for run, gs in found.items()}
+
+
+def engine_load_in_runs(files: tuple[str, str]) -> dict:
+    """{run id: {"peak_running", "peak_waiting", "peak_kv_cache_pct"}}: the most requests running and waiting, and
+    the highest KV-cache usage, in vLLM's periodic stats lines ("Running: N reqs, Waiting: M reqs, GPU KV cache
+    usage: X%", every 10 s by default) stamped inside the run (:func:`_stamped_in_runs`). A run shorter than the
+    stats interval may have none. Waiting requests while the client sent them all at once mean the engine did
+    not run the run's concurrency (s24/s25: the DFlash engines ran 49 of 64, their KV cache 98.8% full)."""
+    found = _stamped_in_runs(files, r"\[loggers\.py:\d+\] [^\n]*?Running: (\d+) reqs, Waiting: (\d+) reqs, "
+                                    r"GPU KV cache usage: ([\d.]+)%")
+    return {run: {"peak_running": max(int(g[0]) for g in gs), "peak_waiting": max(int(g[1]) for g in gs),
+                  "peak_kv_cache_pct": max(float(g[2]) for g in gs)} for run, gs in found.items()}
 
 
 def jit_runs(runs_df):
@@ -191,6 +217,9 @@ def cells(df):
                     "crashed / runs": f"{int(g['crashed'].sum())}/{len(g)}", "cut_by_deadline": n_cut,
                     "startup_errors": n_start,
                     "acceptance_length": ok["acceptance_length"].mean() if len(ok) else None})
+        for m in LOAD:   # the engine's own view of the load (vLLM's stats lines), highest over the measured runs
+            x = ok[m].dropna() if m in ok else ()
+            row[m] = x.max() if len(x) else None
         for m in METRICS:
             x = ok[m].dropna()
             row[m] = x.mean() if len(x) else None
@@ -227,6 +256,31 @@ def speedup(cells_df, num: str, den: str, metric: str = "output_throughput"):
     return pd.DataFrame(rows)
 
 
+def session_drift(cells_df, metric: str = "output_throughput"):
+    """The same mode, acceptance and concurrency measured in more than one GPU session: each later session's mean
+    ``metric`` over the earliest one's (``low``/``high`` from the extreme repeats, as in :func:`speedup`;
+    ``overlap``: whether the two sessions' repeats overlap). This is why ratios never pair sessions: the drift
+    between sessions is of the size of the effects measured (s24 -> s25, fixed FULL at 1.86: 0.81-0.93x)."""
+    import pandas as pd
+
+    from .analysis import session_key
+
+    done = cells_df[(cells_df["ok"] > 0) & (cells_df["crashed"] == 0)]
+    rows = []
+    for (acc, mode, conc), g in done.groupby(["acceptance", "mode", "concurrency"]):
+        if g["gpu_session"].nunique() < 2:
+            continue
+        g = g.sort_values("gpu_session", key=lambda s: s.map(session_key))
+        first = g.iloc[0]
+        for _, x in g.iloc[1:].iterrows():
+            rows.append({"acceptance": acc, "mode": mode, "concurrency": conc, "sessions": f"{x['gpu_session']} / {first['gpu_session']}",
+                         "n": f"{x['ok']}/{first['ok']}", "ratio": x[metric] / first[metric],
+                         "low": x[metric + "_min"] / first[metric + "_max"], "high": x[metric + "_max"] / first[metric + "_min"],
+                         "overlap": bool(x[metric + "_min"] <= first[metric + "_max"] and first[metric + "_min"] <= x[metric + "_max"])})
+    cols = ["acceptance", "mode", "concurrency", "sessions", "n", "ratio", "low", "high", "overlap"]
+    return pd.DataFrame(rows, columns=cols).sort_values(["acceptance", "mode", "concurrency"], kind="stable", ignore_index=True)
+
+
 def recommend(cells_df, acceptance, session=None, metric: str = "output_throughput", allow_crash_prone: bool = False):
     """Per concurrency: the mode with the highest mean ``metric``; consecutive concurrencies with the
     same choice are merged into one range.
@@ -261,9 +315,12 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
         if rows and rows[-1]["mode"] == mode:
             rows[-1]["to"] = conc
             rows[-1]["margins"].append(margin)
+            rows[-1]["seconds"].append(second)
             continue
-        rows.append({"from": conc, "to": conc, "mode": mode, "margins": [margin], "runner-up": second})
+        rows.append({"from": conc, "to": conc, "mode": mode, "margins": [margin], "seconds": [second]})
     for r in rows:
+        # a merged range names every runner-up it had, in order of concurrency
+        r["runner-up"] = " / ".join(dict.fromkeys(x for x in r.pop("seconds") if x is not None)) or None
         m = [x for x in r.pop("margins") if x is not None]
         r["margin over runner-up"] = f"{min(m):.2f}-{max(m):.2f}x" if m else "-"
         r["concurrency"] = f"{r['from']}" if r["from"] == r["to"] else f"{r['from']}-{r['to']}"
@@ -666,12 +723,38 @@ def graph_ceiling_note(cells_df, ceilings: dict, k: int = 15) -> str:
             lines.append(f"- {mode}: no CUDA graphs (`max_cudagraph_capture_size` 0 in its engine logs).")
         else:
             top = sizes[0]
-            concs = sorted({int(c) for c in cells_df.loc[cells_df["mode"] == mode, "concurrency"]})
-            above = [c for c in concs if c * per > top]
+            mine = cells_df[cells_df["mode"] == mode]
+            steps = []   # (concurrency, requests the engine ran at once, tokens per decode step)
+            for c, g in mine.groupby("concurrency"):
+                ran = g["peak_running"].dropna() if "peak_running" in g else ()
+                n = int(min(c, ran.max())) if len(ran) else int(c)
+                steps.append((int(c), n, n * per))
+            above = [(c, n, t) for c, n, t in steps if t > top]
             s = (f"- {mode}: the largest CUDA graph holds {top} tokens, i.e. {top // per} requests x {per} "
                  f"token{'s' if per > 1 else ''} per decode step.")
-            s += (f" At concurrency {', '.join(map(str, above))} a decode step is larger "
-                  f"({', '.join(str(c * per) for c in above)} tokens), so vLLM runs it without a CUDA graph."
-                  if above else " Every measured concurrency's decode step fits in it.")
+            s += (" At concurrency " + ", ".join(f"{c} ({t} tokens" + (f": {n} requests running" if n < c else "") + ")"
+                                                 for c, n, t in above)
+                  + " a full decode step is larger, so vLLM runs it without a CUDA graph (a prediction from the "
+                  "configuration, not measured separately)." if above else " Every measured concurrency's decode step fits in it.")
             lines.append(s)
     return "\n".join(lines) if lines else "No cells."
+
+
+def queueing_note(cells_df) -> str:
+    """The cells whose engine did not run all of a run's requests at once (vLLM's stats lines inside the measured
+    runs showed requests waiting, :func:`engine_load_in_runs`): their throughput and TTFT include queueing, so they
+    measure the engine's capacity at that load, not the mode at that concurrency. Markdown."""
+    if "peak_waiting" not in cells_df:
+        return "No engine stats lines with these cells."
+    q = cells_df[cells_df["peak_waiting"].fillna(0) > 0].sort_values(["acceptance", "mode", "concurrency"],
+                                                                     key=lambda s: s.map(_mode_order) if s.name == "mode" else s)
+    seen = cells_df["peak_running"].notna().sum()
+    if not len(q):
+        return (f"In every cell with engine stats inside its runs ({seen} of {len(cells_df)}), all requests of a run "
+                "ran at once (no request waiting).")
+    rows = [f"- {r['mode']} at concurrency {int(r['concurrency'])} (acceptance {r['acceptance']:g}, {r['gpu_session']}): "
+            f"at most {int(r['peak_running'])} requests running, {int(r['peak_waiting'])} waiting, KV cache "
+            f"{r['peak_kv_cache_pct']:.1f}% full" for _, r in q.iterrows()]
+    return ("Cells whose engine queued requests (vLLM's stats lines inside the measured runs): their throughput and "
+            "TTFT include the queueing, so they show the engine's capacity at that load rather than the mode at that "
+            "concurrency.\n" + "\n".join(rows))

@@ -281,13 +281,20 @@ def bench_line(root=".") -> str:
         session = bench.session_for(c, acc)
         here = c[(c["acceptance"] == acc) & (c["gpu_session"] == session)]
         rows = bench.recommend(here, acc)
+        # a tie names both modes and no margin; otherwise the margin over the runner-up(s) of the range
         picks = "; ".join(f"concurrency {r['concurrency']}: {r['mode']}"
-                          + (f" ({r['margin over runner-up']} over {r['runner-up']})" if r["runner-up"] else "")
+                          + (f", {r['margin over runner-up']} over {r['runner-up']}"
+                             if r["runner-up"] and "tie" not in str(r["mode"]) else "")
                           for r in rows)
         scope = bench.recommendation_scope(here, acc, planned).split(": ", 1)[1]
         prone = rows[0]["left out (crashed in this slice)"] if rows else "-"
-        advice.append(f"synthetic acceptance {acc:g}, GPU session {session}: {picks} ({scope}"
-                      + (f"; left out as crash-prone: {prone}" if prone != "-" else "") + ")")
+        advice.append(f"synthetic acceptance {acc:g}, GPU session {session} ({scope}"
+                      + (f"; left out as crash-prone: {prone}" if prone != "-" else "") + f"): {picks}")
+    queued = c[c["peak_waiting"].fillna(0) > 0] if "peak_waiting" in c else c.iloc[0:0]
+    queue_text = "; ".join(
+        f"{m} at concurrency {int(k)} in {_short(sess)} (at most {int(run)} running, {int(w)} waiting, KV cache {kv:.1f}% full)"
+        for sess, m, k, run, w, kv in zip(queued["gpu_session"], queued["mode"], queued["concurrency"],
+                                          queued["peak_running"], queued["peak_waiting"], queued["peak_kv_cache_pct"]))
     crash_text = "; ".join(f"{m} at concurrency {int(k)}, synthetic acceptance {a:g} ({x})" for m, k, a, x in
                            zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"], crashed["crashed / runs"]))
     return ("Speed (issue 11 benchmark: the OpenAI server on loopback, streamed chat completions of "
@@ -298,6 +305,8 @@ def bench_line(root=".") -> str:
             + ". Every side-by-side ratio of mean output throughputs, in brackets the slowest over the fastest repeat and "
             "the reverse: "
             + (". ".join(parts) if parts else "no pair of modes measured side by side yet")
+            + (f". Cells whose engine queued requests, so their throughput and TTFT include queueing: {queue_text}"
+               if len(queued) else "")
             + (f". Crashed cells: {crash_text}" if len(crashed) else ". No benchmark run crashed")
             + (f". {len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}); notebook 05 "
                "recomputes the ratios without them" if len(jit) else "")

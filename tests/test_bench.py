@@ -287,8 +287,9 @@ def test_the_findings_speed_sentence_pairs_cells_of_one_session_and_names_what_i
     assert "DFlash FULL (fixed) / DFlash PIECEWISE, synthetic acceptance 1.86, GPU session fixture-a: concurrency 1: " in line
     # what to run first: the fastest mode that never crashed, per concurrency range, stock FULL left out as crash-prone
     advice = line.split("The fastest mode that never crashed")[1].split("Every side-by-side ratio")[0]
-    assert "synthetic acceptance 1.86, GPU session fixture-a: concurrency 1-64: DFlash FULL (fixed) (" in advice
-    assert "over DFlash PIECEWISE" in advice and "left out as crash-prone: DFlash FULL (stock)" in advice
+    assert "synthetic acceptance 1.86, GPU session fixture-a (chosen among " in advice
+    assert "left out as crash-prone: DFlash FULL (stock)): concurrency 1-64: DFlash FULL (fixed), " in advice
+    assert "x over DFlash PIECEWISE" in advice
     assert "dummy weights" in line and "qwen36-35b-a3b architecture" in line
     assert "Crashed cells: DFlash FULL (stock) at concurrency 32, synthetic acceptance 1.86 (1/1)" in line
     assert "Not measured side by side yet: DFlash FULL (fixed) / DFlash eager; DFlash FULL (fixed) / no speculation" in line
@@ -318,8 +319,13 @@ def test_concurrencies_above_the_largest_cuda_graph_are_named(tmp_path):
                       "concurrency": [32, 64, 64, 64, 64]})
     note = dict(l.split(": ", 1) for l in bench.graph_ceiling_note(c, ceilings).splitlines())
     assert "holds 512 tokens, i.e. 32 requests x 16 tokens" in note["- DFlash FULL (fixed)"]
-    assert "At concurrency 64 a decode step is larger (1024 tokens)" in note["- DFlash FULL (fixed)"]  # 32 fits exactly
+    assert "At concurrency 64 (1024 tokens) a full decode step is larger" in note["- DFlash FULL (fixed)"]  # 32 fits exactly
+    assert "not measured separately" in note["- DFlash FULL (fixed)"]
     assert "At concurrency 64" in note["- DFlash PIECEWISE"]
+    # where vLLM's stats showed fewer requests running than sent (s24/s25 at 64: 49), the step is theirs
+    queued = c.assign(peak_running=[32, 49, 49, 64, 49])
+    note = dict(l.split(": ", 1) for l in bench.graph_ceiling_note(queued, ceilings).splitlines())
+    assert "At concurrency 64 (784 tokens: 49 requests running) a full decode step" in note["- DFlash FULL (fixed)"]
     assert "128 requests x 1 token per" in note["- no speculation"] and "Every measured concurrency" in note["- no speculation"]
     assert "no CUDA graphs" in note["- DFlash eager"]
     assert "not recorded" in bench.graph_ceiling_note(c, {})
@@ -360,21 +366,25 @@ def test_warm_ups_are_the_flagged_runs_and_each_engine_starts_first_run(tmp_path
     """A warm-up sweep's lines carry "warmup": true (at the concurrencies measured after them); older lines have no
     flag and their engine start's first run is the warm-up. Either way the outcome counts, the metrics do not."""
     w = lambda l: dict(l, warmup=True)
+    m = lambda l: dict(l, warmup=False)   # the runner writes the flag on every line
     sweep = [w(line("fixed/c1/w0", "fixed", 1, 5, 50)), w(line("fixed/c4/w0", "fixed", 4, None, None, outcome="crash")),
-             line("fixed/c1/r0", "fixed", 1, 100, 5), line("fixed/c4/r0", "fixed", 4, 300, 6),
+             m(line("fixed/c1/r0", "fixed", 1, 100, 5)), m(line("fixed/c4/r0", "fixed", 4, 300, 6)),
              # a restart (attempt 2) begins with the warm-up that completed
-             dict(w(line("fixed/c1/w0", "fixed", 1, 6, 40)), attempt=2), dict(line("fixed/c4/r1", "fixed", 4, 320, 6), attempt=2)]
+             dict(w(line("fixed/c1/w0", "fixed", 1, 6, 40)), attempt=2), dict(m(line("fixed/c4/r1", "fixed", 4, 320, 6)), attempt=2),
+             # a restart whose warm-ups all failed before (none re-run) begins with a measured run: flagged, it stays one
+             dict(m(line("fixed/c4/r2", "fixed", 4, 310, 6)), attempt=3)]
     old = [line("piecewise/c2/r0", "piecewise", 2, 10, 9), line("piecewise/c1/r0", "piecewise", 1, 90, 6)]
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(l) + "\n" for l in sweep + old))
     df = bench.load_bench(str(tmp_path / "b.jsonl"))
     assert dict(zip(df["run_id"] + "@" + df["attempt"].astype(str), df["warmup"])) == {
         "fixed/c1/w0@1": True, "fixed/c4/w0@1": True, "fixed/c1/r0@1": False, "fixed/c4/r0@1": False,
-        "fixed/c1/w0@2": True, "fixed/c4/r1@2": False, "piecewise/c2/r0@1": True, "piecewise/c1/r0@1": False}
+        "fixed/c1/w0@2": True, "fixed/c4/r1@2": False, "fixed/c4/r2@3": False, "piecewise/c2/r0@1": True,
+        "piecewise/c1/r0@1": False}
     c = bench.cells(df).set_index(["mode", "concurrency"])
     c1, c4 = c.loc[("DFlash FULL (fixed)", 1)], c.loc[("DFlash FULL (fixed)", 4)]
     # two completed warm-ups share the cell and count nowhere: runs are the measured repeats
     assert (c1["runs"], c1["ok"], c1["crashed / runs"], c1["output_throughput"]) == (1, 1, "0/1", 100)
-    assert (c4["runs"], c4["ok"], c4["crashed / runs"], c4["output_throughput"]) == (3, 2, "1/3", 310)
+    assert (c4["runs"], c4["ok"], c4["crashed / runs"], c4["output_throughput"]) == (4, 3, "1/4", 310)
     assert ("DFlash PIECEWISE", 2) not in c.index and c.loc[("DFlash PIECEWISE", 1), "output_throughput"] == 90
 
 
@@ -389,3 +399,89 @@ def test_planned_cells_leave_out_a_flagged_sweep_or_an_old_engine_first_run(tmp_
     p = bench.planned_cells(str(tmp_path / "bench-*.yaml"))
     assert list(zip(p["acceptance"], p["mode"], p["concurrency"])) == [
         (3.6, "DFlash FULL (fixed)", 1), (3.6, "DFlash FULL (fixed)", 4), (3.6, "no speculation", 8)]
+
+
+def test_engine_load_is_read_from_vllm_stats_lines_inside_each_run(tmp_path):
+    """vLLM's periodic stats line ("Running: N reqs, Waiting: M reqs, GPU KV cache usage: X%") inside a run gives the
+    run's peak load; a cell whose engine queued requests (s24/s25 at 64: 49 running, 15 waiting) is named."""
+    import datetime as dt
+
+    t0 = dt.datetime(2026, 12, 1, 4, 48, 30, tzinfo=dt.timezone.utc).timestamp()
+    (tmp_path / "e.a1.events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"event": "run_start", "run": "e/c64/r0", "t": t0}, {"event": "run_end", "run": "e/c64/r0", "t": t0 + 30},
+        {"event": "run_start", "run": "e/c1/r0", "t": t0 + 40}, {"event": "run_end", "run": "e/c1/r0", "t": t0 + 43}]))
+    st = ("(APIServer pid=1) INFO 12-01 {} [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation "
+          "throughput: 720.7 tokens/s, Running: {} reqs, Waiting: {} reqs, GPU KV cache usage: {}%, Prefix cache hit rate: 0.0%")
+    (tmp_path / "e.a1.log").write_text("\n".join([st.format("04:48:20", 2, 0, "1.0"),      # before: start-up warm-up
+                                                  st.format("04:48:40", 49, 15, "98.8"),   # inside c64/r0
+                                                  st.format("04:48:50", 40, 3, "90.1"),    # inside c64/r0
+                                                  st.format("04:49:05", 0, 0, "0.0")]) + "\n")   # between runs
+    files = (str(tmp_path / "e.a1.log"), str(tmp_path / "e.a1.events.jsonl"))
+    assert bench.engine_load_in_runs(files) == {"e/c64/r0": {"peak_running": 49, "peak_waiting": 15, "peak_kv_cache_pct": 98.8}}
+    import pandas as pd
+
+    c = pd.DataFrame({"gpu_session": ["s"] * 3, "acceptance": [1.86] * 3, "mode": ["DFlash FULL (fixed)"] * 2 + ["no speculation"],
+                      "concurrency": [1, 64, 64], "peak_running": [None, 49, 64], "peak_waiting": [None, 15, 0],
+                      "peak_kv_cache_pct": [None, 98.8, 9.2]})
+    note = bench.queueing_note(c)
+    assert "- DFlash FULL (fixed) at concurrency 64 (acceptance 1.86, s): at most 49 requests running, 15 waiting, KV cache 98.8% full" in note
+    assert "no speculation" not in note
+    assert "no request waiting" in bench.queueing_note(c[c["mode"] == "no speculation"])
+
+
+def test_the_speed_sentence_groups_jit_runs_by_session_mode_and_concurrency(tmp_path, monkeypatch):
+    """s25's shape: two measured fixed-FULL runs at 16 compiled fused_moe_kernel: one entry with its count."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_fixture import write_fixture
+
+    from dflash_lab import findings
+
+    write_fixture(tmp_path / "data" / "bench", accs={1.86: "fixture-a"}, modes=("fixed", "nospec"))
+    compiled = {"fixed/c16/r0": ["fused_moe_kernel"], "fixed/c16/r1": ["fused_moe_kernel", "other_kernel"],
+                "nospec/c4/r0": ["fused_moe_kernel"]}
+    monkeypatch.setattr(bench, "_engine_files", lambda f, r: ("log", "events"))
+    monkeypatch.setattr(bench, "jit_compiles_in_runs", lambda files: compiled)
+    monkeypatch.setattr(bench, "engine_load_in_runs", lambda files: {})
+    line = findings.bench_line(tmp_path)
+    assert ("3 measured run(s) included a Triton JIT compile (DFlash FULL (fixed) at concurrency 16 in a (2 runs: "
+            "fused_moe_kernel, other_kernel); no speculation at concurrency 4 in a (1 run: fused_moe_kernel))") in line
+
+
+def test_a_merged_recommendation_range_names_every_runner_up():
+    import pandas as pd
+
+    def cell(mode, conc, mean, lo, hi):
+        return {"gpu_session": "s", "acceptance": 1.86, "mode": mode, "concurrency": conc, "ok": 3, "crashed": 0,
+                "output_throughput": mean, "output_throughput_min": lo, "output_throughput_max": hi}
+
+    c = pd.DataFrame([cell("no speculation", 1, 200, 195, 205), cell("DFlash FULL (fixed)", 1, 130, 125, 135),
+                      cell("DFlash eager", 1, 10, 9, 11),
+                      cell("no speculation", 64, 3500, 3400, 3600), cell("DFlash eager", 64, 1000, 990, 1010),
+                      cell("DFlash FULL (fixed)", 64, 900, 800, 1000)])
+    rows = bench.recommend(c, 1.86)
+    assert [(r["concurrency"], r["mode"], r["runner-up"]) for r in rows] == [
+        ("1-64", "no speculation", "DFlash FULL (fixed) / DFlash eager")]
+    assert rows[0]["margin over runner-up"] == "1.54-3.50x"
+
+
+def test_session_drift_compares_one_mode_across_sessions_never_two_modes():
+    import pandas as pd
+
+    def cell(sess, mode, mean, lo, hi, crashed=0):
+        return {"gpu_session": sess, "acceptance": 1.86, "mode": mode, "concurrency": 1, "ok": 3, "crashed": crashed,
+                "output_throughput": mean, "output_throughput_min": lo, "output_throughput_max": hi}
+
+    c = pd.DataFrame([cell("2026-12-01-s25", "DFlash FULL (fixed)", 136, 133, 139),
+                      cell("2026-12-01-s24", "DFlash FULL (fixed)", 165, 148, 180),
+                      cell("2026-12-01-s25", "no speculation", 216, 214, 218),
+                      cell("2026-12-02-s26", "DFlash FULL (fixed)", 160, 150, 170),
+                      cell("2026-12-02-s26", "DFlash FULL (stock)", 160, 150, 170, crashed=1)])
+    d = bench.session_drift(c)
+    assert list(d["sessions"]) == ["2026-12-01-s25 / 2026-12-01-s24", "2026-12-02-s26 / 2026-12-01-s24"]  # vs the earliest
+    assert d.loc[0, "ratio"] == pytest.approx(136 / 165) and d.loc[0, "low"] == pytest.approx(133 / 180)
+    assert list(d["overlap"]) == [False, True]
+    assert set(d["mode"]) == {"DFlash FULL (fixed)"}   # one session of no speculation, crashed stock: nothing
+    assert bench.session_drift(c[c["mode"] == "no speculation"]).empty

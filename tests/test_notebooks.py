@@ -121,6 +121,9 @@ def test_notebook05_shows_the_pairs_of_every_session_of_a_slice(tmp_path):
     assert {r["gpu_session"] for r in sp["DFlash FULL (fixed) / no speculation"]} == {"fixture-b"}
     assert {r["gpu_session"] for r in sp["DFlash eager / no speculation"]} == {"fixture-b"}
     assert "DFlash PIECEWISE / no speculation" in d["speedups_not_measured"]
+    # fixed FULL ran in both sessions: its drift, later over earlier, at each concurrency
+    assert {(r["mode"], r["sessions"]) for r in d["drift"]} == {("DFlash FULL (fixed)", "fixture-b / fixture-a")}
+    assert len(d["drift"]) == 6
     # with the session parameter, that session's pairs only
     d = _bench_nb("05_benchmark", tmp_path, glob_=glob_, session="fixture-a")
     assert list(d["speedups"]) == ["DFlash FULL (fixed) / DFlash PIECEWISE"]
