@@ -86,7 +86,8 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
                "engine_id": r.get("engine_id"), "attempt": r.get("attempt"), "round": r.get("round"),
                "target": (r.get("target") or {}).get("name") if isinstance(r.get("target"), dict) else r.get("target"),
                "weights": r.get("weights"), "started_at": r.get("started_at"), "max_tokens": r.get("max_tokens"),
-               "tensor_parallel_size": r.get("tensor_parallel_size"), "warmup": r.get("warmup")}
+               "tensor_parallel_size": r.get("tensor_parallel_size"), "warmup": r.get("warmup"),
+               "prompt_tokens": (sm["total_input_tokens"] / sm["completed"]) if sm.get("total_input_tokens") and sm.get("completed") else None}
         for m in METRICS:
             row[m] = sm.get(m)
         files = _engine_files(f, r)

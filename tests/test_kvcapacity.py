@@ -1,0 +1,69 @@
+"""vLLM 0.22.1's KV-cache accounting for the hybrid target, against the engine logs the benchmark recorded (s24, s25):
+why the DFlash engines ran 49 of 64 requests at once."""
+
+import pandas as pd
+import pytest
+
+from dflash_lab import analysis, bench, kvcapacity as kv
+from dflash_lab.errors import LabError
+
+S25 = "data/gpu/2026-12-01_h200_bench-acc1.86-s1-{}-tp1/{}.a1.log"
+
+
+def test_a_dflash_request_holds_one_plus_k_gdn_states_per_group():
+    dflash, plain = kv.layout(k=15), kv.layout(k=0)
+    assert (dflash.block_size, plain.block_size) == (1168, 1056)          # the blocks the logs set
+    assert dflash.groups == {"gdn": 6, "attention": 2, "draft": 1} and plain.groups == {"gdn": 3, "attention": 1}
+    assert kv.blocks_per_request(dflash, 561) == 6 * 16 + 3 and kv.blocks_per_request(plain, 561) == 3 + 1
+    assert kv.blocks_per_request(dflash, 65536) == 6 * 16 + 3 * 57     # the worst case the pool is sized by
+    # vLLM's group-size heuristic: the smallest bucket, the largest when close (gpt-oss-20b + eagle: 12 sw, 13 full)
+    assert kv.group_size({"sw": 12, "full": 13}) == 13 and kv.group_size({"gdn": 30, "attention": 10, "draft": 5}) == 5
+
+
+@pytest.mark.parametrize("call, name, k, pool, fits, peak", [
+    (1, "full-fixed", 15, 4913, 49, 49), (2, "nospec", 0, 2780, 694, 64), (3, "eager", 15, 4884, 49, 32),
+    (4, "eager", 15, 4884, 49, 49)])
+def test_the_rules_predict_every_recorded_stats_line(call, name, k, pool, fits, peak):
+    r = kv.check_log(open(S25.format(call, name)).read(), k, 49 + 512)
+    assert r["block_size logged"] == r["block_size predicted"]
+    assert (r["pool blocks"], r["fits"], r["peak running logged"]) == (pool, fits, peak)
+    assert r["stats lines"] >= 4
+    for line in r["lines"]:    # vLLM logs the usage to 0.1 %
+        assert abs(line["logged %"] - line["predicted %"]) <= 0.05 + 1e-9, line
+
+
+def test_without_the_speculative_states_the_rules_would_not_match_the_logs():
+    """The k extra GDN blocks are what the logs show: a model without them predicts far less usage."""
+    text = open(S25.format(1, "full-fixed")).read()
+    r = kv.check_log(text, 15, 561)
+    lay = kv.layout(k=15)
+    plain_states = kv.Layout(**{**lay.__dict__, "k": 0})
+    at49 = next(x for x in r["lines"] if x["running"] == 49)
+    assert kv.usage_pct(plain_states, r["pool blocks"], 49, 561) < at49["logged %"] / 5
+
+
+def test_every_bench_engine_log_is_checked():
+    df = bench.load_bench()
+    rows = pd.DataFrame(kv.engines(df))
+    sized = [log for log in df["engine_log"].dropna().unique() if "GPU KV cache size" in analysis.read_text(log)]
+    assert len(sized) >= 7 and len(rows) == len(sized)
+    assert (rows["block_size logged"] == rows["block_size predicted"]).all()
+    assert (rows["largest difference (points)"] <= 0.05 + 1e-9).all()
+    dflash = rows[rows["k"] == 15]
+    assert set(dflash["fits"]) == {49} and set(rows.loc[rows["k"] == 0, "fits"]) == {694}
+
+
+def test_what_if_is_labelled_a_prediction_and_capped_by_max_num_seqs():
+    rows = {r["k"]: r for r in kv.what_if(54.73, 561)}
+    assert rows[15]["requests that fit"] == 49 and rows[15]["pool blocks"] == 4913   # the measured engine
+    assert rows[11]["requests that fit"] >= 64 and rows[11]["run at once (max_num_seqs)"] == 64
+    assert "never run" in kv.what_if.__doc__
+
+
+def test_bad_input_is_one_clear_error():
+    with pytest.raises(LabError, match="hybrid targets only"):
+        kv.layout("tiny-dense", 15)
+    with pytest.raises(LabError, match="GPU KV cache size"):
+        kv.check_log("no such line", 15, 561)
+    with pytest.raises(LabError, match="several attention blocks"):
+        kv.check_log(open(S25.format(1, "full-fixed")).read(), 15, 5000)
