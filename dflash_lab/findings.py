@@ -306,11 +306,33 @@ def bench_line(root=".") -> str:
             "the reverse: "
             + (". ".join(parts) if parts else "no pair of modes measured side by side yet")
             + (f". Cells whose engine queued requests, so their throughput and TTFT include queueing: {queue_text}"
-               if len(queued) else "")
+               + _capacity_clause(df) if len(queued) else "")
             + (f". Crashed cells: {crash_text}" if len(crashed) else ". No benchmark run crashed")
             + (f". {len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}); notebook 05 "
                "recomputes the ratios without them" if len(jit) else "")
             + (f". Not measured side by side yet: {'; '.join(missing)}." if missing else "."))
+
+
+def _capacity_clause(bench_df) -> str:
+    """Why DFlash engines queue: vLLM's KV-block accounting (:mod:`dflash_lab.kvcapacity`), said only as far as it
+    matches the engine logs."""
+    from . import kvcapacity
+
+    rows = kvcapacity.engines(bench_df)
+    spec = [r for r in rows if r["k"] > 0]
+    if not spec:
+        return ""
+    ok = all(r["block_size logged"] == r["block_size predicted"] and (r["largest difference (points)"] or 0) <= 0.05 + 1e-9
+             for r in rows)
+    if not ok:
+        return " (vLLM's KV-block accounting as modelled in dflash_lab.kvcapacity does not match every engine log: see notebook 05)"
+    r = spec[0]
+    plain = [x for x in rows if x["k"] == 0]
+    return (f" (vLLM 0.22.1 keeps 1 + k Gated-DeltaNet states per request and layer group with speculative decoding: "
+            f"a k={r['k']} request of {r['request tokens']} tokens holds {r['blocks per request']} KV blocks"
+            + (f" against {plain[0]['blocks per request']} without speculation" if plain else "")
+            + f", so {r['fits']} fit at once; the rules predict all {sum(x['stats lines'] for x in rows)} KV-usage lines of "
+            f"{len(rows)} engine logs to the log's 0.1 %, notebook 05)")
 
 
 def _with_sessions(runs, concurrencies) -> str:

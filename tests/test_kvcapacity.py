@@ -67,3 +67,15 @@ def test_bad_input_is_one_clear_error():
         kv.check_log("no such line", 15, 561)
     with pytest.raises(LabError, match="several attention blocks"):
         kv.check_log(open(S25.format(1, "full-fixed")).read(), 15, 5000)
+
+
+def test_the_findings_speed_sentence_says_why_dflash_queues_only_as_far_as_the_logs_agree(monkeypatch):
+    from dflash_lab import findings
+
+    line = findings.bench_line()
+    assert "a k=15 request of 561 tokens holds 99 KV blocks against 4 without speculation, so 49 fit at once" in line
+    # a model that stopped matching a log is said so, not quoted
+    real = kv.check_log
+    monkeypatch.setattr(kv, "check_log", lambda text, k, tokens, **a: {**real(text, k, tokens, **a), "block_size predicted": 1})
+    line = findings.bench_line()
+    assert "does not match every engine log" in line and "holds 99 KV blocks" not in line
