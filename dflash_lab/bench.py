@@ -478,15 +478,43 @@ def speedup_grid(cells_df, mode: str = "DFlash FULL (fixed)", base: str = "no sp
 
 
 def step_points(cells_df, mode: str) -> list[tuple[float, float, float, int]]:
-    """(tokens per step, step ms, acceptance, concurrency) of every completed cell of ``mode``."""
+    """(tokens per step, step ms, acceptance, concurrency) of every completed cell of ``mode``. The tokens per step
+    are those of the requests the engine ran at once: the concurrency, or, where vLLM's stats showed requests
+    waiting, the most it ran (``peak_running``: the DFlash engines ran 49 at 64)."""
     out = []
     for _, r in cells_df[(cells_df["mode"] == mode) & (cells_df["ok"] > 0)].iterrows():
         k = 15 if mode.startswith("DFlash") else 0
         t = step_time_ms({"mean_tpot_ms": r["mean_tpot_ms"], "num_speculative_tokens": k,
                           "acceptance_length": r["acceptance_length"]})
+        # a stats line can fall at a run's very end (0 running): only requests seen waiting say fewer ran
+        ran, waiting = r.get("peak_running"), r.get("peak_waiting")
+        queued = waiting is not None and waiting == waiting and waiting > 0 and ran is not None and ran == ran and ran > 0
+        n = int(min(r["concurrency"], ran)) if queued else int(r["concurrency"])
         if t is not None:
-            out.append((tokens_per_step(int(r["concurrency"]), k), t, r["acceptance"], int(r["concurrency"])))
+            out.append((tokens_per_step(n, k), t, r["acceptance"], int(r["concurrency"])))
     return out
+
+
+def break_even_measured(cells_df, mode: str = "DFlash FULL (fixed)", base: str = "no speculation"):
+    """Per (session, acceptance, concurrency) where both modes completed side by side: the acceptance length at
+    which ``mode`` would match ``base``, from the measured cells alone: the measured acceptance length over the
+    measured speedup. It assumes the step time of ``mode`` does not depend on the acceptance (the draft and the
+    verify pass have fixed sizes); the held-out check of notebook 06 tests that once two acceptances exist."""
+    import pandas as pd
+
+    s = speedup(cells_df, mode, base)
+    rows = []
+    for _, r in s.iterrows():
+        cell = cells_df[(cells_df["gpu_session"] == r["gpu_session"]) & (cells_df["acceptance"] == r["acceptance"])
+                        & (cells_df["concurrency"] == r["concurrency"]) & (cells_df["mode"] == mode)]
+        L = cell["acceptance_length"].iloc[0] if len(cell) else None
+        ok = r["ratio"] is not None and r["ratio"] == r["ratio"] and L is not None and L == L
+        rows.append({"gpu_session": r["gpu_session"], "acceptance": r["acceptance"], "concurrency": int(r["concurrency"]),
+                     "acceptance length (measured)": L, "speedup (measured)": r["ratio"],
+                     "break-even acceptance length": L / r["ratio"] if ok else None,
+                     "range": (L / r["high"], L / r["low"]) if ok else None})
+    return pd.DataFrame(rows, columns=["gpu_session", "acceptance", "concurrency", "acceptance length (measured)",
+                                       "speedup (measured)", "break-even acceptance length", "range"])
 
 
 def holdout_check(cells_df, held_acceptance, mode: str = "DFlash FULL (fixed)", base: str = "no speculation",
@@ -514,32 +542,46 @@ def holdout_check(cells_df, held_acceptance, mode: str = "DFlash FULL (fixed)", 
 # ----------------------------------------------------------------------------- what the data holds yet
 
 def tradeoffs_gaps(cells_df, mode: str = "DFlash FULL (fixed)", held_out=None, base: str = "no speculation") -> list[str]:
-    """What notebook 06 needs of one session's cells (:func:`one_session`) and they lack, one phrase each
-    (empty: it can render). It fits a step-time line per mode (two or more token counts each: for ``mode``
-    without the held-out acceptance, for ``base`` on all cells) and checks the fit on the held-out acceptance
-    (default: the largest), where some concurrency needs a ratio ``mode``/``base`` (which also makes
-    :func:`speedup_grid` non-empty)."""
+    """What notebook 06 needs of one session's cells (:func:`one_session`) to render and they lack, one phrase each
+    (empty: it can render): a step-time line per mode (``base`` and ``mode`` completed at two or more token counts)
+    and a ratio ``mode``/``base`` somewhere (which makes :func:`speedup_grid` non-empty); an explicit ``held_out``
+    must be a recorded acceptance. The held-out check itself has its own needs (:func:`holdout_gaps`): without them
+    the notebook renders and says what the check waits for."""
     accs = sorted(cells_df["acceptance"].unique()) if len(cells_df) else []
     if not accs:
         return ["measured bench cells (none recorded)"]
-    if held_out is None:
-        held_out = accs[-1]
-    elif held_out not in accs:
+    if held_out is not None and held_out not in accs:
         return [f"cells at the held-out acceptance {held_out} (recorded: {', '.join(map(str, accs))})"]
     gaps = []
     base_concs = sorted({p[3] for p in step_points(cells_df, base)})
     if len(base_concs) < 2:
         gaps.append(f"completed {base!r} cells at 2 or more concurrencies "
                     f"(has {', '.join(map(str, base_concs)) if base_concs else 'none'})")
+    if len({p[0] for p in step_points(cells_df, mode)}) < 2:
+        gaps.append(f"completed {mode!r} cells at 2 or more concurrencies")
+    s = speedup(cells_df, mode, base)
+    if s.empty or s["ratio"].isna().all():
+        gaps.append(f"a concurrency where {mode!r} and {base!r} both completed without a crash in one session")
+    return gaps
+
+
+def holdout_gaps(cells_df, mode: str = "DFlash FULL (fixed)", held_out=None, base: str = "no speculation") -> list[str]:
+    """What the held-out check of notebook 06 (:func:`holdout_check`: fit without one acceptance, predict it) needs
+    and the cells lack: a second acceptance, ``mode`` cells outside the held-out one (default: the largest) at two
+    or more token counts, and a ratio at the held-out acceptance."""
+    accs = sorted(cells_df["acceptance"].unique()) if len(cells_df) else []
+    if len(accs) < 2:
+        return [f"a second synthetic acceptance (recorded: {', '.join(map(str, accs)) or 'none'})"]
+    held_out = accs[-1] if held_out is None else held_out
+    gaps = []
     train = cells_df[cells_df["acceptance"] != held_out]
     if len({p[0] for p in step_points(train, mode)}) < 2:
         gaps.append(f"completed {mode!r} cells outside the held-out acceptance {held_out}, at 2 or more concurrencies "
                     f"(acceptances recorded: {', '.join(map(str, accs))})")
-    if base_concs:
-        s = speedup(cells_df[cells_df["acceptance"] == held_out], mode, base)
-        if s.empty or s["ratio"].isna().all():
-            gaps.append(f"a concurrency at the held-out acceptance {held_out} where {mode!r} and {base!r} "
-                        "both completed without a crash in one session")
+    s = speedup(cells_df[cells_df["acceptance"] == held_out], mode, base)
+    if s.empty or s["ratio"].isna().all():
+        gaps.append(f"a concurrency at the held-out acceptance {held_out} where {mode!r} and {base!r} "
+                    "both completed without a crash in one session")
     return gaps
 
 
@@ -727,8 +769,9 @@ def graph_ceiling_note(cells_df, ceilings: dict, k: int = 15) -> str:
             mine = cells_df[cells_df["mode"] == mode]
             steps = []   # (concurrency, requests the engine ran at once, tokens per decode step)
             for c, g in mine.groupby("concurrency"):
-                ran = g["peak_running"].dropna() if "peak_running" in g else ()
-                n = int(min(c, ran.max())) if len(ran) else int(c)
+                # only requests seen waiting say fewer ran than were sent (a stats line at a run's end shows 0)
+                q = g[g["peak_waiting"].fillna(0) > 0] if "peak_waiting" in g else g.iloc[0:0]
+                n = int(min(c, q["peak_running"].max())) if len(q) else int(c)
                 steps.append((int(c), n, n * per))
             above = [(c, n, t) for c, n, t in steps if t > top]
             s = (f"- {mode}: the largest CUDA graph holds {top} tokens, i.e. {top // per} requests x {per} "

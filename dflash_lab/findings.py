@@ -302,6 +302,7 @@ def bench_line(root=".") -> str:
             f"TP={each('tensor_parallel_size')}). The fastest mode that never crashed, per concurrency range, in the latest "
             "session at each synthetic acceptance (notebook 05; margin: ratio of mean output throughputs over the runner-up): "
             + ". ".join(advice)
+            + _break_even_clause(c)
             + ". Every side-by-side ratio of mean output throughputs, in brackets the slowest over the fastest repeat and "
             "the reverse: "
             + (". ".join(parts) if parts else "no pair of modes measured side by side yet")
@@ -311,6 +312,23 @@ def bench_line(root=".") -> str:
             + (f". {len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}); notebook 05 "
                "recomputes the ratios without them" if len(jit) else "")
             + (f". Not measured side by side yet: {'; '.join(missing)}." if missing else "."))
+
+
+def _break_even_clause(cells_df, mode: str = "DFlash FULL (fixed)") -> str:
+    """The acceptance length at which ``mode`` would match no speculation, from the measured cells (notebook 06)."""
+    from . import bench
+
+    be = bench.break_even_measured(cells_df, mode).dropna(subset=["break-even acceptance length"])
+    if be.empty:
+        return ""
+    parts = []
+    for (session, acc), g in be.groupby(["gpu_session", "acceptance"], sort=True):
+        parts.append(f"measured at synthetic acceptance {acc:g} in {_short(session)}: "
+                     + ", ".join(f"{r['break-even acceptance length']:.2f} at concurrency {int(r['concurrency'])}"
+                                 for _, r in g.iterrows()))
+    return (f". The acceptance length at which {mode} would match no speculation (measured acceptance length over "
+            "measured speedup, assuming the DFlash step time does not depend on the acceptance; notebook 06), "
+            + "; ".join(parts))
 
 
 def _capacity_clause(bench_df) -> str:

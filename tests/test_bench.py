@@ -199,23 +199,48 @@ def test_tradeoffs_missing_names_what_notebook06_lacks(tmp_path):
     # s24's shape: fixed FULL and PIECEWISE at one acceptance, no baseline
     only = [line(f"{m}/c{c}", m, c, 100.0 * c, 10, acc=1.86) for m in ("fixed", "piecewise") for c in (1, 4, 8)]
     why = bench.tradeoffs_missing(write(_sub(tmp_path, "a"), only))
-    assert why == ("needs completed 'no speculation' cells at 2 or more concurrencies (has none); completed "
-                   "'DFlash FULL (fixed)' cells outside the held-out acceptance 1.86, at 2 or more concurrencies "
-                   "(acceptances recorded: 1.86)")
+    assert why == ("needs completed 'no speculation' cells at 2 or more concurrencies (has none); a concurrency where "
+                   "'DFlash FULL (fixed)' and 'no speculation' both completed without a crash in one session")
     # a baseline at one concurrency cannot be fitted
     assert bench.tradeoffs_missing(write(_sub(tmp_path, "b"), _two_acc_lines(base_concs=(4,)))) == \
         "needs completed 'no speculation' cells at 2 or more concurrencies (has 4)"
-    # the baseline at the held-out acceptance only where the mode was not measured: nothing to check the model on
-    assert bench.tradeoffs_missing(write(_sub(tmp_path, "c"), _two_acc_lines(held_base_concs=(32, 64)))) == (
-        "needs a concurrency at the held-out acceptance 3.6 where 'DFlash FULL (fixed)' and 'no speculation' "
-        "both completed without a crash in one session")
-    # ... or crashed there
-    crashed = [l if not l["run_id"].startswith("n3.6/") else dict(l, outcome="crash") for l in _two_acc_lines()]
-    assert "held-out acceptance 3.6 where" in bench.tradeoffs_missing(write(_sub(tmp_path, "d"), crashed))
     # an explicit held-out acceptance that has no cells; no lines at all
     assert bench.tradeoffs_missing(write(_sub(tmp_path, "e"), _two_acc_lines()), held_out=6.0) == \
         "needs cells at the held-out acceptance 6.0 (recorded: 1.86, 3.6)"
     assert bench.tradeoffs_missing(str(tmp_path / "nothing" / "*.jsonl")).startswith("needs bench lines")
+
+
+def test_one_acceptance_renders_notebook06_and_the_held_out_check_says_what_it_waits_for(tmp_path):
+    """s25's shape: fixed FULL and no speculation at 1.86 only. Notebook 06 renders (fit, break-even, floor); the
+    held-out check needs a second acceptance, and a held-out slice without a ratio cannot check the model."""
+    one = [l for l in _two_acc_lines() if l["acceptance"] == 1.86]
+    c = bench.one_session(bench.cells(bench.load_bench(write(_sub(tmp_path, "one"), one))))
+    assert bench.tradeoffs_gaps(c) == []
+    assert bench.holdout_gaps(c) == ["a second synthetic acceptance (recorded: 1.86)"]
+    # the baseline at the held-out acceptance only where the mode was not measured: nothing to check the model on
+    c = bench.one_session(bench.cells(bench.load_bench(write(_sub(tmp_path, "c"), _two_acc_lines(held_base_concs=(32, 64))))))
+    assert bench.tradeoffs_gaps(c) == []
+    assert bench.holdout_gaps(c) == ["a concurrency at the held-out acceptance 3.6 where 'DFlash FULL (fixed)' and "
+                                     "'no speculation' both completed without a crash in one session"]
+    # ... or crashed there
+    crashed = [l if not l["run_id"].startswith("n3.6/") else dict(l, outcome="crash") for l in _two_acc_lines()]
+    c = bench.one_session(bench.cells(bench.load_bench(write(_sub(tmp_path, "d"), crashed))))
+    assert "held-out acceptance 3.6 where" in bench.holdout_gaps(c)[0]
+    assert bench.holdout_gaps(bench.one_session(bench.cells(bench.load_bench(write(_sub(tmp_path, "f"), _two_acc_lines()))))) == []
+
+
+def test_break_even_from_the_measured_cells_is_acceptance_over_speedup(tmp_path):
+    import pandas as pd
+
+    def cell(mode, mean, lo, hi, L):
+        return {"gpu_session": "s", "acceptance": 1.86, "mode": mode, "concurrency": 1, "ok": 3, "crashed": 0,
+                "output_throughput": mean, "output_throughput_min": lo, "output_throughput_max": hi, "acceptance_length": L}
+
+    c = pd.DataFrame([cell("DFlash FULL (fixed)", 136, 133, 139, 1.86), cell("no speculation", 216, 214, 218, None)])
+    r = bench.break_even_measured(c).iloc[0]
+    assert r["speedup (measured)"] == pytest.approx(136 / 216)
+    assert r["break-even acceptance length"] == pytest.approx(1.86 * 216 / 136)
+    assert r["range"] == pytest.approx((1.86 * 214 / 139, 1.86 * 218 / 133))
 
 
 def test_planned_cells_are_what_the_bench_matrices_run(root, monkeypatch):
@@ -290,6 +315,8 @@ def test_the_findings_speed_sentence_pairs_cells_of_one_session_and_names_what_i
     assert "synthetic acceptance 1.86, GPU session fixture-a (chosen among " in advice
     assert "left out as crash-prone: DFlash FULL (stock)): concurrency 1-64: DFlash FULL (fixed), " in advice
     assert "x over DFlash PIECEWISE" in advice
+    # no no-speculation cells in this fixture: no break-even sentence
+    assert "would match no speculation" not in line
     assert "dummy weights" in line and "qwen36-35b-a3b architecture" in line
     assert "Crashed cells: DFlash FULL (stock) at concurrency 32, synthetic acceptance 1.86 (1/1)" in line
     assert "Not measured side by side yet: DFlash FULL (fixed) / DFlash eager; DFlash FULL (fixed) / no speculation" in line
@@ -323,7 +350,7 @@ def test_concurrencies_above_the_largest_cuda_graph_are_named(tmp_path):
     assert "not measured separately" in note["- DFlash FULL (fixed)"]
     assert "At concurrency 64" in note["- DFlash PIECEWISE"]
     # where vLLM's stats showed fewer requests running than sent (s24/s25 at 64: 49), the step is theirs
-    queued = c.assign(peak_running=[32, 49, 49, 64, 49])
+    queued = c.assign(peak_running=[32, 49, 49, 64, 49], peak_waiting=[0, 15, 15, 0, 15])
     note = dict(l.split(": ", 1) for l in bench.graph_ceiling_note(queued, ceilings).splitlines())
     assert "At concurrency 64 (784 tokens: 49 requests running) a full decode step" in note["- DFlash FULL (fixed)"]
     assert "128 requests x 1 token per" in note["- no speculation"] and "Every measured concurrency" in note["- no speculation"]
@@ -485,3 +512,19 @@ def test_session_drift_compares_one_mode_across_sessions_never_two_modes():
     assert list(d["overlap"]) == [False, True]
     assert set(d["mode"]) == {"DFlash FULL (fixed)"}   # one session of no speculation, crashed stock: nothing
     assert bench.session_drift(c[c["mode"] == "no speculation"]).empty
+
+
+def test_the_speed_sentence_gives_the_break_even_acceptance_from_the_measured_cells(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_fixture import write_fixture
+
+    from dflash_lab import findings
+
+    write_fixture(tmp_path / "data" / "bench", accs={1.86: "fixture-a"}, modes=("fixed", "nospec"))
+    line = findings.bench_line(tmp_path)
+    be = bench.break_even_measured(bench.cells(bench.load_bench(str(tmp_path / "data" / "bench" / "*.jsonl"))))
+    c1 = be.loc[be["concurrency"] == 1, "break-even acceptance length"].iloc[0]
+    assert f"measured at synthetic acceptance 1.86 in a: {c1:.2f} at concurrency 1, " in line

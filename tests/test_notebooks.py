@@ -150,11 +150,32 @@ def test_notebook06_on_a_partial_slice_is_one_clear_error(tmp_path):
                               + bench.tradeoffs_missing(glob_))
 
 
+def test_notebook06_on_one_acceptance_renders_and_says_the_held_out_check_waits(tmp_path):
+    """s25's shape: fixed FULL and no speculation at 1.86 only: the heat map, the fit, the break-even (model and
+    measured cells) and the floor render; the held-out check says it needs a second acceptance."""
+    from bench_fixture import write_fixture
+
+    glob_ = write_fixture(tmp_path / "bench", accs={1.86: "fixture-a"}, modes=("fixed", "nospec"))
+    d = _bench_nb("06_tradeoffs", tmp_path, glob_=glob_)
+    assert d["held_out"] is None and d["holdout"] == []
+    assert d["holdout_gaps"] == ["a second synthetic acceptance (recorded: 1.86)"]
+    assert [r["concurrency"] for r in d["break_even_measured"]] == [1, 4, 8, 16, 32, 64]
+    assert all(r["break-even acceptance length"] > 0 for r in d["break_even_measured"])
+    assert sorted(p.name for p in (tmp_path / "fig").glob("06-*.png")) == ["06-speedup_heatmap.png", "06-step_model.png"]
+    with pytest.raises(pm.PapermillExecutionError) as e:   # a held-out acceptance that was not recorded
+        _bench_nb("06_tradeoffs", tmp_path, glob_=glob_, held_out=3.6)
+    assert "held_out" in e.value.evalue and "3.6" in e.value.evalue
+
+
 def test_notebook06_on_fixture_lines(tmp_path):
     d = _bench_nb("06_tradeoffs", tmp_path, held_out=3.6)
     assert d["held_out"] == 3.6 and all(abs(r["error"]) < 0.1 for r in d["holdout"])
     assert 1.1 < d["floor_ms"] < 1.35
-    assert all(1.0 < r["break-even acceptance length"] < 2.0 for r in d["break_even"])
+    assert all(1.0 < r["break-even acceptance length (model)"] < 2.0 for r in d["break_even"])
+    # the fixture's DFlash step does not depend on the acceptance: the measured cells' break-even agrees with the model
+    assert all(abs(r["break-even acceptance length (measured cells)"] / r["break-even acceptance length (model)"] - 1) < 0.1
+               for r in d["break_even"])
+    assert d["holdout_gaps"] == []
 
 
 def test_notebook05_bad_parameter_is_one_clear_error(tmp_path):
