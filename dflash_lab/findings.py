@@ -321,10 +321,14 @@ def _break_even_clause(cells_df, mode: str = "DFlash FULL (fixed)") -> str:
     be = bench.break_even_measured(cells_df, mode).dropna(subset=["break-even acceptance length"])
     if be.empty:
         return ""
+    mine = cells_df[cells_df["mode"] == mode]
+    waited = {(s_, a, int(k)) for s_, a, k, w in zip(mine["gpu_session"], mine["acceptance"], mine["concurrency"],
+                                                      mine.get("peak_waiting", [None] * len(mine))) if w == w and w and w > 0}
     parts = []
     for (session, acc), g in be.groupby(["gpu_session", "acceptance"], sort=True):
         parts.append(f"measured at synthetic acceptance {acc:g} in {_short(session)}: "
                      + ", ".join(f"{r['break-even acceptance length']:.2f} at concurrency {int(r['concurrency'])}"
+                                 + (" (DFlash queued there)" if (session, acc, int(r["concurrency"])) in waited else "")
                                  for _, r in g.iterrows()))
     return (f". The acceptance length at which {mode} would match no speculation (measured acceptance length over "
             "measured speedup, assuming the DFlash step time does not depend on the acceptance; notebook 06), "
@@ -336,7 +340,7 @@ def _capacity_clause(bench_df) -> str:
     matches the engine logs."""
     from . import kvcapacity
 
-    rows = kvcapacity.engines(bench_df)
+    rows = [r for r in kvcapacity.engines(bench_df) if not r["not checked"]]
     spec = [r for r in rows if r["k"] > 0]
     if not spec:
         return ""
@@ -346,11 +350,11 @@ def _capacity_clause(bench_df) -> str:
         return " (vLLM's KV-block accounting as modelled in dflash_lab.kvcapacity does not match every engine log: see notebook 05)"
     r = spec[0]
     plain = [x for x in rows if x["k"] == 0]
-    return (f" (vLLM 0.22.1 keeps 1 + k Gated-DeltaNet states per request and layer group with speculative decoding: "
-            f"a k={r['k']} request of {r['request tokens']} tokens holds {r['blocks per request']} KV blocks"
-            + (f" against {plain[0]['blocks per request']} without speculation" if plain else "")
-            + f", so {r['fits']} fit at once; the rules predict all {sum(x['stats lines'] for x in rows)} KV-usage lines of "
-            f"{len(rows)} engine logs to the log's 0.1 %, notebook 05)")
+    return (f" (vLLM 0.22.1 keeps 1 + k Gated-DeltaNet states per request and layer with speculative decoding: "
+            f"a k={r['k']} request of {r['request tokens']} tokens holds {r['MiB per request'] / 1024:.2f} GiB of KV cache"
+            + (f" against {plain[0]['MiB per request']:.0f} MiB without speculation" if plain else "")
+            + f", so {r['fits']} fit at once; the rules predict the {sum(x['stats lines'] for x in rows)} distinct KV-usage "
+            f"lines of {len(rows)} engine logs to the log's 0.1 %, notebook 05)")
 
 
 def _with_sessions(runs, concurrencies) -> str:

@@ -7,7 +7,7 @@ module redoes vLLM 0.22.1's block accounting for the hybrid target, so the recor
 
 - **GDN (linear attention) state per layer**: a conv state of ``conv_dim x (conv_kernel - 1 + k)`` in bf16, with k
   the number of speculative tokens (``model_executor/layers/mamba/mamba_utils.py:223-227``, k from
-  ``models/qwen3_5.py:694``), and a temporal state of ``heads_v x head_k x head_v`` in fp32 (``mamba_ssm_dtype``,
+  ``model_executor/models/qwen3_5.py:694``), and a temporal state of ``heads_v x head_k x head_v`` in fp32 (``mamba_ssm_dtype``,
   ``model_executor/models/config.py:536-550``).
 - **Attention block size** is raised until an attention page holds a GDN state: ``16 * cdiv(gdn page,
   16 * bytes per token)`` (``platforms/interface.py:620-669``), the GDN page padded up to it; the log prints
@@ -25,8 +25,13 @@ module redoes vLLM 0.22.1's block accounting for the hybrid target, so the recor
   max_model_len)`` (``v1/core/kv_cache_utils.py:885-894, 1726-1731``), from which the number of blocks follows;
   usage is ``used / (blocks - 1)``, one block being the null block (``v1/core/block_pool.py:500-508``).
 
-So a DFlash k=15 request holds 6 GDN groups x 16 blocks + 3 attention blocks = 99 blocks, a plain one 3 x 1 + 1 = 4.
-The numbers for other configurations (:func:`what_if`) are predictions from these rules, not runs.
+So a DFlash k=15 request holds 6 GDN groups x 16 blocks + 3 attention blocks = 99 blocks of 5 layer pages each, about
+1.1 GiB (its 30 GDN layers keep 16 states of 2.4 MB each), a plain request 3 x 1 + 1 = 4 blocks of 10 pages, about
+83 MiB: some 14 times less. The group size, and so the block count, depends on the draft's layer count (the assumed
+5-layer draft, ``dflash_lab.models``); the bytes hardly do. Modelled: TP=1, prefix caching off, FlashAttention's
+16-token block alignment with vLLM's default block size (:func:`check_log` reads the first two from the log and says
+"not modelled" otherwise). The numbers for other configurations (:func:`what_if`) are predictions from these rules,
+not runs.
 """
 
 from __future__ import annotations
@@ -73,6 +78,8 @@ def layout(target: str = "qwen36-35b-a3b", k: int = 0, max_model_len: int = 6553
     """The layout of ``target`` with DFlash k (its draft's attention layers included) or, k = 0, no speculation."""
     if target not in TARGETS or TARGETS[target]["family"] != "hybrid":
         raise LabError(f"kvcapacity models the hybrid targets only, not {target!r}")
+    if k and not TARGETS[target].get("draft"):
+        raise LabError(f"target {target!r} has no DFlash draft to model k={k} with")
     if k < 0 or max_model_len < 1:
         raise LabError(f"k must be >= 0 and max_model_len >= 1 (got k={k}, max_model_len={max_model_len})")
     t = TARGETS[target]
@@ -99,6 +106,11 @@ def blocks_per_request(lay: Layout, tokens: int) -> int:
     attn = sum(n for b, n in lay.groups.items() if b != "gdn") * math.ceil(tokens / lay.block_size)
     gdn = lay.groups["gdn"] * math.ceil((tokens + lay.max_model_len * lay.k) / lay.max_model_len)
     return attn + gdn
+
+
+def bytes_per_request(lay: Layout, tokens: int) -> int:
+    """KV-cache bytes one request of ``tokens`` tokens holds (its blocks, one page per layer of a group each)."""
+    return blocks_per_request(lay, tokens) * lay.page_bytes * lay.group_size
 
 
 def pool_blocks(lay: Layout, kv_cache_tokens: int) -> int:
@@ -128,13 +140,21 @@ _BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
 _SIZE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _AVAIL = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 _STATS = re.compile(r"Running: (\d+) reqs, Waiting: (\d+) reqs, GPU KV cache usage: ([\d.]+)%")
+_CONFIG = {"k": re.compile(r"num_spec_tokens=(\d+)"), "max_model_len": re.compile(r"max_seq_len=(\d+)"),
+           "tensor_parallel_size": re.compile(r"tensor_parallel_size=(\d+)"),
+           "prefix_caching": re.compile(r"enable_prefix_caching=(True|False)")}
 
 
 def log_facts(text: str) -> dict:
     """What an engine log says of its KV cache: attention block size, KV cache size in tokens, available memory,
     and every distinct (running, waiting, usage %) of its stats lines."""
     b, s, a = _BLOCK.search(text), _SIZE.search(text), _AVAIL.search(text)
-    return {"block_size": int(b.group(1)) if b else None,
+    cfg = {key: rx.search(text) for key, rx in _CONFIG.items()}
+    return {"k": int(cfg["k"].group(1)) if cfg["k"] else 0,   # no speculative config printed: no speculation
+            "max_model_len": int(cfg["max_model_len"].group(1)) if cfg["max_model_len"] else None,
+            "tensor_parallel_size": int(cfg["tensor_parallel_size"].group(1)) if cfg["tensor_parallel_size"] else None,
+            "prefix_caching": (cfg["prefix_caching"].group(1) == "True") if cfg["prefix_caching"] else None,
+            "block_size": int(b.group(1)) if b else None,
             "kv_cache_tokens": int(s.group(1).replace(",", "")) if s else None,
             "available_gib": float(a.group(1)) if a else None,
             "stats": sorted({(int(r), int(w), float(u)) for r, w, u in _STATS.findall(text)})}
@@ -148,16 +168,26 @@ def check_log(text: str, k: int, tokens: int, target: str = "qwen36-35b-a3b", ma
     f = log_facts(text)
     if f["kv_cache_tokens"] is None:
         raise LabError("the engine log has no 'GPU KV cache size' line: nothing to check")
-    if tokens > layout(target, k, max_model_len).block_size:
-        raise LabError(f"requests of {tokens} tokens span several attention blocks: their usage changes during a run")
+    for key, want in (("k", k), ("max_model_len", max_model_len)):
+        if f[key] is not None and f[key] != want:
+            raise LabError(f"the engine log has {key}={f[key]}, not {want}")
+    if f["tensor_parallel_size"] not in (None, 1) or f["prefix_caching"]:
+        raise LabError(f"not modelled: tensor_parallel_size={f['tensor_parallel_size']}, "
+                       f"prefix caching {f['prefix_caching']} (kvcapacity models TP=1 without prefix caching)")
     lay = layout(target, k, max_model_len)
+    if tokens + 2 * k > lay.block_size:   # vLLM allocates for the tokens, the drafts and the lookahead slots
+        raise LabError(f"requests of {tokens} tokens (+{2 * k} draft and lookahead slots) span several attention "
+                       f"blocks of {lay.block_size}: their usage changes during a run, not modelled")
     blocks = pool_blocks(lay, f["kv_cache_tokens"])
     lines = [{"running": r, "waiting": w, "logged %": u, "predicted %": round(usage_pct(lay, blocks, r, tokens), 2)}
              for r, w, u in f["stats"] if r > 0]
     return {"k": k, "block_size logged": f["block_size"], "block_size predicted": lay.block_size,
             "pool blocks": blocks, "blocks per request": blocks_per_request(lay, tokens),
+            "MiB per request": round(bytes_per_request(lay, tokens) / 2**20, 1),
             "fits": max_running(lay, blocks, tokens), "peak running logged": max((x["running"] for x in lines), default=None),
-            "stats lines": len(lines),
+            # requests seen waiting: the engine ran all it could, so this is what fitted
+            "peak running while queued": max((x["running"] for x in lines if x["waiting"] > 0), default=None),
+            "stats lines": len(lines),   # distinct (running, waiting, usage) lines with requests running
             "largest difference (points)": max((abs(x["logged %"] - x["predicted %"]) for x in lines), default=None),
             "lines": lines, "available_gib": f["available_gib"]}
 
@@ -179,8 +209,10 @@ def what_if(available_gib: float, tokens: int, ks=(15, 12, 11, 7), max_num_seqs:
 
 def engines(runs_df, read=None) -> list[dict]:
     """:func:`check_log` for every engine log of bench lines (``runs_df`` from :func:`dflash_lab.bench.load_bench`,
-    with its ``engine_log``, ``num_speculative_tokens``, ``prompt_tokens`` and ``max_tokens``): one row per log that
-    printed its KV cache size, the request length being the longest prompt plus the largest max_tokens of its lines."""
+    with its ``engine_log``, ``prompt_tokens`` (a run's mean prompt) and ``max_tokens``): one row per log that
+    printed its KV cache size, with k and max_model_len as the log printed them and the request length the
+    largest run-mean prompt plus the largest max_tokens of its lines. A log the model does not cover (no prompt
+    measured, other TP, prefix caching, longer requests) gets a row saying why in ``not checked``."""
     from . import analysis
 
     read = read or analysis.read_text
@@ -189,8 +221,18 @@ def engines(runs_df, read=None) -> list[dict]:
         text = read(log)
         if not _SIZE.search(text):
             continue
-        tokens = int(g["prompt_tokens"].max() + g["max_tokens"].max())
-        r = check_log(text, int(g["num_speculative_tokens"].max()), tokens)
-        rows.append({"session": g["gpu_session"].iloc[0], "mode": g["mode"].iloc[0], "engine log": log.rsplit("/", 2)[-2] + "/" + log.rsplit("/", 1)[-1],
-                     "request tokens": tokens, **{k: v for k, v in r.items() if k not in ("lines",)}})
+        base = {"session": g["gpu_session"].iloc[0], "mode": g["mode"].iloc[0],
+                "engine log": "/".join(log.replace("\\", "/").rsplit("/", 2)[-2:])}
+        prompt, out = g["prompt_tokens"].max(), g["max_tokens"].max()
+        if not (prompt == prompt and out == out):   # NaN: no run of this engine measured its prompt
+            rows.append({**base, "not checked": "no run of this engine measured its prompt length"})
+            continue
+        f = log_facts(text)
+        try:
+            r = check_log(text, f["k"], int(prompt + out), max_model_len=f["max_model_len"] or 65536)
+        except LabError as e:
+            rows.append({**base, "k": f["k"], "not checked": str(e)})
+            continue
+        rows.append({**base, "request tokens": int(prompt + out), "not checked": "",
+                     **{k: v for k, v in r.items() if k != "lines"}})
     return rows
