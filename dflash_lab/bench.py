@@ -364,17 +364,29 @@ def fit_step_model(points: list[tuple[float, float]]) -> dict:
             "r2": 1.0 - float(((y - pred) ** 2).sum()) / ss if ss else 1.0}
 
 
-def predict_speedup(spec_model: dict, base_model: dict, acceptance_length: float, concurrency: int, k: int) -> float:
+def predict_speedup(spec_model: dict, base_model: dict, acceptance_length: float, concurrency: int, k: int,
+                    running: int | None = None) -> float:
     """Speedup of speculative decoding over plain decoding at one concurrency: per request, L tokens
-    per spec step against 1 per plain step, over their step times."""
-    t_spec = spec_model["a_ms"] + spec_model["b_ms_per_token"] * tokens_per_step(concurrency, k)
+    per spec step against 1 per plain step, over their step times. ``running``: the requests the speculative
+    engine ran at once where fewer than ``concurrency`` fit (s24/s25: 49 at 64), so its step is theirs."""
+    t_spec = spec_model["a_ms"] + spec_model["b_ms_per_token"] * tokens_per_step(running or concurrency, k)
     t_base = base_model["a_ms"] + base_model["b_ms_per_token"] * concurrency
     return acceptance_length * t_base / t_spec
 
 
-def break_even_acceptance(spec_model: dict, base_model: dict, concurrency: int, k: int) -> float:
+def break_even_acceptance(spec_model: dict, base_model: dict, concurrency: int, k: int,
+                          running: int | None = None) -> float:
     """The acceptance length at which the predicted speedup is 1."""
-    return 1.0 / predict_speedup(spec_model, base_model, 1.0, concurrency, k)
+    return 1.0 / predict_speedup(spec_model, base_model, 1.0, concurrency, k, running)
+
+
+def running_by_concurrency(cells_df, mode: str, k: int = 15) -> dict:
+    """{concurrency: requests ``mode`` ran at once} from :func:`step_points` (fewer than the concurrency only where
+    requests waited); the largest over the cells of a concurrency."""
+    out: dict = {}
+    for tokens, _, _, conc in step_points(cells_df, mode):
+        out[conc] = max(out.get(conc, 0), int(tokens // (k + 1)))
+    return out
 
 
 # ----------------------------------------------------------------------------- bandwidth floor
@@ -528,11 +540,12 @@ def holdout_check(cells_df, held_acceptance, mode: str = "DFlash FULL (fixed)", 
     base_m = fit_step_model([(p[0], p[1]) for p in step_points(cells_df, base)])
     meas = speedup(cells_df[cells_df["acceptance"] == held_acceptance], mode, base)
     held = cells_df[(cells_df["acceptance"] == held_acceptance) & (cells_df["mode"] == mode)].set_index("concurrency")
+    ran = running_by_concurrency(cells_df[cells_df["acceptance"] == held_acceptance], mode, k)
     rows = []
     for _, r in meas.iterrows():
         c = int(r["concurrency"])
         L = held.loc[c, "acceptance_length"] if c in held.index else None
-        pred = predict_speedup(spec_m, base_m, L, c, k) if L is not None and L == L else None
+        pred = predict_speedup(spec_m, base_m, L, c, k, ran.get(c)) if L is not None and L == L else None
         rows.append({"concurrency": c, "acceptance length (measured)": L, "speedup predicted": pred,
                      "speedup measured": r["ratio"], "measured range": (r["low"], r["high"]),
                      "error": (pred / r["ratio"] - 1) if pred is not None and r["ratio"] else None})

@@ -528,3 +528,21 @@ def test_the_speed_sentence_gives_the_break_even_acceptance_from_the_measured_ce
     be = bench.break_even_measured(bench.cells(bench.load_bench(str(tmp_path / "data" / "bench" / "*.jsonl"))))
     c1 = be.loc[be["concurrency"] == 1, "break-even acceptance length"].iloc[0]
     assert f"measured at synthetic acceptance 1.86 in a: {c1:.2f} at concurrency 1, " in line
+
+
+def test_step_points_and_graph_ceilings_use_the_requests_that_ran_only_when_requests_waited():
+    """s24/s25 at 64: 49 DFlash requests ran, 15 waited; a stats line at a run's end (0 running, none waiting) says
+    nothing about how many ran."""
+    import pandas as pd
+
+    c = pd.DataFrame({"mode": ["DFlash FULL (fixed)"] * 3, "concurrency": [1, 32, 64], "ok": [3, 3, 3],
+                      "acceptance": [1.86] * 3, "acceptance_length": [1.86] * 3, "mean_tpot_ms": [7.2, 19.6, 45.8],
+                      "peak_running": [0, 32, 49], "peak_waiting": [0, 0, 15]})
+    assert [p[0] for p in bench.step_points(c, "DFlash FULL (fixed)")] == [16, 512, 784]
+    note = bench.graph_ceiling_note(c, {"DFlash FULL (fixed)": [512]})
+    assert "At concurrency 64 (784 tokens: 49 requests running)" in note and "0 requests" not in note
+    assert "concurrency 1 " not in note and "(16 tokens" not in note
+    # a run whose only stats line fell near its end (20 running, none waiting): all 64 ran, the step is 1024 tokens
+    late = c.assign(peak_running=[0, 32, 20], peak_waiting=[0, 0, 0])
+    assert "At concurrency 64 (1024 tokens)" in bench.graph_ceiling_note(late, {"DFlash FULL (fixed)": [512]})
+    assert [p[0] for p in bench.step_points(late, "DFlash FULL (fixed)")] == [16, 512, 1024]
