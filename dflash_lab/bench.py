@@ -199,14 +199,16 @@ def cells(df):
     the measured repeats); one that crashed or timed out counts in ``runs`` and ``crashed`` (its outcome counts).
     Runs the runner's deadline cut short are left out of all of them and counted in ``cut_by_deadline``; runs
     whose engine never started (``startup_error``) likewise, in ``startup_errors`` (as :func:`analysis.crash_table`
-    counts them)."""
+    counts them); both count measured runs only (a warm-up cut or never started lost no measurement)."""
     import pandas as pd
 
     out = []
     for key, g in df.groupby(["gpu_session", "acceptance", "mode", "concurrency"], dropna=False):
         cut = g["cut_by_deadline"].astype(bool) if "cut_by_deadline" in g else pd.Series(False, index=g.index)
-        n_cut = int(cut.sum())
-        n_start = int((g["outcome"] == "startup_error").sum())
+        warm_all = g["warmup"].astype(bool) if "warmup" in g else pd.Series(False, index=g.index)
+        # a warm-up cut by the deadline, or never run because its engine did not start, lost no measurement
+        n_cut = int((cut & ~warm_all).sum())
+        n_start = int(((g["outcome"] == "startup_error") & ~warm_all).sum())
         g = g[~cut & (g["outcome"] != "startup_error")]
         warm = g["warmup"] if "warmup" in g else pd.Series(False, index=g.index)
         if not n_cut and not n_start and (warm & (g["outcome"] == "ok")).all():

@@ -169,6 +169,12 @@ def test_deadline_cuts_are_counted_apart_not_as_runs(tmp_path):
     assert 2 not in c.index  # the first call's completed warm-up run
     assert (c.loc[32, "runs"], c.loc[32, "crashed / runs"], c.loc[32, "startup_errors"]) == (0, "0/0", 1)
     assert c.loc[1, "startup_errors"] == 0
+    # a flagged warm-up that was cut, or never ran because its engine did not start, lost no measurement
+    warm = [dict(cut, run_id="piecewise/c4/w0", concurrency=4, warmup=True),
+            dict(line("piecewise/c4/w0", "piecewise", 4, None, None, outcome="startup_error"), warmup=True)]
+    (d / "a3.jsonl").write_text("".join(json.dumps(l) + "\n" for l in warm))
+    c = bench.cells(bench.load_bench(str(d / "*.jsonl"))).set_index("concurrency")
+    assert (c.loc[4, "cut_by_deadline"], c.loc[4, "startup_errors"], c.loc[4, "runs"]) == (0, 0, 1)
 
 
 def _two_acc_lines(base_concs=(1, 4, 16), held_base_concs=None):
