@@ -302,7 +302,7 @@ def bench_line(root=".") -> str:
             f"TP={each('tensor_parallel_size')}). The fastest mode that never crashed, per concurrency range, in the latest "
             "session at each synthetic acceptance (notebook 05; margin: ratio of mean output throughputs over the runner-up): "
             + ". ".join(advice)
-            + _break_even_clause(c)
+            + _break_even_clause(c, queued)
             + ". Every side-by-side ratio of mean output throughputs, in brackets the slowest over the fastest repeat and "
             "the reverse: "
             + (". ".join(parts) if parts else "no pair of modes measured side by side yet")
@@ -314,16 +314,16 @@ def bench_line(root=".") -> str:
             + (f". Not measured side by side yet: {'; '.join(missing)}." if missing else "."))
 
 
-def _break_even_clause(cells_df, mode: str = "DFlash FULL (fixed)") -> str:
-    """The acceptance length at which ``mode`` would match no speculation, from the measured cells (notebook 06)."""
+def _break_even_clause(cells_df, queued, mode: str = "DFlash FULL (fixed)") -> str:
+    """The acceptance length at which ``mode`` would match no speculation, from the measured cells (notebook 06);
+    ``queued``: the cells whose engine queued requests, marked where they are ``mode``'s."""
     from . import bench
 
     be = bench.break_even_measured(cells_df, mode).dropna(subset=["break-even acceptance length"])
     if be.empty:
         return ""
-    mine = cells_df[cells_df["mode"] == mode]
-    waited = {(s_, a, int(k)) for s_, a, k, w in zip(mine["gpu_session"], mine["acceptance"], mine["concurrency"],
-                                                      mine.get("peak_waiting", [None] * len(mine))) if w == w and w and w > 0}
+    q = queued[queued["mode"] == mode]
+    waited = {(s_, a, int(k)) for s_, a, k in zip(q["gpu_session"], q["acceptance"], q["concurrency"])}
     parts = []
     for (session, acc), g in be.groupby(["gpu_session", "acceptance"], sort=True):
         parts.append(f"measured at synthetic acceptance {acc:g} in {_short(session)}: "
@@ -344,9 +344,7 @@ def _capacity_clause(bench_df) -> str:
     spec = [r for r in rows if r["k"] > 0]
     if not spec:
         return ""
-    ok = all(r["block_size logged"] == r["block_size predicted"] and (r["largest difference (points)"] or 0) <= 0.05 + 1e-9
-             for r in rows)
-    if not ok:
+    if not all(kvcapacity.matches(r) for r in rows):
         return " (vLLM's KV-block accounting as modelled in dflash_lab.kvcapacity does not match every engine log: see notebook 05)"
     r = spec[0]
     plain = [x for x in rows if x["k"] == 0]

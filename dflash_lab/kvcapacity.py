@@ -192,6 +192,16 @@ def check_log(text: str, k: int, tokens: int, target: str = "qwen36-35b-a3b", ma
             "lines": lines, "available_gib": f["available_gib"]}
 
 
+LOG_ROUNDING_POINTS = 0.05   # vLLM logs the KV-cache usage to 0.1 %: a prediction within half of that matches
+
+
+def matches(row: dict) -> bool:
+    """Whether a checked engine (:func:`check_log`, :func:`engines` row) agrees with the rules: the attention block
+    size it set, and every stats line's usage within the log's rounding."""
+    return (row["block_size logged"] in (None, row["block_size predicted"])
+            and (row["largest difference (points)"] or 0) <= LOG_ROUNDING_POINTS + 1e-9)
+
+
 def what_if(available_gib: float, tokens: int, ks=(15, 12, 11, 7), max_num_seqs: int = 64,
             target: str = "qwen36-35b-a3b", max_model_len: int = 65536) -> list[dict]:
     """Predicted requests that fit at once for DFlash with other k and the same KV-cache memory, and those that run

@@ -54,6 +54,8 @@ def test_every_bench_engine_log_is_checked():
     assert len(checked) >= 7
     assert (checked["block_size logged"] == checked["block_size predicted"]).all()
     assert (checked["largest difference (points)"] <= 0.05 + 1e-9).all()
+    assert all(kv.matches(r) for r in checked.to_dict("records"))
+    assert not kv.matches({**checked.iloc[0].to_dict(), "largest difference (points)": 0.2})
     # never more running than fit; where requests waited, the engine ran exactly what the rules say fits
     assert (checked["peak running logged"] <= checked["fits"]).all()
     queued = checked.dropna(subset=["peak running while queued"])
