@@ -119,6 +119,26 @@ def _engine_files(bench_file: str, r) -> tuple[str, str] | None:
     return (log, re.sub(r"\.log(\.gz)?$", ".events.jsonl", log)) if log else None
 
 
+@functools.lru_cache(maxsize=64)
+def _run_spans_and_text(files: tuple[str, str]) -> tuple[list, str]:
+    """The runs' (start, end, run id) from the runner's events file and the engine log's text, read once per
+    engine for every scan of :func:`_stamped_in_runs`; nothing when a file is missing or unreadable."""
+    import json
+
+    from . import analysis
+
+    log, events = files
+    try:
+        with open(events) as fh:
+            ev = [json.loads(x) for x in fh if x.strip()]
+        text = analysis.read_text(log)
+    except (OSError, ValueError):
+        return [], ""
+    starts = {e["run"]: e["t"] for e in ev if e.get("event") == "run_start" and "t" in e}
+    return [(starts[e["run"]], e["t"], e["run"]) for e in ev
+            if e.get("event") == "run_end" and e.get("run") in starts and "t" in e], text
+
+
 @functools.lru_cache(maxsize=512)
 def _stamped_in_runs(files: tuple[str, str], pattern: str) -> dict:
     """{run id: [groups of each match of ``pattern``]}: engine-log lines that follow vLLM's time stamp ("MM-DD
@@ -126,22 +146,10 @@ def _stamped_in_runs(files: tuple[str, str], pattern: str) -> dict:
     contains that second; lines outside every run (start-up, between runs) go nowhere, and so does everything
     when a file is missing."""
     import datetime as dt
-    import json
     import re
 
-    from . import analysis
-
-    log, events = files
     out: dict = {}
-    try:
-        with open(events) as fh:
-            ev = [json.loads(x) for x in fh if x.strip()]
-        text = analysis.read_text(log)
-    except (OSError, ValueError):
-        return out
-    starts = {e["run"]: e["t"] for e in ev if e.get("event") == "run_start" and "t" in e}
-    spans = [(starts[e["run"]], e["t"], e["run"]) for e in ev
-             if e.get("event") == "run_end" and e.get("run") in starts and "t" in e]
+    spans, text = _run_spans_and_text(files)
     if spans:
         year = dt.datetime.fromtimestamp(spans[0][0], dt.timezone.utc).year
         for m in re.finditer(r"(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) " + pattern, text):
@@ -491,6 +499,21 @@ def speedup_grid(cells_df, mode: str = "DFlash FULL (fixed)", base: str = "no sp
     return s.pivot_table(index="acceptance", columns="concurrency", values="ratio", aggfunc="first", dropna=False)
 
 
+def queued_cells(cells_df):
+    """The cells whose engine queued requests: vLLM's stats lines inside their measured runs showed requests waiting
+    (``peak_waiting``), so their throughput and TTFT include the queueing."""
+    return cells_df[cells_df["peak_waiting"].fillna(0) > 0] if "peak_waiting" in cells_df else cells_df.iloc[0:0]
+
+
+def ran_at_once(r) -> int:
+    """Requests a cell's engine ran at once: the concurrency, or, where vLLM's stats showed requests waiting, the
+    most it ran (``peak_running``; a stats line at a run's very end shows 0 running: only requests seen waiting
+    say fewer ran than were sent)."""
+    ran, waiting = r.get("peak_running"), r.get("peak_waiting")
+    queued = waiting is not None and waiting == waiting and waiting > 0 and ran is not None and ran == ran and ran > 0
+    return int(min(r["concurrency"], ran)) if queued else int(r["concurrency"])
+
+
 def step_points(cells_df, mode: str) -> list[tuple[float, float, float, int]]:
     """(tokens per step, step ms, acceptance, concurrency) of every completed cell of ``mode``. The tokens per step
     are those of the requests the engine ran at once: the concurrency, or, where vLLM's stats showed requests
@@ -500,12 +523,8 @@ def step_points(cells_df, mode: str) -> list[tuple[float, float, float, int]]:
         k = 15 if mode.startswith("DFlash") else 0
         t = step_time_ms({"mean_tpot_ms": r["mean_tpot_ms"], "num_speculative_tokens": k,
                           "acceptance_length": r["acceptance_length"]})
-        # a stats line can fall at a run's very end (0 running): only requests seen waiting say fewer ran
-        ran, waiting = r.get("peak_running"), r.get("peak_waiting")
-        queued = waiting is not None and waiting == waiting and waiting > 0 and ran is not None and ran == ran and ran > 0
-        n = int(min(r["concurrency"], ran)) if queued else int(r["concurrency"])
         if t is not None:
-            out.append((tokens_per_step(n, k), t, r["acceptance"], int(r["concurrency"])))
+            out.append((tokens_per_step(ran_at_once(r), k), t, r["acceptance"], int(r["concurrency"])))
     return out
 
 
@@ -574,10 +593,15 @@ def tradeoffs_gaps(cells_df, mode: str = "DFlash FULL (fixed)", held_out=None, b
                     f"(has {', '.join(map(str, base_concs)) if base_concs else 'none'})")
     if len({p[0] for p in step_points(cells_df, mode)}) < 2:
         gaps.append(f"completed {mode!r} cells at 2 or more concurrencies")
-    s = speedup(cells_df, mode, base)
-    if s.empty or s["ratio"].isna().all():
+    if not _has_ratio(cells_df, mode, base):
         gaps.append(f"a concurrency where {mode!r} and {base!r} both completed without a crash in one session")
     return gaps
+
+
+def _has_ratio(cells_df, mode: str, base: str) -> bool:
+    """Whether some cell pair of one session gives a ratio ``mode``/``base`` (both completed, neither crashed)."""
+    s = speedup(cells_df, mode, base)
+    return not (s.empty or s["ratio"].isna().all())
 
 
 def holdout_gaps(cells_df, mode: str = "DFlash FULL (fixed)", held_out=None, base: str = "no speculation") -> list[str]:
@@ -593,8 +617,7 @@ def holdout_gaps(cells_df, mode: str = "DFlash FULL (fixed)", held_out=None, bas
     if len({p[0] for p in step_points(train, mode)}) < 2:
         gaps.append(f"completed {mode!r} cells outside the held-out acceptance {held_out}, at 2 or more concurrencies "
                     f"(acceptances recorded: {', '.join(map(str, accs))})")
-    s = speedup(cells_df[cells_df["acceptance"] == held_out], mode, base)
-    if s.empty or s["ratio"].isna().all():
+    if not _has_ratio(cells_df[cells_df["acceptance"] == held_out], mode, base):
         gaps.append(f"a concurrency at the held-out acceptance {held_out} where {mode!r} and {base!r} "
                     "both completed without a crash in one session")
     return gaps
@@ -784,9 +807,8 @@ def graph_ceiling_note(cells_df, ceilings: dict, k: int = 15) -> str:
             mine = cells_df[cells_df["mode"] == mode]
             steps = []   # (concurrency, requests the engine ran at once, tokens per decode step)
             for c, g in mine.groupby("concurrency"):
-                # only requests seen waiting say fewer ran than were sent (a stats line at a run's end shows 0)
-                q = g[g["peak_waiting"].fillna(0) > 0] if "peak_waiting" in g else g.iloc[0:0]
-                n = int(min(c, q["peak_running"].max())) if len(q) else int(c)
+                q = [ran_at_once(r) for _, r in queued_cells(g).iterrows()]
+                n = max(q) if q else int(c)
                 steps.append((int(c), n, n * per))
             above = [(c, n, t) for c, n, t in steps if t > top]
             s = (f"- {mode}: the largest CUDA graph holds {top} tokens, i.e. {top // per} requests x {per} "
@@ -805,7 +827,7 @@ def queueing_note(cells_df) -> str:
     measure the engine's capacity at that load, not the mode at that concurrency. Markdown."""
     if "peak_waiting" not in cells_df:
         return "No engine stats lines with these cells."
-    q = cells_df[cells_df["peak_waiting"].fillna(0) > 0].sort_values(["acceptance", "mode", "concurrency"],
+    q = queued_cells(cells_df).sort_values(["acceptance", "mode", "concurrency"],
                                                                      key=lambda s: s.map(_mode_order) if s.name == "mode" else s)
     seen = cells_df["peak_running"].notna().sum()
     if not len(q):

@@ -290,7 +290,7 @@ def bench_line(root=".") -> str:
         prone = rows[0]["left out (crashed in this slice)"] if rows else "-"
         advice.append(f"synthetic acceptance {acc:g}, GPU session {session} ({scope}"
                       + (f"; left out as crash-prone: {prone}" if prone != "-" else "") + f"): {picks}")
-    queued = c[c["peak_waiting"].fillna(0) > 0] if "peak_waiting" in c else c.iloc[0:0]
+    queued = bench.queued_cells(c)
     queue_text = "; ".join(
         f"{m} at concurrency {int(k)} in {_short(sess)} (at most {int(run)} running, {int(w)} waiting, KV cache {kv:.1f}% full)"
         for sess, m, k, run, w, kv in zip(queued["gpu_session"], queued["mode"], queued["concurrency"],
