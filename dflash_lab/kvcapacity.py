@@ -198,8 +198,12 @@ LOG_ROUNDING_POINTS = 0.05   # vLLM logs the KV-cache usage to 0.1 %: a predicti
 def matches(row: dict) -> bool:
     """Whether a checked engine (:func:`check_log`, :func:`engines` row) agrees with the rules: the attention block
     size it set, and every stats line's usage within the log's rounding."""
+    diff = row["largest difference (points)"]
+    # an engine that died before its first stats line (s26's stock FULL starts) has no usage to compare: its block
+    # size still is
+    no_lines = diff is None or (isinstance(diff, float) and math.isnan(diff))
     return (row["block_size logged"] in (None, row["block_size predicted"])
-            and (row["largest difference (points)"] or 0) <= LOG_ROUNDING_POINTS + 1e-9)
+            and (no_lines or diff <= LOG_ROUNDING_POINTS + 1e-9))
 
 
 def what_if(available_gib: float, tokens: int, ks=(15, 12, 11, 7), max_num_seqs: int = 64,
