@@ -16,6 +16,7 @@ import glob
 import math
 import numbers
 import os
+import re
 
 from . import analysis
 
@@ -87,40 +88,90 @@ def our_states(df, data_dir: str = "data/gpu") -> list[dict]:
         if runs.empty or not dumps:
             continue
         r, d = runs.iloc[0], dumps[-1]
-        n_req = r["concurrency"]
-        running = d.get("num_running_reqs")
         sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
         k = int(r["num_speculative_tokens"]) if r.get("spec_method") not in (None, "none") else 0
-        has_max = isinstance(r.get("max_tokens"), numbers.Real) and not math.isnan(r["max_tokens"])   # numpy ints too
-        empty = empty_steps(d["num_output_tokens"], int(r["max_tokens"]), k) if d.get("num_output_tokens") and has_max else []
         out.append({
             "name": f"{session.replace('2026-11-30_h200_', '')}/{name}", "run": r["run_id"], "file": r["file"],
             "cell": r["cell"],
             "path": r.get("mode"), "tensor_parallel_size": r.get("tensor_parallel_size"), "weights": r.get("weights"),
-            "concurrency": n_req,
             "acceptance (mean length)": sd.get("acceptance_length") or r.get("acceptance"),
-            "num_running_reqs": running, "num_waiting_reqs": d.get("num_waiting_reqs"),
-            "kv_cache_usage": round(d["kv_cache_usage"], 4) if d.get("kv_cache_usage") is not None else None,
-            "total_num_scheduled_tokens": d.get("total_num_scheduled_tokens"),
-            "num_computed_tokens": _span(d.get("num_computed_tokens", [])),
-            "num_output_tokens": _span(d.get("num_output_tokens", [])),
-            "finished since the previous step": len(d.get("finished_req_ids", [])),
-            "requests with empty steps": sum(1 for e in empty if e) if empty else None,
-            # lower bounds, over the requests of the dump
-            "empty steps per request (at least)": _span(empty) if empty else None,
-            "phase": (f"tail ({n_req - running} of {n_req} requests finished)" if running is not None and running < n_req
-                      else "all requests running"),
+            **_dump_fields(d, r["concurrency"], r.get("max_tokens"), k),
             "s into the run": r.get("wall_s"), "instruments": r.get("instruments"),
         })
     return out
 
 
-def side_by_side(df, data_dir: str = "data/gpu"):
-    """Fields as rows; the report's crash A and B, then each of ours (identical dumps merged)."""
+def _dump_fields(d: dict, n_req, max_tokens, k: int) -> dict:
+    """The crash-state fields read from one vLLM dump (:func:`analysis.scheduler_dumps`) of a run that sent ``n_req``
+    requests of at most ``max_tokens`` tokens with ``k`` spec tokens a step."""
+    running = d.get("num_running_reqs")
+    has_max = isinstance(max_tokens, numbers.Real) and not math.isnan(max_tokens)   # numpy ints too
+    empty = empty_steps(d["num_output_tokens"], int(max_tokens), k) if d.get("num_output_tokens") and has_max else []
+    return {
+        "concurrency": n_req,
+        "num_running_reqs": running, "num_waiting_reqs": d.get("num_waiting_reqs"),
+        "kv_cache_usage": round(d["kv_cache_usage"], 4) if d.get("kv_cache_usage") is not None else None,
+        "total_num_scheduled_tokens": d.get("total_num_scheduled_tokens"),
+        "num_computed_tokens": _span(d.get("num_computed_tokens", [])),
+        "num_output_tokens": _span(d.get("num_output_tokens", [])),
+        "finished since the previous step": len(d.get("finished_req_ids", [])),
+        "requests with empty steps": sum(1 for e in empty if e) if empty else None,
+        # lower bounds, over the requests of the dump
+        "empty steps per request (at least)": _span(empty) if empty else None,
+        "phase": (f"tail ({n_req - running} of {n_req} requests finished)" if running is not None and running < n_req
+                  else "all requests running"),
+    }
+
+
+BENCH_STOCK = "DFlash FULL (stock)"   # dflash_lab.bench.mode_of
+
+
+def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
+    """Stock DFlash FULL_AND_PIECEWISE in the benchmark (issue 11's server runs, :func:`bench.load_bench`): a crash-rate
+    row like :func:`path_rates`' (per concurrency crashed / runs that finished or crashed, warm-ups among them said,
+    deadline cuts and failed starts left out; these runs record no core dump) and the crash state of every crash
+    whose engine log kept vLLM's dump, with the CUDA error the log printed."""
+    d = bench_runs[(bench_runs["mode"] == BENCH_STOCK) & bench_runs["outcome"].isin(["ok", "crash"])]
+    tps = sorted({int(t) for t in d["tensor_parallel_size"].dropna()}) or [1]
+    row = {"path": "server, TP=" + "/".join(map(str, tps)) + ", benchmark", "acceptance": ", ".join(
+        sorted({f"{a:g}" for a in d["acceptance"].dropna()})) or "-"}
+    for c in concurrencies:
+        g = d[d["concurrency"] == c]
+        w = int(g["warmup"].sum())
+        row[c] = (f"{int(g['crashed'].sum())}/{len(g)}" + (f" ({w} a warm-up)" if w else "")) if len(g) else "not run"
+    row["faulting kernel (core dump)"] = ("-" if not len(d) else "no crash" if not d["crashed"].any()
+                                          else "no core dump (benchmark runs record none)")
+    row["instruments attached"] = f"{len(d)} plain" if len(d) else "-"
+    states = []
+    for _, r in d[d["crashed"]].iterrows():
+        log = r.get("engine_log")
+        dumps = analysis.scheduler_dumps(log) if isinstance(log, str) else []
+        if not dumps:
+            continue
+        m = CUDA_ERROR_RE.search(analysis.read_text(log))
+        states.append({
+            "name": f"{r['gpu_session']}/{r['engine_id']}.a{r['attempt']}", "run": r["run_id"], "file": r["file"],
+            "cell": f"{BENCH_STOCK}, k={r['num_speculative_tokens']}, benchmark" + (
+                f" ({int(r['max_tokens'])}-token warm-up)" if r["warmup"] else f" ({int(r['max_tokens'])} tokens)"),
+            "path": "server", "tensor_parallel_size": r["tensor_parallel_size"], "weights": r["weights"],
+            "acceptance (mean length)": r["acceptance"],
+            **_dump_fields(dumps[-1], r["concurrency"], r["max_tokens"], int(r["num_speculative_tokens"])),
+            "s into the run": None, "instruments": "none",
+            "CUDA error": m.group(1).strip() if m else "not in the log"})
+    return row, states
+
+
+# the error vLLM's engine core printed for the crash (a device-side assert, a cuBLAS failure, an illegal address)
+CUDA_ERROR_RE = re.compile(r"(?:AcceleratorError|RuntimeError): CUDA error: ([^\n`]*?)(?: when calling|\n|$)")
+
+
+def side_by_side(df, data_dir: str = "data/gpu", extra=()):
+    """Fields as rows; the report's crash A and B, then each of ours (identical dumps merged), then ``extra`` states
+    (:func:`bench_stock`'s)."""
     import pandas as pd
 
     cols, seen = dict(REPORT_STATES), {}
-    for s in our_states(df, data_dir):
+    for s in list(our_states(df, data_dir)) + list(extra):
         key = tuple(s[f] for f in FIELDS if f != "cell")
         if key in seen:
             seen[key]["runs"].append(s["run"])

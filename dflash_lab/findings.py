@@ -84,6 +84,7 @@ def write_findings(root: Path, out: Path) -> Path:
          + (f". Clients of a crashed server got HTTP {', '.join(sorted(set(cv['HTTP statuses'])))} and then, inside the stream, "
             f"{', '.join(sorted(set(cv['first error body'].dropna())))}; requests already finished completed." if len(cv) else "."))
         if len(server) else "The OpenAI server path: not run on the GPU yet.")
+    server_line += _bench_stock_clause(root)
     rope = analysis.compiled_kernel("triton_poi_fused_2")
     # crashes whose process outlived the core dump (keep-running): the engine log shows which device asserts failed
     keep = ft[ft["cell"].str.contains("keep running", regex=False)]
@@ -239,6 +240,27 @@ draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
     return path
 
 
+def _bench_stock_clause(root) -> str:
+    """The benchmark's stock FULL server engine (issue 11) as crash evidence: its crashed / runs per concurrency and
+    vLLM's error text (the benchmark takes no core dumps), or "" when the benchmark has no stock runs."""
+    from . import bench, crashstates
+
+    pattern = str(Path(root) / "data" / "bench" / "*.jsonl")
+    if not glob.glob(pattern):
+        return ""
+    runs = bench.load_bench(pattern)
+    concs = sorted({int(c) for c in runs.loc[runs["mode"] == crashstates.BENCH_STOCK, "concurrency"]})
+    row, states = crashstates.bench_stock(runs, concs)
+    if not concs:
+        return ""
+    errors = sorted({s["CUDA error"] for s in states})
+    return (f" In the benchmark's stock FULL server engine (issue 11, {', '.join(sorted(set(runs.loc[runs['mode'] == crashstates.BENCH_STOCK, 'gpu_session'])))}; "
+            "warm-ups included, no core dumps): " + "; ".join(f"concurrency {c}: {row[c]} crashed" for c in concs)
+            + (f"; crash steps of {'/'.join(str(s['num_running_reqs']) for s in states)} running requests, "
+               f"{'/'.join(str(s['total_num_scheduled_tokens']) for s in states)} scheduled tokens; vLLM printed "
+               f"{', '.join(errors)}" if states else "") + ".")
+
+
 def bench_line(root=".") -> str:
     """The findings page's sentence on speed (issue 11): every side-by-side ratio of mean output throughput the
     benchmark has, per GPU session and acceptance, with the spread of the repeats, what the cells ran on, and the
@@ -346,13 +368,16 @@ def _capacity_clause(bench_df) -> str:
         return ""
     if not all(kvcapacity.matches(r) for r in rows):
         return " (vLLM's KV-block accounting as modelled in dflash_lab.kvcapacity does not match every engine log: see notebook 05)"
-    r = spec[0]
+    # the engine the rules were checked on most (an engine that died in its first run has few tokens per request)
+    r = max(spec, key=lambda x: x["stats lines"])
     plain = [x for x in rows if x["k"] == 0]
+    with_lines = [x for x in rows if x["stats lines"]]
     return (f" (vLLM 0.22.1 keeps 1 + k Gated-DeltaNet states per request and layer with speculative decoding: "
             f"a k={r['k']} request of {r['request tokens']} tokens holds {r['MiB per request'] / 1024:.2f} GiB of KV cache"
             + (f" against {plain[0]['MiB per request']:.0f} MiB without speculation" if plain else "")
-            + f", so {r['fits']} fit at once; the rules predict the {sum(x['stats lines'] for x in rows)} distinct KV-usage "
-            f"lines of {len(rows)} engine logs to the log's 0.1 %, notebook 05)")
+            + f", so {r['fits']} fit at once; the rules predict the attention block size of {len(rows)} engine logs and the "
+            f"{sum(x['stats lines'] for x in rows)} distinct KV-usage lines of {len(with_lines)} of them to the log's 0.1 %, "
+            "notebook 05)")
 
 
 def _with_sessions(runs, concurrencies) -> str:

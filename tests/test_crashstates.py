@@ -252,3 +252,34 @@ def test_path_rates_never_drop_a_run_for_its_acceptance():
     total = lambda t: sum(C.parse_rate(v)[1] for v in t.drop(columns=["acceptance", "faulting kernel (core dump)",
                                                                      "instruments attached"]).values.ravel() if C.parse_rate(v))
     assert total(r) == total(C.path_rates(df).set_index("path"))
+
+
+def test_bench_stock_s26_server_crashes_at_8():
+    from dflash_lab import bench
+
+    row, st = C.bench_stock(bench.load_bench(), [1, 4, 8, 16, 32])
+    assert row["path"] == "server, TP=1, benchmark"
+    assert row[8] == "3/3 (1 a warm-up)" and row[1] == "0/6 (3 a warm-up)" and row[32] == "not run"
+    assert row["faulting kernel (core dump)"].startswith("no core dump")
+    assert [s["total_num_scheduled_tokens"] for s in st] == [112] * 3
+    assert sorted(s["CUDA error"] for s in st) == ["CUBLAS_STATUS_EXECUTION_FAILED", "device-side assert triggered",
+                                                  "device-side assert triggered"]
+    # the warm-up's lost steps are bounded by its own max_tokens (32), the measured runs' by 512
+    w = next(s for s in st if "warm-up" in s["cell"])
+    assert w["empty steps per request (at least)"] == "0..4" and w["num_output_tokens"] == "40..112"
+    t = C.side_by_side(analysis.load_runs(), extra=st)
+    assert t.columns[-1].endswith("full-stock.a3") and t.loc["concurrency", t.columns[-1]] == 8
+
+
+def test_bench_stock_counts_only_stock_runs_that_finished_or_crashed():
+    import pandas as pd
+
+    rows = [("DFlash FULL (stock)", "crash", 8, False), ("DFlash FULL (stock)", "ok", 8, True),
+            ("DFlash FULL (stock)", "startup_error", 8, False), ("DFlash FULL (stock)", "timeout", 16, False),
+            ("DFlash FULL (fixed)", "crash", 16, False), ("no speculation", "ok", 1, False)]
+    df = pd.DataFrame([{"mode": m, "outcome": o, "concurrency": c, "warmup": w, "crashed": o == "crash",
+                        "tensor_parallel_size": 1, "acceptance": 1.86, "engine_log": None} for m, o, c, w in rows])
+    row, st = C.bench_stock(df, [1, 8, 16])
+    assert (row[1], row[8], row[16]) == ("not run", "1/2 (1 a warm-up)", "not run")
+    assert st == []   # no engine log kept: no state
+    assert C.bench_stock(df[df["mode"] != "DFlash FULL (stock)"], [8])[0]["faulting kernel (core dump)"] == "-"
