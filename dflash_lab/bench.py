@@ -434,26 +434,31 @@ def bandwidth_floor_ms(params: float, bytes_per_param: float = 2.0, bandwidth_by
 
 # ----------------------------------------------------------------------------- views for notebooks 05/06
 
-def session_for(cells_df, acceptance, session=None) -> str:
+def session_for(cells_df, acceptance, session=None, modes=()) -> str:
     """The GPU session whose cells a view of one acceptance uses: ``session`` if given (it must have
-    cells at that acceptance), else the latest label that has any."""
+    cells at that acceptance), else the latest label that has completed cells of every mode in ``modes`` (a view
+    comparing two modes needs both in one session: s26 measured PIECEWISE and stock FULL but not fixed FULL), else
+    the latest label that has any (the view then says what it lacks)."""
     from .analysis import session_key
 
-    have = sorted(set(cells_df.loc[cells_df["acceptance"] == acceptance, "gpu_session"]), key=session_key)
+    here = cells_df[cells_df["acceptance"] == acceptance]
+    have = sorted(set(here["gpu_session"]), key=session_key)
     if not have:
         raise LabError(f"no bench cells at acceptance {acceptance}")
     if session is not None:
         if session not in have:
             raise LabError(f"GPU session {session!r} has no cells at acceptance {acceptance} (sessions: {have})")
         return session
-    return have[-1]
+    done = here[here["ok"] > 0]
+    full = [s for s in have if set(modes) <= set(done.loc[done["gpu_session"] == s, "mode"])]
+    return (full or have)[-1]
 
 
-def one_session(cells_df, session=None):
+def one_session(cells_df, session=None, modes=()):
     """Per acceptance, the cells of one session (see :func:`session_for`)."""
     import pandas as pd
 
-    parts = [cells_df[(cells_df["acceptance"] == a) & (cells_df["gpu_session"] == session_for(cells_df, a, session))]
+    parts = [cells_df[(cells_df["acceptance"] == a) & (cells_df["gpu_session"] == session_for(cells_df, a, session, modes))]
              for a in sorted(cells_df["acceptance"].unique())]
     return pd.concat(parts, ignore_index=True)
 
@@ -630,7 +635,7 @@ def tradeoffs_missing(bench_glob: str = "data/bench/*.jsonl", mode: str = "DFlas
     if not glob.glob(bench_glob):
         return f"needs bench lines ({bench_glob}), none recorded yet"
     c = cells(load_bench(bench_glob))
-    gaps = tradeoffs_gaps(one_session(c, session) if len(c) else c, mode, held_out)
+    gaps = tradeoffs_gaps(one_session(c, session, modes=(mode, "no speculation")) if len(c) else c, mode, held_out)
     return "needs " + "; ".join(gaps) if gaps else None
 
 

@@ -552,3 +552,22 @@ def test_step_points_and_graph_ceilings_use_the_requests_that_ran_only_when_requ
     late = c.assign(peak_running=[0, 32, 20], peak_waiting=[0, 0, 0])
     assert "At concurrency 64 (1024 tokens)" in bench.graph_ceiling_note(late, {"DFlash FULL (fixed)": [512]})
     assert [p[0] for p in bench.step_points(late, "DFlash FULL (fixed)")] == [16, 512, 1024]
+
+
+def test_session_for_prefers_the_latest_session_that_measured_the_compared_modes():
+    import pandas as pd
+
+    c = pd.DataFrame([{"acceptance": 1.86, "gpu_session": s, "mode": m, "ok": ok} for s, m, ok in (
+        ("2026-12-01-s25", "DFlash FULL (fixed)", 3), ("2026-12-01-s25", "no speculation", 3),
+        ("2026-12-01-s26", "DFlash PIECEWISE", 3), ("2026-12-01-s26", "no speculation", 3),
+        ("2026-12-01-s26", "DFlash FULL (fixed)", 0))])   # s26: fixed FULL crashed or never completed a run
+    assert bench.session_for(c, 1.86) == "2026-12-01-s26"
+    assert bench.session_for(c, 1.86, modes=("DFlash FULL (fixed)", "no speculation")) == "2026-12-01-s25"
+    assert bench.session_for(c, 1.86, modes=("DFlash eager",)) == "2026-12-01-s26"   # none has it: the latest
+    assert bench.session_for(c, 1.86, "2026-12-01-s26", modes=("DFlash FULL (fixed)",)) == "2026-12-01-s26"
+    assert set(bench.one_session(c, modes=("DFlash FULL (fixed)", "no speculation"))["gpu_session"]) == {"2026-12-01-s25"}
+
+
+def test_notebook_06_renders_on_the_recorded_data():
+    # the latest session (s26) has no fixed FULL; notebook 06 takes the latest that has it beside no speculation
+    assert bench.tradeoffs_missing() is None
