@@ -436,7 +436,7 @@ def bandwidth_floor_ms(params: float, bytes_per_param: float = 2.0, bandwidth_by
 
 def session_for(cells_df, acceptance, session=None, modes=()) -> str:
     """The GPU session whose cells a view of one acceptance uses: ``session`` if given (it must have
-    cells at that acceptance), else the latest label that has completed cells of every mode in ``modes`` (a view
+    cells at that acceptance), else the latest label that has a completed cell (at any concurrency) of every mode in ``modes`` (a view
     comparing two modes needs both in one session: s26 measured PIECEWISE and stock FULL but not fixed FULL), else
     the latest label that has any (the view then says what it lacks)."""
     from .analysis import session_key

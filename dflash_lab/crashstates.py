@@ -19,6 +19,7 @@ import os
 import re
 
 from . import analysis
+from .errors import LabError
 
 # The report's numbers, as printed in seed-report.md ("State at crash time (from dump_input.py)").
 REPORT_STATES = {
@@ -131,24 +132,32 @@ def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
     row like :func:`path_rates`' (per concurrency crashed / runs that finished or crashed, warm-ups among them said,
     deadline cuts and failed starts left out; these runs record no core dump) and the crash state of every crash
     whose engine log kept vLLM's dump, with the CUDA error the log printed."""
-    d = bench_runs[(bench_runs["mode"] == BENCH_STOCK) & bench_runs["outcome"].isin(["ok", "crash"])]
+    stock = bench_runs[(bench_runs["mode"] == BENCH_STOCK) & ~bench_runs["cut_by_deadline"].fillna(False).astype(bool)]
+    d = stock[stock["outcome"].isin(["ok", "crash"])]
+    hung = stock[stock["outcome"] == "timeout"]   # neither finished nor crashed: said beside the count
     tps = sorted({int(t) for t in d["tensor_parallel_size"].dropna()}) or [1]
     row = {"path": "server, TP=" + "/".join(map(str, tps)) + ", benchmark", "acceptance": ", ".join(
         sorted({f"{a:g}" for a in d["acceptance"].dropna()})) or "-"}
     for c in concurrencies:
-        g = d[d["concurrency"] == c]
+        g, t = d[d["concurrency"] == c], int((hung["concurrency"] == c).sum())
         w = int(g["warmup"].sum())
-        row[c] = (f"{int(g['crashed'].sum())}/{len(g)}" + (f" ({w} a warm-up)" if w else "")) if len(g) else "not run"
+        notes = ([f"{w} a warm-up"] if w else []) + ([f"{t} timed out"] if t else [])
+        row[c] = (f"{int(g['crashed'].sum())}/{len(g)}" + (f" ({', '.join(notes)})" if notes else "")) if len(g) or t else "not run"
     row["faulting kernel (core dump)"] = ("-" if not len(d) else "no crash" if not d["crashed"].any()
                                           else "no core dump (benchmark runs record none)")
     row["instruments attached"] = f"{len(d)} plain" if len(d) else "-"
     states = []
-    for _, r in d[d["crashed"]].iterrows():
+    crashed = d[d["crashed"]]
+    shared = crashed["engine_log"].dropna()
+    if shared.duplicated().any():   # a crash ends its engine: one crash per engine log, whose dump and error are its own
+        raise LabError(f"bench lines name one engine log for several crashes: {sorted(set(shared[shared.duplicated()]))}")
+    for _, r in crashed.iterrows():
         log = r.get("engine_log")
         dumps = analysis.scheduler_dumps(log) if isinstance(log, str) else []
         if not dumps:
             continue
         m = CUDA_ERROR_RE.search(analysis.read_text(log))
+        sched = re.search(r"num_scheduled_tokens=\{([^}]*)\}", dumps[-1]["raw"])
         states.append({
             "name": f"{r['gpu_session']}/{r['engine_id']}.a{r['attempt']}", "run": r["run_id"], "file": r["file"],
             "cell": f"{BENCH_STOCK}, k={r['num_speculative_tokens']}, benchmark" + (
@@ -157,6 +166,7 @@ def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
             "acceptance (mean length)": r["acceptance"],
             **_dump_fields(dumps[-1], r["concurrency"], r["max_tokens"], int(r["num_speculative_tokens"])),
             "s into the run": None, "instruments": "none",
+            "scheduled requests": sched.group(1).count(":") if sched else None,
             "CUDA error": m.group(1).strip() if m else "not in the log"})
     return row, states
 

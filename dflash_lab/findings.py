@@ -250,9 +250,9 @@ def _bench_stock_clause(root) -> str:
         return ""
     runs = bench.load_bench(pattern)
     concs = sorted({int(c) for c in runs.loc[runs["mode"] == crashstates.BENCH_STOCK, "concurrency"]})
-    row, states = crashstates.bench_stock(runs, concs)
     if not concs:
         return ""
+    row, states = crashstates.bench_stock(runs, concs)
     errors = sorted({s["CUDA error"] for s in states})
     return (f" In the benchmark's stock FULL server engine (issue 11, {', '.join(sorted(set(runs.loc[runs['mode'] == crashstates.BENCH_STOCK, 'gpu_session'])))}; "
             "warm-ups included, no core dumps): " + "; ".join(f"concurrency {c}: {row[c]} crashed" for c in concs)

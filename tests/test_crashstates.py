@@ -1,6 +1,9 @@
 """The report's crash states beside ours, and the crash rate per path, on the recorded data."""
 
+import pytest
+
 from dflash_lab import analysis, crashstates as C
+from dflash_lab.errors import LabError
 
 
 def test_side_by_side_puts_the_report_first_and_merges_identical_dumps():
@@ -262,6 +265,7 @@ def test_bench_stock_s26_server_crashes_at_8():
     assert row[8] == "3/3 (1 a warm-up)" and row[1] == "0/6 (3 a warm-up)" and row[32] == "not run"
     assert row["faulting kernel (core dump)"].startswith("no core dump")
     assert [s["total_num_scheduled_tokens"] for s in st] == [112] * 3
+    assert [s["scheduled requests"] for s in st] == [7] * 3 and [s["num_running_reqs"] for s in st] == [7, 8, 7]
     assert sorted(s["CUDA error"] for s in st) == ["CUBLAS_STATUS_EXECUTION_FAILED", "device-side assert triggered",
                                                   "device-side assert triggered"]
     # the warm-up's lost steps are bounded by its own max_tokens (32), the measured runs' by 512
@@ -278,8 +282,14 @@ def test_bench_stock_counts_only_stock_runs_that_finished_or_crashed():
             ("DFlash FULL (stock)", "startup_error", 8, False), ("DFlash FULL (stock)", "timeout", 16, False),
             ("DFlash FULL (fixed)", "crash", 16, False), ("no speculation", "ok", 1, False)]
     df = pd.DataFrame([{"mode": m, "outcome": o, "concurrency": c, "warmup": w, "crashed": o == "crash",
-                        "tensor_parallel_size": 1, "acceptance": 1.86, "engine_log": None} for m, o, c, w in rows])
+                        "cut_by_deadline": False, "tensor_parallel_size": 1, "acceptance": 1.86, "engine_log": None}
+                       for m, o, c, w in rows])
     row, st = C.bench_stock(df, [1, 8, 16])
-    assert (row[1], row[8], row[16]) == ("not run", "1/2 (1 a warm-up)", "not run")
+    assert (row[1], row[8], row[16]) == ("not run", "1/2 (1 a warm-up)", "0/0 (1 timed out)")
+    cut = df.assign(cut_by_deadline=df["outcome"] == "timeout")   # a deadline cut is no outcome of the engine
+    assert C.bench_stock(cut, [16])[0][16] == "not run"
     assert st == []   # no engine log kept: no state
+    two = df.assign(engine_log="x.log", outcome="crash", crashed=True)[df["mode"] == "DFlash FULL (stock)"]
+    with pytest.raises(LabError, match="one engine log for several crashes"):
+        C.bench_stock(two, [8])
     assert C.bench_stock(df[df["mode"] != "DFlash FULL (stock)"], [8])[0]["faulting kernel (core dump)"] == "-"

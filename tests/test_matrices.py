@@ -36,7 +36,10 @@ def test_matrix_loads(path):
             warm = [r for r in e["runs"] if r.warmup]
             if warm:  # a warm-up sweep, 32 tokens a run, at each measured concurrency (stock FULL's: where it completed, s26)
                 assert all(r.max_tokens == 32 for r in warm)
-                assert [r.concurrency for r in warm] == ([1, 4, 16] if e["id"] == "full-stock" else [1, 4, 8, 16, 32, 64])
+                # at 1.86 stock FULL crashed at 8 in every engine start (s26); at 3.6 and 6.0 it has not run (at 8.8 it
+                # completed at 16 and 32, s21), so those sweep and repeat 8
+                stock_sweep = [1, 4, 16] if "acc1.86" in path else [1, 4, 8, 16]
+                assert [r.concurrency for r in warm] == (stock_sweep if e["id"] == "full-stock" else [1, 4, 8, 16, 32, 64])
                 measured = e["runs"][len(warm):]
             else:  # bench-acc1.86-a, the record of s24's run: one warm-up run, unflagged
                 assert (e["runs"][0].concurrency, e["runs"][0].max_tokens) == (2, 64)
@@ -45,5 +48,5 @@ def test_matrix_loads(path):
                 per_cell[r.concurrency] = per_cell.get(r.concurrency, 0) + 1
             if e["id"] != "full-stock":
                 assert set(per_cell) == {1, 4, 8, 16, 32, 64} and set(per_cell.values()) == {3}
-            elif warm:  # where stock crashed every engine start (8, 32, 64), once: a crash costs a restart
-                assert per_cell == {1: 3, 4: 3, 8: 1, 16: 3, 32: 1, 64: 1}
+            elif warm:  # where stock crashed every engine start (8 at 1.86, 32, 64), once: a crash costs a restart
+                assert per_cell == {1: 3, 4: 3, 8: 1 if "acc1.86" in path else 3, 16: 3, 32: 1, 64: 1}
