@@ -248,13 +248,14 @@ def _bench_stock_clause(root) -> str:
     pattern = str(Path(root) / "data" / "bench" / "*.jsonl")
     if not glob.glob(pattern):
         return ""
-    runs = bench.load_bench(pattern)
-    concs = sorted({int(c) for c in runs.loc[runs["mode"] == crashstates.BENCH_STOCK, "concurrency"]})
-    if not concs:
+    stock = bench.load_bench(pattern)
+    stock = stock[stock["mode"] == crashstates.BENCH_STOCK]
+    if stock.empty:
         return ""
-    row, states = crashstates.bench_stock(runs, concs)
+    concs = sorted({int(c) for c in stock["concurrency"]})
+    row, states = crashstates.bench_stock(stock, concs)
     errors = sorted({s["CUDA error"] for s in states})
-    return (f" In the benchmark's stock FULL server engine (issue 11, {', '.join(sorted(set(runs.loc[runs['mode'] == crashstates.BENCH_STOCK, 'gpu_session'])))}; "
+    return (f" In the benchmark's stock FULL server engine (issue 11, {', '.join(sorted(set(stock['gpu_session'])))}; "
             "warm-ups included, no core dumps): " + "; ".join(f"concurrency {c}: {row[c]} crashed" for c in concs)
             + (f"; crash steps of {'/'.join(str(s['num_running_reqs']) for s in states)} running requests, "
                f"{'/'.join(str(s['total_num_scheduled_tokens']) for s in states)} scheduled tokens; vLLM printed "

@@ -68,3 +68,17 @@ def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):
     text = out.read_text()
     assert "First wrong value" not in text and "Workaround today" in text
     assert "The OpenAI server at TP=1" in text   # the server's line needs the run lines only
+
+
+def test_the_findings_count_the_benchmark_stock_server_crashes():
+    from dflash_lab import findings
+
+    text = findings._bench_stock_clause(".")
+    assert "concurrency 8: 3/3 (1 a warm-up) crashed" in text and "concurrency 1: 0/6 (3 a warm-up) crashed" in text
+    assert "112/112/112 scheduled tokens" in text and "device-side assert triggered" in text
+
+
+def test_no_benchmark_no_stock_clause(tmp_path):
+    from dflash_lab import findings
+
+    assert findings._bench_stock_clause(tmp_path) == ""
