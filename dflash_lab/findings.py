@@ -84,7 +84,8 @@ def write_findings(root: Path, out: Path) -> Path:
          + (f". Clients of a crashed server got HTTP {', '.join(sorted(set(cv['HTTP statuses'])))} and then, inside the stream, "
             f"{', '.join(sorted(set(cv['first error body'].dropna())))}; requests already finished completed." if len(cv) else "."))
         if len(server) else "The OpenAI server path: not run on the GPU yet.")
-    server_line += _bench_stock_clause(root)
+    bench_runs = _bench_runs(root)   # read once: the speed sentence and the server sentence both use it
+    server_line += _bench_stock_clause(root, bench_runs)
     rope = analysis.compiled_kernel("triton_poi_fused_2")
     # crashes whose process outlived the core dump (keep-running): the engine log shows which device asserts failed
     keep = ft[ft["cell"].str.contains("keep running", regex=False)]
@@ -124,7 +125,7 @@ def write_findings(root: Path, out: Path) -> Path:
            if rope else "")
         + ".",
     ]
-    summary.insert(1, bench_line(root))
+    summary.insert(1, bench_line(root, bench_runs))
     if fd:
         summary.append(
             f"First wrong value (step probe, one run at concurrency {sp.iloc[-1]['reached']}, every "
@@ -240,15 +241,25 @@ draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
     return path
 
 
-def _bench_stock_clause(root) -> str:
-    """The benchmark's stock FULL server engine (issue 11) as crash evidence: its crashed / runs per concurrency and
-    vLLM's error text (the benchmark takes no core dumps), or "" when the benchmark has no stock runs."""
-    from . import bench, crashstates
+def _bench_runs(root):
+    """Every bench line under ``root`` (:func:`bench.load_bench`), or None when none is recorded."""
+    from . import bench
 
     pattern = str(Path(root) / "data" / "bench" / "*.jsonl")
-    if not glob.glob(pattern):
+    return bench.load_bench(pattern) if glob.glob(pattern) else None
+
+
+_UNREAD = object()   # a caller that did not read the bench lines: the function reads them itself
+
+
+def _bench_stock_clause(root, runs=_UNREAD) -> str:
+    """The benchmark's stock FULL server engine (issue 11) as crash evidence: its crashed / runs per concurrency and
+    vLLM's error text (the benchmark takes no core dumps), or "" when the benchmark has no stock runs."""
+    from . import crashstates
+
+    stock = _bench_runs(root) if runs is _UNREAD else runs
+    if stock is None:
         return ""
-    stock = bench.load_bench(pattern)
     stock = stock[stock["mode"] == crashstates.BENCH_STOCK]
     if stock.empty:
         return ""
@@ -262,7 +273,7 @@ def _bench_stock_clause(root) -> str:
                f"{', '.join(errors)}" if states else "") + ".")
 
 
-def bench_line(root=".") -> str:
+def bench_line(root=".", runs=_UNREAD) -> str:
     """The findings page's sentence on speed (issue 11): every side-by-side ratio of mean output throughput the
     benchmark has, per GPU session and acceptance, with the spread of the repeats, what the cells ran on, and the
     ratios not measured yet. Nothing is compared across sessions (``bench.speedup``)."""
@@ -270,10 +281,9 @@ def bench_line(root=".") -> str:
 
     from . import bench
 
-    pattern = str(Path(root) / "data" / "bench" / "*.jsonl")
-    if not glob.glob(pattern):
+    df = _bench_runs(root) if runs is _UNREAD else runs
+    if df is None:
         return "Speed (issue 11 benchmark): not measured yet."
-    df = bench.load_bench(pattern)
     c = bench.cells(df)
     tables, missing = bench.speedup_tables(c)
     done = df[df["outcome"].isin(["ok", "crash"])]
