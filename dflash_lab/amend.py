@@ -21,6 +21,11 @@
   ``requests_completed``, ``spec_decode_metrics``: the worker measured them, as on the ok path); ``outcome``,
   ``error``, ``fault`` and ``log_tail`` stay.
 
+- **process-name**: a fault (or an entry of ``fault.cores``) whose ``process`` differs from the name the engine log
+  recorded in ``DATA/gpu/NAME/<engine tag>.log`` gives its pid, read as :func:`coredump.processes` reads it now (a
+  pid's last prefix). vLLM 0.22.1 prefixes a tensor-parallel worker "(Worker pid=N)" before its rank is set and
+  "(Worker_TP0 pid=N)" after; the runner kept the first, so s27's TP=2 lines named both ranks 'Worker'.
+
 Every amended line gets an ``amended`` list entry: the rule, the recorded file the new values came from, the
 values it replaced (``as_recorded``) and the fields it added (``added``). The file is rewritten atomically, keeping
 its permissions (ingest leaves recorded files read-only), then ``NAME.meta.json`` gets an ``amendments`` entry
@@ -37,7 +42,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from .coredump import parse_cuda_gdb
+from .coredump import parse_cuda_gdb, processes
 from .errors import LabError
 from .runner import read_lines, run_end_fields
 
@@ -158,6 +163,28 @@ def _client_view(line: dict, data: Path, name: str) -> dict | None:
             "as_recorded": {k: line.get(k) for k in fields if k in line}}
 
 
+def _process_name(line: dict, data: Path, name: str) -> dict | None:
+    fl = line.get("fault") or {}
+    tag = _tag(line)
+    if not tag or (fl.get("pid") is None and not fl.get("cores")):
+        return None
+    src = data / "gpu" / name / f"{tag}.log"
+    names = processes(src)
+    if not names:
+        return None
+
+    def renamed(entry: dict) -> dict:
+        known = names.get(entry.get("pid"))
+        return dict(entry, process=known) if known and known != entry.get("process") else entry
+
+    new = renamed(fl)
+    if fl.get("cores"):
+        new["cores"] = [renamed(c) for c in fl["cores"]]
+    if new == fl:
+        return None
+    return {"rule": "process-name", "source": str(src), "set": {"fault": new}, "as_recorded": {"fault": fl}}
+
+
 def amend(name: str, data_dir: str = "data") -> dict:
     data = Path(data_dir)
     path = data / "runs" / f"{name}.jsonl"
@@ -172,7 +199,7 @@ def amend(name: str, data_dir: str = "data") -> dict:
     changed = []
     for i, line in enumerate(lines):
         for make in (lambda: _stale_core(line, data, name, path, recorded), lambda: _gdb_reread(line, data, name),
-                     lambda: _client_view(line, data, name)):
+                     lambda: _client_view(line, data, name), lambda: _process_name(line, data, name)):
             rule = make()   # each rule sees the line as the rules before it left it
             if rule is None:
                 continue

@@ -149,14 +149,17 @@ MAX_CORES = 4
 
 
 def processes(engine_log: str | os.PathLike | None) -> dict[int, str]:
-    """{pid: vLLM process name} from an engine log's line prefixes (EngineCore, Worker_TP0, ...)."""
+    """{pid: vLLM process name} from an engine log's line prefixes (EngineCore, Worker_TP0, ...).
+
+    A pid's last name wins: vLLM 0.22.1 prefixes a tensor-parallel worker "(Worker pid=N)" until its rank is set
+    and "(Worker_TP0 pid=N)" after (s27's TP=2 logs); the first name named every rank 'Worker'."""
     if engine_log is None or not os.path.isfile(engine_log):
         return {}
     out = {}
     with open(engine_log, errors="replace") as fh:
         for line in fh:
             for name, pid in PROCESS_RE.findall(line):
-                out.setdefault(int(pid), name)
+                out[int(pid)] = name
     return out
 
 

@@ -78,6 +78,8 @@ def main():
                 # two "ranks": each prints with vLLM's log prefix; rank 1's dump finishes first, rank 0's later
                 for rank, (chunks, tag) in enumerate(((5, "RANK0"), (2, "RANK1"))):
                     if os.fork() == 0:
+                        # vLLM 0.22.1 names a worker "Worker" until its rank is set, then "Worker_TP<rank>" (s27 log)
+                        print(f"(Worker pid={os.getpid()}) INFO world_size=2 rank={rank}", flush=True)
                         print(f"(Worker_TP{rank} pid={os.getpid()}) INFO loading weights", flush=True)
                         _write_core(_core_path(os.getpid()), chunks, tag)
             print("[rank0]: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)

@@ -168,3 +168,32 @@ def test_a_rank_core_of_an_earlier_line_is_claimed_too(data):
     with pytest.raises(LabError, match="stock-c24-c28/c28/r0"):
         amend(I, data_dir=str(data))
     assert p.read_text() == text
+
+
+TP2 = "2026-12-01_h200x2_tp2-offline-c"
+
+
+def test_tp2_ranks_are_named_from_the_recorded_engine_log(tmp_path):
+    """s27 (TP=2): vLLM named each worker 'Worker' before its rank was set and 'Worker_TP<n>' after; the runner
+    recorded the first. The rule names both ranks of each crash from the engine log recorded beside the lines."""
+    d = tmp_path / "data"
+    (d / "runs").mkdir(parents=True)
+    lines = read_lines(ROOT / "data" / "runs" / f"{TP2}.jsonl")
+    for l in lines:   # as ingested
+        for a in reversed(l.pop("amended", [])):
+            l.update(a["as_recorded"])
+    assert {c["process"] for l in lines if l.get("fault") for c in l["fault"]["cores"]} == {"Worker"}
+    (d / "runs" / f"{TP2}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    shutil.copytree(ROOT / "data" / "gpu" / TP2, d / "gpu" / TP2)
+    out = amend(TP2, data_dir=str(d))
+    assert out["amended"] == [{"run_id": "tp2-stock/c16/r1", "rule": "process-name"},
+                              {"run_id": "tp2-stock/c16/r2", "rule": "process-name"}]
+    after = _by_id(d / "runs" / f"{TP2}.jsonl")
+    f = after["tp2-stock/c16/r1"]["fault"]
+    assert (f["process"], f["pid"]) == ("Worker_TP1", 3180)
+    assert [(c["process"], c["pid"]) for c in f["cores"]] == [("Worker_TP1", 3180), ("Worker_TP0", 3179)]
+    assert after["tp2-stock/c16/r2"]["fault"]["process"] == "Worker_TP0"
+    assert after["tp2-stock/c16/r1"]["amended"][0]["as_recorded"]["fault"]["process"] == "Worker"
+    # the ok lines are untouched, and a second run finds nothing to amend
+    assert "amended" not in after["tp2-stock/c32/r3"]
+    assert amend(TP2, data_dir=str(d))["amended"] == []
