@@ -358,6 +358,32 @@ def plot_threshold(rates, states, path="offline, TP=1"):
     return fig
 
 
+def rank_faults(df):
+    """Per crashed stock run with tensor parallelism > 1: the core of each rank (the vLLM process that wrote it and the
+    kernel it names), whether every rank's core names the same kernel, and which dump finished first (the runner
+    leads the fault with it). Finishing first is when a dump completed, not proof of which rank faulted first: each
+    rank's dump starts at its own exception. A run whose fault lists fewer cores than its tensor parallelism says so
+    ("ranks with a core")."""
+    import pandas as pd
+
+    d = analysis.stock_full(df, acceptance=None)
+    d = d[d["crashed"] & (d["tensor_parallel_size"].fillna(1) > 1)]
+    rows = []
+    for _, r in d.iterrows():
+        f = r.get("fault") if isinstance(r.get("fault"), dict) else {}
+        cores = f.get("cores") or ([{k: f.get(k) for k in ("process", "pid", "kernel")}] if f.get("kernel") else [])
+        kernels = {c.get("kernel") for c in cores}
+        rows.append({"run": r["run_id"], "file": r["file"], "path": f"{r.get('mode') or 'offline'}, TP={int(r['tensor_parallel_size'])}",
+                     "concurrency": r["concurrency"],
+                     "ranks with a core": f"{len(cores)} of {int(r['tensor_parallel_size'])}",
+                     "kernel per rank": "; ".join(f"{c.get('process') or c.get('pid')}: {c.get('kernel')}"
+                                                  for c in sorted(cores, key=lambda c: str(c.get("process")))),
+                     "same kernel on every rank": len(cores) == int(r["tensor_parallel_size"]) and len(kernels) == 1,
+                     "dump finished first": f.get("process") if cores else "no core dump"})
+    return pd.DataFrame(rows, columns=["run", "file", "path", "concurrency", "ranks with a core", "kernel per rank",
+                                       "same kernel on every rank", "dump finished first"])
+
+
 def client_view(df):
     """What a server's clients saw in each stock server run that crashed: requests completed and failed, the HTTP
     statuses, how the failures arrived (``error_kind``: a non-200 status, or an error event inside a 200 stream) and

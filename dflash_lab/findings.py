@@ -86,6 +86,7 @@ def write_findings(root: Path, out: Path) -> Path:
         if len(server) else "The OpenAI server path: not run on the GPU yet.")
     bench_runs = _bench_runs(root)   # read once: the speed sentence and the server sentence both use it
     server_line += _bench_stock_clause(root, bench_runs)
+    server_line += _tp2_clause(df, stock_all, crashstates.rank_faults(df), stock)
     rope = analysis.compiled_kernel("triton_poi_fused_2")
     # crashes whose process outlived the core dump (keep-running): the engine log shows which device asserts failed
     keep = ft[ft["cell"].str.contains("keep running", regex=False)]
@@ -247,6 +248,36 @@ def _bench_runs(root):
 
     pattern = str(Path(root) / "data" / "bench" / "*.jsonl")
     return bench.load_bench(pattern) if glob.glob(pattern) else None
+
+
+def _tp2_clause(df, stock_all, ranks, tp1_offline) -> str:
+    """Stock offline runs at tensor parallelism 2 (issue 12): crashed / runs per concurrency beside TP=1's, what
+    each rank's core dump named, and whether the PIECEWISE control and the server ran at TP=2. Empty when none ran."""
+    tp2 = stock_all[(stock_all["mode"].fillna("offline") == "offline") & (stock_all["tensor_parallel_size"] == 2)]
+    if not len(tp2):
+        return ""
+    per_c = "; ".join(
+        f"concurrency {c}: {int(g['crashed'].sum())}/{len(g)} crashed"
+        + (f" (TP=1: {int(t['crashed'].sum())}/{len(t)})" if len(t := tp1_offline[tp1_offline.concurrency == c]) else "")
+        for c, g in tp2.groupby("concurrency"))
+    r2 = ranks[ranks["path"] == "offline, TP=2"]
+    same = int(r2["same kernel on every rank"].sum())
+    kernels = "; ".join(sorted(set(r2["kernel per rank"].str.split("; ").str[0].str.split(": ").str[1])))
+    first = ", ".join(f"{p}'s {n} times" for p, n in sorted(r2["dump finished first"].value_counts().items()))
+    return (f" Offline at TP=2 (two H200s, NVLink multicast off as the runner sets it for every engine; {', '.join(sorted(set(tp2['gpu_session'].dropna())))}): "
+            f"{per_c}; in {same} of {len(r2)} crashes both ranks' core dumps name the same kernel ({kernels}; "
+            "triton_poi_fused_3 is triton_poi_fused_2 compiled at one rank's head counts); the dump that finished first was "
+            f"{first}. " + _tp2_controls(df, stock_all))
+
+
+def _tp2_controls(df, stock_all) -> str:
+    """The TP=2 PIECEWISE control and stock server runs, counted, or named as not run."""
+    pw = df[(df["spec_method"] == "dflash") & (df["cudagraph_mode"] == "PIECEWISE") & (df["tensor_parallel_size"] == 2)
+            & (df["enforce_eager"] != True)]
+    srv = stock_all[(stock_all["mode"] == "server") & (stock_all["tensor_parallel_size"] == 2)]
+    parts = [f"DFlash PIECEWISE at TP=2: {analysis.breakdown(pw)}" if len(pw) else "The PIECEWISE control at TP=2: not run yet",
+             f"the server at TP=2: {analysis.breakdown(srv)}" if len(srv) else "the server at TP=2: not run yet"]
+    return "; ".join(parts) + "."
 
 
 _UNREAD = object()   # a caller that did not read the bench lines: the function reads them itself

@@ -293,3 +293,36 @@ def test_bench_stock_counts_only_stock_runs_that_finished_or_crashed():
     with pytest.raises(LabError, match="one engine log for several crashes"):
         C.bench_stock(two, [8])
     assert C.bench_stock(df[df["mode"] != "DFlash FULL (stock)"], [8])[0]["faulting kernel (core dump)"] == "-"
+
+
+def test_tp2_s27_offline_row_and_ranks():
+    """s27 (nvidia-h200-x2): stock offline TP=2 crashed at 16 in every run (TP=1: 0 of 8) and once in 5 at 32;
+    both ranks' cores name the same kernel in every crash."""
+    df = analysis.load_runs()
+    r = C.path_rates(df).set_index("path")
+    assert r.loc["offline, TP=2", 16] == "3/3" and r.loc["offline, TP=2", 32] == "1/5"
+    assert r.loc["offline, TP=2", "faulting kernel (core dump)"] == \
+        "copy_and_expand_dflash_inputs_kernel (1), triton_poi_fused_3 (3)"
+    rf = C.rank_faults(df)
+    assert len(rf) == 4 and set(rf["path"]) == {"offline, TP=2"}
+    assert rf["same kernel on every rank"].all() and set(rf["ranks with a core"]) == {"2 of 2"}
+    assert sorted(rf["dump finished first"]) == ["Worker_TP0", "Worker_TP0", "Worker_TP1", "Worker_TP1"]
+    assert all(k.startswith("Worker_TP0: ") and "; Worker_TP1: " in k for k in rf["kernel per rank"])
+    # the TP=2 kernel is TP=1's drafter q/k norm + RoPE at one rank's head counts: same asserts, drafter graph only
+    k2, k1 = analysis.compiled_kernel("triton_poi_fused_3"), analysis.compiled_kernel("triton_poi_fused_2")
+    assert k2["defined_in"] == ["eagle_head"] and k2["device_asserts"] == k1["device_asserts"]
+
+
+def test_rank_faults_says_when_a_rank_has_no_core():
+    import pandas as pd
+    df = analysis.load_runs()   # a recorded stock TP=2 crash line, its fault replaced
+    row = df[df["run_id"] == "tp2-stock/c16/r0"].iloc[0].to_dict()
+    one = dict(row, run_id="one-core", fault={"kernel": "k1", "process": "Worker_TP1", "pid": 7})
+    two = dict(row, run_id="two-kernels", fault={"kernel": "k1", "process": "Worker_TP0", "pid": 8, "cores": [
+        {"process": "Worker_TP0", "pid": 8, "kernel": "k1"}, {"process": "Worker_TP1", "pid": 9, "kernel": "k2"}]})
+    none = dict(row, run_id="no-dump", fault=None)
+    rf = C.rank_faults(pd.DataFrame([one, two, none])).set_index("run")
+    assert rf.loc["one-core", "ranks with a core"] == "1 of 2" and not rf.loc["one-core", "same kernel on every rank"]
+    assert not rf.loc["two-kernels", "same kernel on every rank"]
+    assert rf.loc["two-kernels", "kernel per rank"] == "Worker_TP0: k1; Worker_TP1: k2"
+    assert rf.loc["no-dump", "dump finished first"] == "no core dump" and rf.loc["no-dump", "ranks with a core"] == "0 of 2"

@@ -82,3 +82,31 @@ def test_no_benchmark_no_stock_clause(tmp_path):
     from dflash_lab import findings
 
     assert findings._bench_stock_clause(tmp_path) == ""
+
+
+def _tp2_inputs(df):
+    from dflash_lab import analysis, crashstates
+
+    sa = analysis.stock_full(df)
+    sa = sa[~sa.apply(analysis.is_deadline_cut, axis=1)]
+    tp1 = sa[(sa["mode"].fillna("offline") == "offline") & (sa["tensor_parallel_size"] == 1)]
+    return sa, crashstates.rank_faults(df), tp1
+
+
+def test_the_findings_state_tp2_beside_tp1_s27():
+    from dflash_lab import analysis, findings
+
+    df = analysis.load_runs()
+    text = findings._tp2_clause(df, *_tp2_inputs(df))
+    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 15/15)" in text
+    assert "in 4 of 4 crashes both ranks' core dumps name the same kernel" in text
+    assert "Worker_TP0's 2 times, Worker_TP1's 2 times" in text
+    assert "The PIECEWISE control at TP=2: not run yet; the server at TP=2: not run yet." in text
+
+
+def test_no_tp2_runs_no_tp2_clause():
+    from dflash_lab import analysis, findings
+
+    df = analysis.load_runs()
+    df = df[df["tensor_parallel_size"] == 1]
+    assert findings._tp2_clause(df, *_tp2_inputs(df)) == ""
