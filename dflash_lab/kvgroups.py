@@ -75,6 +75,26 @@ def hybrid_layers(num_layers: int = 40, full_attention_interval: int = 4, target
     return out
 
 
+def kv_heads_per_rank(total_kv_heads: int, tp: int) -> int:
+    """KV heads one tensor-parallel rank holds: vLLM 0.22.1's ``QKVParallelLinear`` rule
+    (``vllm/model_executor/layers/linear.py``: with ``tp >= total`` each rank holds one replicated head, else
+    ``total / tp``)."""
+    if tp < 1 or total_kv_heads < 1:
+        raise LabError("tensor parallelism and KV heads must be >= 1")
+    if tp >= total_kv_heads:
+        return 1
+    if total_kv_heads % tp:
+        raise LabError(f"{total_kv_heads} KV heads do not divide over {tp} ranks")
+    return total_kv_heads // tp
+
+
+def rank_layers(tp: int, target_attn=(2, 256), draft_attn=(4, 128), **kw) -> dict:
+    """:func:`hybrid_layers` as one rank of tensor parallelism ``tp`` sees them: each attention spec with that rank's
+    KV heads (the GDN layers stay one spec among themselves, whatever their per-rank size)."""
+    return hybrid_layers(target_attn=(kv_heads_per_rank(target_attn[0], tp), target_attn[1]),
+                         draft_attn=(kv_heads_per_rank(draft_attn[0], tp), draft_attn[1]), **kw)
+
+
 def groups(layers: dict) -> list[dict]:
     """KV-cache groups: [{"gid", "spec", "layers"}] in vLLM's order."""
     grouped = vllm_grouping()(layers)

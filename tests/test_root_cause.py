@@ -29,6 +29,32 @@ def test_dflash_draft_splits_the_targets_attention_layers_into_two_groups():
     assert kvgroups.metadata_reusers(kvgroups.groups(kvgroups.hybrid_layers(mtp_layers=1))) == []
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_one_rank_of_tensor_parallelism_gets_the_same_groups(tp):
+    """s27 crashed at TP=2: each rank's attention specs hold fewer KV heads (vLLM's QKVParallelLinear rule), but the
+    grouping counts layers per spec, so the same attention layers reuse another group's metadata (TP=4: the report's)."""
+    assert [kvgroups.kv_heads_per_rank(2, tp), kvgroups.kv_heads_per_rank(4, tp)] == {2: [1, 2], 4: [1, 1]}[tp]
+    layers = kvgroups.rank_layers(tp, draft_layers=5)
+    assert {layers["language_model.model.layers.3.self_attn.attn"], layers["model.layers.40.self_attn.attn"]} == {
+        ("full_attention", 1, 256), ("full_attention", {2: 2, 4: 1}[tp], 128)}
+    gs = kvgroups.groups(layers)
+    assert [(g["spec"][0], len(g["layers"])) for g in gs] == [("mamba", 5)] * 6 + [("full_attention", 5)] * 3
+    reusers = kvgroups.metadata_reusers(gs)
+    assert [kvgroups.layer_index(x) for r in reusers for x in r["layers"]] == [7, 15, 23, 31, 39]
+
+
+def test_kv_heads_per_rank_follows_vllm():
+    from dflash_lab.errors import LabError
+    from dflash_lab.vllm_sources import read_source
+
+    # the rule is vLLM's: replicate one head per rank when the ranks outnumber the heads
+    assert "if tp_size >= self.total_num_kv_heads:\n            self.num_kv_heads = 1" in read_source(
+        "vllm/model_executor/layers/linear.py")
+    assert kvgroups.kv_heads_per_rank(8, 2) == 4 and kvgroups.kv_heads_per_rank(2, 8) == 1
+    with pytest.raises(LabError):
+        kvgroups.kv_heads_per_rank(6, 4)
+
+
 def test_stock_second_group_graph_replays_the_capture_schedule():
     r = rootcause.simulate(refresh=None)
     assert r["graph_reads"][6] == r["step"] and r["metadata_carries"][6] == r["step"]
