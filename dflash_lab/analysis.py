@@ -397,6 +397,24 @@ def compiled_kernel(name: str, data_dir: str = "data/gpu") -> dict | None:
     return None
 
 
+def kernel_shape_diff(a: str, b: str, data_dir: str = "data/gpu") -> list[tuple[str, str]] | None:
+    """Two recorded compiled kernels (:func:`compiled_kernel`) compared on their function bodies (from ``def`` on,
+    the kernel name aside) with every integer literal masked: None when they differ in anything but integers (another
+    kernel), else the (a, b) pairs of integer literals that differ, in order: e.g. the same fused kernel compiled for
+    other head counts. A kernel not recorded raises."""
+    bodies = []
+    for name in (a, b):
+        k = compiled_kernel(name, data_dir)
+        if k is None:
+            raise LabError(f"compiled kernel {name} is not recorded under {data_dir}/*compile-cache*/")
+        text = Path(k["source"]).read_text()
+        bodies.append(text[text.index(f"def {name}("):].replace(f"def {name}(", "def KERNEL(", 1))
+    num = re.compile(r"(?<![\w.])\d+(?![\w.])")
+    if num.sub("N", bodies[0]) != num.sub("N", bodies[1]):
+        return None
+    return [(x, y) for x, y in zip(num.findall(bodies[0]), num.findall(bodies[1])) if x != y]
+
+
 def crash_signatures(df) -> list[dict]:
     """Distinct crash errors with the ERROR lines of one log that shows each."""
     out = {}

@@ -378,10 +378,13 @@ def rank_faults(df):
                      "ranks with a core": f"{len(cores)} of {int(r['tensor_parallel_size'])}",
                      "kernel per rank": "; ".join(f"{c.get('process') or c.get('pid')}: {c.get('kernel')}"
                                                   for c in sorted(cores, key=lambda c: str(c.get("process")))),
-                     "same kernel on every rank": len(cores) == int(r["tensor_parallel_size"]) and len(kernels) == 1,
+                     # unread cores (kernel None) name nothing: they cannot agree
+                     "same kernel on every rank": len(cores) == int(r["tensor_parallel_size"]) and len(kernels) == 1
+                     and None not in kernels,
+                     "kernels": "; ".join(sorted(k for k in kernels if k)) or ("unread" if cores else "no core dump"),
                      "dump finished first": f.get("process") if cores else "no core dump"})
     return pd.DataFrame(rows, columns=["run", "file", "path", "concurrency", "ranks with a core", "kernel per rank",
-                                       "same kernel on every rank", "dump finished first"])
+                                       "same kernel on every rank", "kernels", "dump finished first"])
 
 
 def client_view(df):

@@ -10,6 +10,7 @@ import base64
 import glob
 import html
 import json
+import numbers
 import os
 import time
 from pathlib import Path
@@ -47,8 +48,9 @@ def write_findings(root: Path, out: Path) -> Path:
     sig = analysis.crash_signatures(df)
     ft = analysis.fault_table(df)
     named = ft[ft["faulting kernel"] != "no core dump"]
-    # one entry per (configuration, kernel, exception, source), with the number of core dumps that named it
-    each = [f"{r['cell']}: {r['faulting kernel']} ({r['exception']}"
+    # one entry per (path, configuration, kernel, exception, source), with the number of core dumps that named it
+    # (the path keeps TP=2's or the server's dumps apart from the offline TP=1 ones of the same configuration)
+    each = [f"{r['path']}, {r['cell']}: {r['faulting kernel']} ({r['exception']}"
             + (f", {r['source']}" if isinstance(r["source"], str) else "") + ")" for _, r in named.iterrows()]
     faults = "; ".join(f"{e} x{each.count(e)} dumps" if each.count(e) > 1 else e for e in dict.fromkeys(each))
     pt = verification.probe_table(df)
@@ -252,7 +254,7 @@ def _bench_runs(root):
 
 def _tp2_clause(df, stock_all, ranks, tp1_offline) -> str:
     """Stock offline runs at tensor parallelism 2 (issue 12): crashed / runs per concurrency beside TP=1's, what
-    each rank's core dump named, and whether the PIECEWISE control and the server ran at TP=2. Empty when none ran."""
+    each rank's core dump named, and the TP=2 controls (:func:`_tp2_controls`). Empty when none ran."""
     tp2 = stock_all[(stock_all["mode"].fillna("offline") == "offline") & (stock_all["tensor_parallel_size"] == 2)]
     if not len(tp2):
         return ""
@@ -260,23 +262,40 @@ def _tp2_clause(df, stock_all, ranks, tp1_offline) -> str:
         f"concurrency {c}: {int(g['crashed'].sum())}/{len(g)} crashed"
         + (f" (TP=1: {int(t['crashed'].sum())}/{len(t)})" if len(t := tp1_offline[tp1_offline.concurrency == c]) else "")
         for c, g in tp2.groupby("concurrency"))
+    gpus = ", ".join(sorted({f"{int(n)} x {g}" for g, n in zip(tp2.get("gpu", []), tp2.get("gpu_count", []))
+                             if isinstance(g, str) and isinstance(n, numbers.Number) and n == n}))
     r2 = ranks[ranks["path"] == "offline, TP=2"]
-    same = int(r2["same kernel on every rank"].sum())
-    kernels = "; ".join(sorted(set(r2["kernel per rank"].str.split("; ").str[0].str.split(": ").str[1])))
-    first = ", ".join(f"{p}'s {n} times" for p, n in sorted(r2["dump finished first"].value_counts().items()))
-    return (f" Offline at TP=2 (two H200s, NVLink multicast off as the runner sets it for every engine; {', '.join(sorted(set(tp2['gpu_session'].dropna())))}): "
-            f"{per_c}; in {same} of {len(r2)} crashes both ranks' core dumps name the same kernel ({kernels}; "
-            "triton_poi_fused_3 is triton_poi_fused_2 compiled at one rank's head counts); the dump that finished first was "
-            f"{first}. " + _tp2_controls(df, stock_all))
+    crashes = ""
+    if len(r2):
+        named = r2["kernels"].value_counts()
+        crashes = (f"; the {len(r2)} crashes' core dumps name " + ", ".join(f"{k} ({n})" for k, n in sorted(named.items()))
+                   + f"; in {int(r2['same kernel on every rank'].sum())} of {len(r2)} every rank's core names the same "
+                   "kernel; the dump that finished first was "
+                   + ", ".join(f"{p}'s {n} times" for p, n in sorted(r2["dump finished first"].value_counts().items()))
+                   + (" (triton_poi_fused_3: the drafter's RoPE kernel, TP=1's triton_poi_fused_2, compiled for one "
+                      "rank; notebook 03)" if r2["kernels"].str.contains("triton_poi_fused_3", regex=False).any() else ""))
+    return (f" Offline at TP=2 ({gpus + '; ' if gpus else ''}NVLink multicast off, as the runner sets it for every engine; "
+            f"{', '.join(sorted(set(tp2['gpu_session'].dropna())))}): {per_c}{crashes}. " + _tp2_controls(df, stock_all))
 
 
 def _tp2_controls(df, stock_all) -> str:
-    """The TP=2 PIECEWISE control and stock server runs, counted, or named as not run."""
-    pw = df[(df["spec_method"] == "dflash") & (df["cudagraph_mode"] == "PIECEWISE") & (df["tensor_parallel_size"] == 2)
-            & (df["enforce_eager"] != True)]
+    """The TP=2 PIECEWISE control, the fix and the stock server, each per path and concurrency, or named as not run."""
+    d = df[(df["tensor_parallel_size"] == 2) & ~df.apply(analysis.is_deadline_cut, axis=1)]
+    dflash = d[(d["spec_method"] == "dflash") & (d["enforce_eager"] != True)]
+    pw = dflash[(dflash["cudagraph_mode"] == "PIECEWISE") & (dflash["fix"] != True)]
+    fix = dflash[(dflash["cudagraph_mode"] == "FULL_AND_PIECEWISE") & (dflash["fix"] == True)]
     srv = stock_all[(stock_all["mode"] == "server") & (stock_all["tensor_parallel_size"] == 2)]
-    parts = [f"DFlash PIECEWISE at TP=2: {analysis.breakdown(pw)}" if len(pw) else "The PIECEWISE control at TP=2: not run yet",
-             f"the server at TP=2: {analysis.breakdown(srv)}" if len(srv) else "the server at TP=2: not run yet"]
+
+    def per_path(runs, what, not_run):
+        if not len(runs):
+            return not_run
+        return "; ".join(f"{what}, {mode}: " + ", ".join(f"concurrency {c}: {analysis.breakdown(g)}"
+                                                         for c, g in m.groupby("concurrency"))
+                         for mode, m in runs.groupby(runs["mode"].fillna("offline")))
+
+    parts = [per_path(pw, "DFlash PIECEWISE at TP=2", "The PIECEWISE control at TP=2: not run yet"),
+             per_path(fix, "DFlash FULL_AND_PIECEWISE with the fix at TP=2", "the fix at TP=2: not run yet"),
+             per_path(srv, "stock at TP=2", "the server at TP=2: not run yet")]
     return "; ".join(parts) + "."
 
 

@@ -321,8 +321,26 @@ def test_rank_faults_says_when_a_rank_has_no_core():
     two = dict(row, run_id="two-kernels", fault={"kernel": "k1", "process": "Worker_TP0", "pid": 8, "cores": [
         {"process": "Worker_TP0", "pid": 8, "kernel": "k1"}, {"process": "Worker_TP1", "pid": 9, "kernel": "k2"}]})
     none = dict(row, run_id="no-dump", fault=None)
-    rf = C.rank_faults(pd.DataFrame([one, two, none])).set_index("run")
+    unread = dict(row, run_id="unread", fault={"kernel": None, "process": "Worker_TP0", "pid": 8, "error": "gdb", "cores": [
+        {"process": "Worker_TP0", "pid": 8, "kernel": None}, {"process": "Worker_TP1", "pid": 9, "kernel": None}]})
+    rf = C.rank_faults(pd.DataFrame([one, two, none, unread])).set_index("run")
+    assert rf.loc["unread", "ranks with a core"] == "2 of 2" and not rf.loc["unread", "same kernel on every rank"]
     assert rf.loc["one-core", "ranks with a core"] == "1 of 2" and not rf.loc["one-core", "same kernel on every rank"]
     assert not rf.loc["two-kernels", "same kernel on every rank"]
     assert rf.loc["two-kernels", "kernel per rank"] == "Worker_TP0: k1; Worker_TP1: k2"
     assert rf.loc["no-dump", "dump finished first"] == "no core dump" and rf.loc["no-dump", "ranks with a core"] == "0 of 2"
+
+
+def test_kernel_shape_diff_on_the_recorded_rope_kernels(tmp_path):
+    d = analysis.kernel_shape_diff("triton_poi_fused_2", "triton_poi_fused_3")
+    assert d and ("5120", "2560") in d and all(int(x) == 2 * int(y) or int(x) - 64 == 2 * (int(y) - 64) for x, y in d)
+    with pytest.raises(LabError, match="not recorded"):
+        analysis.kernel_shape_diff("triton_poi_fused_2", "no_such_kernel")
+    # another kernel (a different operation, not only other integers) is not the same kernel
+    folder = tmp_path / "x_compile-cache-t"
+    folder.mkdir()
+    (folder / "k_a.py").write_text("def k_a(x):\n    return x * 4\n")
+    (folder / "k_b.py").write_text("def k_b(x):\n    return x + 4\n")
+    (folder / "k_c.py").write_text("def k_c(x):\n    return x * 2\n")
+    assert analysis.kernel_shape_diff("k_a", "k_b", data_dir=str(tmp_path)) is None
+    assert analysis.kernel_shape_diff("k_a", "k_c", data_dir=str(tmp_path)) == [("4", "2")]

@@ -99,9 +99,36 @@ def test_the_findings_state_tp2_beside_tp1_s27():
     df = analysis.load_runs()
     text = findings._tp2_clause(df, *_tp2_inputs(df))
     assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 15/15)" in text
-    assert "in 4 of 4 crashes both ranks' core dumps name the same kernel" in text
+    assert "(2 x NVIDIA H200; " in text
+    assert "core dumps name copy_and_expand_dflash_inputs_kernel (1), triton_poi_fused_3 (3)" in text
+    assert "in 4 of 4 every rank's core names the same kernel" in text
     assert "Worker_TP0's 2 times, Worker_TP1's 2 times" in text
-    assert "The PIECEWISE control at TP=2: not run yet; the server at TP=2: not run yet." in text
+    assert ("The PIECEWISE control at TP=2: not run yet; the fix at TP=2: not run yet; "
+            "the server at TP=2: not run yet.") in text
+
+
+def test_tp2_clause_with_a_crash_without_core_and_controls_per_concurrency():
+    """A stock crash whose core dump failed, a TP=2 run without a crash, PIECEWISE and fix runs: no error, and each
+    control counted per path and concurrency."""
+    import pandas as pd
+    from dflash_lab import analysis, findings
+
+    df = analysis.load_runs()
+    base = df[df["run_id"] == "tp2-stock/c16/r0"].iloc[0].to_dict()
+    rows = [dict(base, run_id="s/c16/r9", fault=None),
+            dict(base, run_id="pw/c16/r0", cudagraph_mode="PIECEWISE", outcome="ok", crashed=False, fault=None),
+            dict(base, run_id="pw/c32/r0", cudagraph_mode="PIECEWISE", outcome="ok", crashed=False, fault=None, concurrency=32),
+            dict(base, run_id="fix/c16/r0", fix=True, outcome="ok", crashed=False, fault=None)]
+    d = pd.DataFrame(rows)
+    text = findings._tp2_clause(d, *_tp2_inputs(d))
+    assert "concurrency 16: 1/1 crashed" in text and "no core dump (1)" in text and "in 0 of 1 every rank's" in text
+    assert "triton_poi_fused_3:" not in text
+    assert "DFlash PIECEWISE at TP=2, offline: concurrency 16: 0/1 crashed" in text and "concurrency 32: 0/1 crashed" in text
+    assert "with the fix at TP=2, offline: concurrency 16: 0/1 crashed" in text
+    # TP=2 stock runs that all completed: no crash part, nothing empty printed
+    ok = pd.DataFrame([dict(base, run_id="s/c16/r8", outcome="ok", crashed=False, fault=None)])
+    text = findings._tp2_clause(ok, *_tp2_inputs(ok))
+    assert "concurrency 16: 0/1 crashed" in text and "core dumps name" not in text and "()" not in text
 
 
 def test_no_tp2_runs_no_tp2_clause():
