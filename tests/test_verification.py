@@ -94,7 +94,8 @@ def test_canary_stops_are_not_crashes(df):
 def test_stock_full_breakdown(df):
     s = analysis.stock_full(df)
     assert not s["fix"].any() and not (s["probe"] == True).any() and not (s["canary"] == True).any()
-    s32 = s[(s["concurrency"] == 32) & ~s.apply(analysis.is_deadline_cut, axis=1)]
+    # TP=1 (offline and server): at TP=2, 32 crashed 1 of 5 (s27; tests/test_crashstates.py)
+    s32 = s[(s["concurrency"] == 32) & (s["tensor_parallel_size"] == 1) & ~s.apply(analysis.is_deadline_cut, axis=1)]
     text = analysis.breakdown(s32)
     assert text.startswith(f"{len(s32)}/{len(s32)} crashed (") and "plain" in text and "with core dump on" in text
 
