@@ -130,8 +130,11 @@ BENCH_STOCK = "DFlash FULL (stock)"   # dflash_lab.bench.mode_of
 def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
     """Stock DFlash FULL_AND_PIECEWISE in the benchmark (issue 11's server runs, :func:`bench.load_bench`): a crash-rate
     row like :func:`path_rates`' (per concurrency crashed / runs that finished or crashed, warm-ups among them said,
-    deadline cuts and failed starts left out; these runs record no core dump) and the crash state of every crash
-    whose engine log kept vLLM's dump, with the CUDA error the log printed."""
+    deadline cuts and failed starts left out; the kernels core dumps named, where the stock engine took them: the
+    s2 bench matrices turn them on from s27, s26's runs recorded none) and the crash state of every crash whose
+    engine log kept vLLM's dump, with the CUDA error the log printed."""
+    import pandas as pd
+
     stock = bench_runs[(bench_runs["mode"] == BENCH_STOCK) & ~bench_runs["cut_by_deadline"].fillna(False).astype(bool)]
     d = stock[stock["outcome"].isin(["ok", "crash"])]
     hung = stock[stock["outcome"] == "timeout"]   # neither finished nor crashed: said beside the count
@@ -143,11 +146,22 @@ def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
         w = int(g["warmup"].sum())
         notes = ([f"{w} a warm-up"] if w else []) + ([f"{t} timed out"] if t else [])
         row[c] = (f"{int(g['crashed'].sum())}/{len(g)}" + (f" ({', '.join(notes)})" if notes else "")) if len(g) or t else "not run"
-    row["faulting kernel (core dump)"] = ("-" if not len(d) else "no crash" if not d["crashed"].any()
-                                          else "no core dump (benchmark runs record none)")
-    row["instruments attached"] = f"{len(d)} plain" if len(d) else "-"
-    states = []
     crashed = d[d["crashed"]]
+    fault = lambda r: r.get("fault") if isinstance(r.get("fault"), dict) else None
+    kernels = pd.Series([(fault(r) or {}).get("kernel") for _, r in crashed.iterrows()], dtype=object).dropna()
+    if not len(d) or not len(crashed):
+        named = "-" if not len(d) else "no crash"
+    elif not len(kernels):
+        named = "no core dump"
+    else:
+        named = ", ".join(f"{k} ({n})" for k, n in sorted(kernels.value_counts().items()))
+        if len(kernels) < len(crashed):
+            named += f", no core dump ({len(crashed) - len(kernels)})"
+    row["faulting kernel (core dump)"] = named
+    dumping = d["coredump"].fillna(False).astype(bool) if "coredump" in d else pd.Series(False, index=d.index)
+    row["instruments attached"] = "; ".join(x for x in (f"{int(dumping.sum())} with core dump on" if dumping.any() else "",
+                                                        f"{int((~dumping).sum())} plain" if (~dumping).any() else "") if x) or "-"
+    states = []
     shared = crashed["engine_log"].dropna()
     if shared.duplicated().any():   # a crash ends its engine: one crash per engine log, whose dump and error are its own
         raise LabError(f"bench lines name one engine log for several crashes: {sorted(set(shared[shared.duplicated()]))}")
@@ -165,7 +179,7 @@ def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
             "path": "server", "tensor_parallel_size": r["tensor_parallel_size"], "weights": r["weights"],
             "acceptance (mean length)": r["acceptance"],
             **_dump_fields(dumps[-1], r["concurrency"], r["max_tokens"], int(r["num_speculative_tokens"])),
-            "s into the run": None, "instruments": "none",
+            "s into the run": None, "instruments": "core dump on" if r.get("coredump") else "none",
             "scheduled requests": sched.group(1).count(":") if sched else None,
             "CUDA error": m.group(1).strip() if m else "not in the log"})
     return row, states

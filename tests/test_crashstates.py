@@ -293,6 +293,13 @@ def test_bench_stock_counts_only_stock_runs_that_finished_or_crashed():
     with pytest.raises(LabError, match="one engine log for several crashes"):
         C.bench_stock(two, [8])
     assert C.bench_stock(df[df["mode"] != "DFlash FULL (stock)"], [8])[0]["faulting kernel (core dump)"] == "-"
+    assert row["faulting kernel (core dump)"] == "no core dump" and row["instruments attached"] == "2 plain"
+    # the s2 bench matrices take core dumps on the stock engine from s27 on: their kernels are named
+    dumps = df.assign(coredump=True, fault=[{"kernel": "triton_poi_fused_2"}, None, None, None, None, None])
+    extra = dumps.iloc[[0]].assign(concurrency=16, fault=[None])
+    row = C.bench_stock(pd.concat([dumps, extra], ignore_index=True), [8, 16])[0]
+    assert row["faulting kernel (core dump)"] == "triton_poi_fused_2 (1), no core dump (1)"
+    assert row["instruments attached"] == "3 with core dump on"
 
 
 def test_tp2_s27_offline_row_and_ranks():
