@@ -401,6 +401,67 @@ def rank_faults(df):
                                        "same kernel on every rank", "kernels", "dump finished first"])
 
 
+ROPE_KERNELS = ("triton_poi_fused_2", "triton_poi_fused_3")   # the drafter's q/k norm + RoPE at TP=1 / one TP=2 rank
+XBLOCKS = (128, 256, 512, 1024, 2048, 4096)
+
+
+def rope_focus(grid: int, focus_block: int, q_heads: int, kv_heads: int, tokens_per_request: int,
+               tokens: int | None = None, half: int = 64) -> list[dict]:
+    """Which tokens the block cuda-gdb focused in a core of the drafter's RoPE kernel covers.
+
+    The recorded kernel (``data/gpu/*compile-cache*/triton_poi_fused_{2,3}.py``) is a combo of two index spaces run
+    one after the other over the grid: ``T x kv_heads x 64`` elements (k) then ``T x q_heads x 64`` (q), ``XBLOCK``
+    elements per block, so ``grid = cdiv(T*kv*64, XBLOCK) + cdiv(T*q*64, XBLOCK)``. Neither ``T`` (the drafter's
+    token count, padded to a graph size) nor ``XBLOCK`` (autotuned) is in the core: every (XBLOCK, T) that fits the
+    grid is returned (only ``T == tokens`` when given), each with the branch, the token range and the batch rows
+    (``tokens_per_request`` query tokens per request: 1 + k for DFlash) of the focused block. cuda-gdb focuses one
+    failing block: other blocks may have failed too."""
+    out = []
+    for xb in XBLOCKS:
+        for t in ([tokens] if tokens else range(1, 8193)):
+            nk, nq = -(-t * kv_heads * half // xb), -(-t * q_heads * half // xb)
+            if nk + nq != grid or not 0 <= focus_block < grid:
+                continue
+            branch, heads, b = ("k", kv_heads, focus_block) if focus_block < nk else ("q", q_heads, focus_block - nk)
+            first, last = b * xb // (heads * half), min(t * heads * half, (b + 1) * xb) - 1
+            last //= heads * half
+            out.append({"xblock": xb, "tokens": t, "branch": branch, "token range": (first, last),
+                        "rows": (first // tokens_per_request, last // tokens_per_request)})
+    return out
+
+
+def rope_focus_table(df, draft: dict | None = None):
+    """Every stock crash whose core names the drafter's RoPE kernel: the focused block's tokens and batch rows
+    (:func:`rope_focus`), with ``T`` taken from vLLM's dump of the crash step where the log kept one (the drafter
+    runs the step's requests, 1 + k query tokens each), else every (XBLOCK, T) that fits the grid. Heads per rank
+    follow the draft's (``models.TARGETS[...]["draft"]``) and the run's tensor parallelism."""
+    import pandas as pd
+
+    from .models import TARGETS
+
+    draft = draft or TARGETS["qwen36-35b-a3b"]["draft"]
+    states = {(s["file"], s["run"]): s for s in our_states(df)}
+    rows = []
+    for _, r in analysis.stock_full(df, acceptance=None).iterrows():
+        f = r.get("fault") if isinstance(r.get("fault"), dict) else {}
+        if not r["crashed"] or f.get("kernel") not in ROPE_KERNELS or not f.get("grid") or not f.get("focus_block"):
+            continue
+        tp = int(r.get("tensor_parallel_size") or 1)
+        per_req = int(r["num_speculative_tokens"]) + 1
+        st = states.get((r["file"], r["run_id"]))
+        tokens = st["total_num_scheduled_tokens"] if st and st.get("total_num_scheduled_tokens") else None
+        fits = rope_focus(f["grid"][0], f["focus_block"][0], draft["heads"] // tp, max(1, draft["kv_heads"] // tp),
+                          per_req, tokens=tokens)
+        rows.append({"run": r["run_id"], "file": r["file"], "TP": tp, "kernel": f["kernel"], "grid": f["grid"][0],
+                     "block dim": (f.get("block_dim") or [None])[0], "focused block": f["focus_block"][0],
+                     "T from the crash-step dump": tokens,
+                     "fits (XBLOCK, T)": ", ".join(f"({x['xblock']}, {x['tokens']})" for x in fits) or "none",
+                     "branch": ", ".join(sorted({x["branch"] for x in fits})) or "-",
+                     "batch rows of the focused block": ", ".join(sorted({f"{a}" if a == b else f"{a}-{b}" for a, b in
+                                                                          (x["rows"] for x in fits)})) or "-"})
+    return pd.DataFrame(rows)
+
+
 def client_view(df):
     """What a server's clients saw in each stock server run that crashed: requests completed and failed, the HTTP
     statuses, how the failures arrived (``error_kind``: a non-200 status, or an error event inside a 200 stream) and

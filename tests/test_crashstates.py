@@ -351,3 +351,25 @@ def test_kernel_shape_diff_on_the_recorded_rope_kernels(tmp_path):
     (folder / "k_c.py").write_text("def k_c(x):\n    return x * 2\n")
     assert analysis.kernel_shape_diff("k_a", "k_b", data_dir=str(tmp_path)) is None
     assert analysis.kernel_shape_diff("k_a", "k_c", data_dir=str(tmp_path)) == [("4", "2")]
+
+
+def test_rope_focus_solves_the_combo_grid():
+    # s20's c8 core (TP=1: 32 q / 4 KV heads per rank): 112 tokens, 1024 per block -> 28 k blocks + 224 q blocks
+    (x,) = C.rope_focus(252, 32, q_heads=32, kv_heads=4, tokens_per_request=16, tokens=112)
+    assert (x["xblock"], x["branch"], x["token range"], x["rows"]) == (1024, "q", (2, 2), (0, 0))
+    # without the step's token count the grid alone is ambiguous: every (XBLOCK, T) that fits is returned
+    fits = C.rope_focus(252, 32, 32, 4, 16)
+    assert len(fits) > 1 and (1024, 112) in {(f["xblock"], f["tokens"]) for f in fits}
+    assert C.rope_focus(252, 32, 32, 4, 16, tokens=113) == [] and C.rope_focus(252, 300, 32, 4, 16, tokens=112) == []
+    # a k-branch block: the first 28 blocks of that grid, 4 tokens each
+    (k,) = C.rope_focus(252, 27, 32, 4, 16, tokens=112)
+    assert (k["branch"], k["token range"], k["rows"]) == ("k", (108, 111), (6, 6))
+
+
+def test_rope_focus_table_on_the_recorded_cores():
+    t = C.rope_focus_table(analysis.load_runs())
+    known = t[t["T from the crash-step dump"].notna()]
+    # every RoPE core whose crash step vLLM dumped: one fit, the focused block in batch row 0's q tokens
+    assert len(known) == 4 and set(known["TP"]) == {1, 2}
+    assert (known["batch rows of the focused block"] == "0").all() and (known["branch"] == "q").all()
+    assert not known["fits (XBLOCK, T)"].str.contains("), (", regex=False).any()
