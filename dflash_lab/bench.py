@@ -87,6 +87,8 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
                "target": (r.get("target") or {}).get("name") if isinstance(r.get("target"), dict) else r.get("target"),
                "weights": r.get("weights"), "started_at": r.get("started_at"), "max_tokens": r.get("max_tokens"),
                "tensor_parallel_size": r.get("tensor_parallel_size"), "warmup": r.get("warmup"),
+               # core dumps on the engine (from s27 the s2 matrices take them on stock FULL) and what one named
+               "coredump": r.get("coredump"), "fault": r.get("fault"),
                "prompt_tokens": (sm["total_input_tokens"] / sm["completed"]) if sm.get("total_input_tokens") and sm.get("completed") else None}
         for m in METRICS:
             row[m] = sm.get(m)

@@ -113,6 +113,8 @@ def _dump_fields(d: dict, n_req, max_tokens, k: int) -> dict:
         "num_running_reqs": running, "num_waiting_reqs": d.get("num_waiting_reqs"),
         "kv_cache_usage": round(d["kv_cache_usage"], 4) if d.get("kv_cache_usage") is not None else None,
         "total_num_scheduled_tokens": d.get("total_num_scheduled_tokens"),
+        "scheduled requests": sched.group(1).count(":") if (sched := re.search(r"num_scheduled_tokens=\{([^}]*)\}",
+                                                                                d.get("raw") or "")) else None,
         "num_computed_tokens": _span(d.get("num_computed_tokens", [])),
         "num_output_tokens": _span(d.get("num_output_tokens", [])),
         "finished since the previous step": len(d.get("finished_req_ids", [])),
@@ -155,8 +157,11 @@ def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
         named = "no core dump"
     else:
         named = ", ".join(f"{k} ({n})" for k, n in sorted(kernels.value_counts().items()))
-        if len(kernels) < len(crashed):
-            named += f", no core dump ({len(crashed) - len(kernels)})"
+        unread = sum(1 for _, r in crashed.iterrows() if fault(r) and not fault(r).get("kernel"))
+        if unread:
+            named += f", unread ({unread})"
+        if len(kernels) + unread < len(crashed):
+            named += f", no core dump ({len(crashed) - len(kernels) - unread})"
     row["faulting kernel (core dump)"] = named
     dumping = d["coredump"].fillna(False).astype(bool) if "coredump" in d else pd.Series(False, index=d.index)
     row["instruments attached"] = "; ".join(x for x in (f"{int(dumping.sum())} with core dump on" if dumping.any() else "",
@@ -171,7 +176,6 @@ def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
         if not dumps:
             continue
         m = CUDA_ERROR_RE.search(analysis.read_text(log))
-        sched = re.search(r"num_scheduled_tokens=\{([^}]*)\}", dumps[-1]["raw"])
         states.append({
             "name": f"{r['gpu_session']}/{r['engine_id']}.a{r['attempt']}", "run": r["run_id"], "file": r["file"],
             "cell": f"{BENCH_STOCK}, k={r['num_speculative_tokens']}, benchmark" + (
@@ -179,8 +183,8 @@ def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
             "path": "server", "tensor_parallel_size": r["tensor_parallel_size"], "weights": r["weights"],
             "acceptance (mean length)": r["acceptance"],
             **_dump_fields(dumps[-1], r["concurrency"], r["max_tokens"], int(r["num_speculative_tokens"])),
-            "s into the run": None, "instruments": "core dump on" if r.get("coredump") else "none",
-            "scheduled requests": sched.group(1).count(":") if sched else None,
+            "s into the run": None, "instruments": ("core dump on (keep running)" if r.get("coredump") == "keep-running"
+                                                     else "core dump on" if r.get("coredump") else "none"),
             "CUDA error": m.group(1).strip() if m else "not in the log"})
     return row, states
 
@@ -430,36 +434,65 @@ def rope_focus(grid: int, focus_block: int, q_heads: int, kv_heads: int, tokens_
     return out
 
 
-def rope_focus_table(df, draft: dict | None = None):
-    """Every stock crash whose core names the drafter's RoPE kernel: the focused block's tokens and batch rows
-    (:func:`rope_focus`), with ``T`` taken from vLLM's dump of the crash step where the log kept one (the drafter
-    runs the step's requests, 1 + k query tokens each), else every (XBLOCK, T) that fits the grid. Heads per rank
-    follow the draft's (``models.TARGETS[...]["draft"]``) and the run's tensor parallelism."""
+def _rows_text(fits) -> str:
+    return " | ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in (x["rows"] for x in fits)) or "-"
+
+
+def rope_focus_table(df, data_dir: str = "data/gpu", draft: dict | None = None):
+    """Every core (every rank's) of a stock crash that names the drafter's RoPE kernel: the focused block's tokens and
+    batch rows (:func:`rope_focus`). Each core is read from the cuda-gdb text recorded beside its engine log (the run
+    line keeps the fields of one core only). ``T``, the drafter's query tokens, is the crash step's scheduled requests
+    x (1 + k) (``vllm/v1/spec_decode/dflash.py``: batch size x (1 + k)) where vLLM's dump of the step was kept; there the
+    fit is checked, not assumed. Without a dump every (XBLOCK, T) that fits the grid is listed, and the last columns
+    apply the XBLOCK that cores of the same block shape had wherever T was known (an inference, said as one). Heads
+    per rank follow the draft's (``models.TARGETS[...]["draft"]``) and the run's tensor parallelism."""
     import pandas as pd
 
+    from .amend import gdb_sections
+    from .coredump import parse_cuda_gdb
     from .models import TARGETS
 
     draft = draft or TARGETS["qwen36-35b-a3b"]["draft"]
-    states = {(s["file"], s["run"]): s for s in our_states(df)}
+    states = {(s["file"], s["run"]): s for s in our_states(df, data_dir)}
     rows = []
     for _, r in analysis.stock_full(df, acceptance=None).iterrows():
         f = r.get("fault") if isinstance(r.get("fault"), dict) else {}
-        if not r["crashed"] or f.get("kernel") not in ROPE_KERNELS or not f.get("grid") or not f.get("focus_block"):
+        if not r["crashed"] or f.get("kernel") not in ROPE_KERNELS:
             continue
         tp = int(r.get("tensor_parallel_size") or 1)
         per_req = int(r["num_speculative_tokens"]) + 1
-        st = states.get((r["file"], r["run_id"]))
-        tokens = st["total_num_scheduled_tokens"] if st and st.get("total_num_scheduled_tokens") else None
-        fits = rope_focus(f["grid"][0], f["focus_block"][0], draft["heads"] // tp, max(1, draft["kv_heads"] // tp),
-                          per_req, tokens=tokens)
-        rows.append({"run": r["run_id"], "file": r["file"], "TP": tp, "kernel": f["kernel"], "grid": f["grid"][0],
-                     "block dim": (f.get("block_dim") or [None])[0], "focused block": f["focus_block"][0],
-                     "T from the crash-step dump": tokens,
-                     "fits (XBLOCK, T)": ", ".join(f"({x['xblock']}, {x['tokens']})" for x in fits) or "none",
-                     "branch": ", ".join(sorted({x["branch"] for x in fits})) or "-",
-                     "batch rows of the focused block": ", ".join(sorted({f"{a}" if a == b else f"{a}-{b}" for a, b in
-                                                                          (x["rows"] for x in fits)})) or "-"})
-    return pd.DataFrame(rows)
+        st = states.get((r["file"], r["run_id"])) or {}
+        tokens = st["scheduled requests"] * per_req if st.get("scheduled requests") else None
+        names = {f"core.{c.get('pid')}": c.get("process") for c in f.get("cores") or []}
+        log = os.path.join(data_dir, r["file"][: -len(".jsonl")], os.path.basename(str(r.get("log")))[: -len(".log")] + ".coredump.log")
+        sections = gdb_sections(analysis.read_text(log)) if os.path.isfile(log) else {}
+        cores = [(names.get(os.path.basename(core), f.get("process")), parse_cuda_gdb(text)) for core, text in sections.items()]
+        if not cores:   # no recorded cuda-gdb text: the line's own fields
+            cores = [(f.get("process"), f)]
+        for process, c in cores:
+            if c.get("kernel") not in ROPE_KERNELS or not c.get("grid") or not c.get("focus_block"):
+                continue
+            fits = rope_focus(c["grid"][0], c["focus_block"][0], draft["heads"] // tp, max(1, draft["kv_heads"] // tp),
+                              per_req, tokens=tokens)
+            rows.append({"run": r["run_id"], "file": r["file"], "TP": tp, "core": process or "-", "kernel": c["kernel"],
+                         "grid": c["grid"][0], "block dim": (c.get("block_dim") or [None])[0],
+                         "focused block": c["focus_block"][0], "T (dumped step)": tokens,
+                         "fits (XBLOCK, T)": ", ".join(f"({x['xblock']}, {x['tokens']})" for x in fits) or "none",
+                         "branch": " | ".join(x["branch"] for x in fits) or "-", "batch rows": _rows_text(fits), "_fits": fits})
+    t = pd.DataFrame(rows, columns=["run", "file", "TP", "core", "kernel", "grid", "block dim", "focused block",
+                                    "T (dumped step)", "fits (XBLOCK, T)", "branch", "batch rows", "_fits"])
+    # the XBLOCK each block shape had where T was known, if it had one only
+    seen: dict = {}
+    for _, x in t[t["T (dumped step)"].notna()].iterrows():
+        if len(x["_fits"]) == 1:
+            seen.setdefault(x["block dim"], set()).add(x["_fits"][0]["xblock"])
+    shape_xb = {b: next(iter(v)) for b, v in seen.items() if len(v) == 1}
+    t["T (dumped step)"] = pd.array(t["T (dumped step)"], dtype="Int64")
+    t["XBLOCK of that block shape where T was known"] = pd.array(
+        [shape_xb.get(b) if pd.isna(T) else None for b, T in zip(t["block dim"], t["T (dumped step)"])], dtype="Int64")
+    t["batch rows at that XBLOCK"] = [_rows_text([f for f in fits if f["xblock"] == xb]) if not pd.isna(xb) else "-"
+                                      for fits, xb in zip(t["_fits"], t["XBLOCK of that block shape where T was known"])]
+    return t.drop(columns=["_fits"])
 
 
 def client_view(df):

@@ -189,9 +189,9 @@ def write_findings(root: Path, out: Path) -> Path:
         f2 = wsc[wsc["fix"] == "fix 2 (all parts)"]
         ev, no_ev = f2[f2["stock there"] == "crashes"], f2[f2["stock there"] == "completes"]
         never = sorted(set(crash_everywhere) - set(f2["concurrency"]))
-        fix_line += (" Where offline stock crashes every run, the fix completed "
+        fix_line += (" Where offline TP=1 stock crashes every run, the fix (TP=1) completed "
                      + ", ".join(f"{x} at concurrency {c}" for c, x in zip(ev["concurrency"], ev["fix completed / runs"]))
-                     + (f"; at {', '.join(map(str, no_ev['concurrency']))} stock completes too, so the fix's runs there are no "
+                     + (f"; at {', '.join(map(str, no_ev['concurrency']))} TP=1 stock completes too, so the fix's runs there are no "
                         "evidence about the crash" if len(no_ev) else "")
                      + (f"; the fix has not run at {', '.join(map(str, never))}, where stock crashes" if never else "") + "."
                      + _part1_line(wsc))
@@ -304,7 +304,8 @@ _UNREAD = object()   # a caller that did not read the bench lines: the function 
 
 def _bench_stock_clause(root, runs=_UNREAD) -> str:
     """The benchmark's stock FULL server engine (issue 11) as crash evidence: its crashed / runs per concurrency and
-    vLLM's error text (the benchmark takes no core dumps), or "" when the benchmark has no stock runs."""
+    vLLM's error text, and the kernels core dumps named where the engine took them (s26's took none), or "" when the
+    benchmark has no stock runs."""
     from . import crashstates
 
     stock = _bench_runs(root) if runs is _UNREAD else runs
@@ -317,10 +318,12 @@ def _bench_stock_clause(root, runs=_UNREAD) -> str:
     row, states = crashstates.bench_stock(stock, concs)
     errors = sorted({s["CUDA error"] for s in states})
     return (f" In the benchmark's stock FULL server engine (issue 11, {', '.join(sorted(set(stock['gpu_session'])))}; "
-            "warm-ups included, no core dumps): " + "; ".join(f"concurrency {c}: {row[c]} crashed" for c in concs)
+            f"warm-ups included; runs: {row['instruments attached']}): " + "; ".join(f"concurrency {c}: {row[c]} crashed" for c in concs)
             + (f"; crash steps of {'/'.join(str(s['num_running_reqs']) for s in states)} running requests, "
                f"{'/'.join(str(s['total_num_scheduled_tokens']) for s in states)} scheduled tokens; vLLM printed "
-               f"{', '.join(errors)}" if states else "") + ".")
+               f"{', '.join(errors)}" if states else "")
+            + (f"; core dumps name {row['faulting kernel (core dump)']}" if row["faulting kernel (core dump)"]
+               not in ("-", "no crash", "no core dump") else "; no core dump" if stock["crashed"].any() else "") + ".")
 
 
 def bench_line(root=".", runs=_UNREAD) -> str:

@@ -368,8 +368,35 @@ def test_rope_focus_solves_the_combo_grid():
 
 def test_rope_focus_table_on_the_recorded_cores():
     t = C.rope_focus_table(analysis.load_runs())
-    known = t[t["T from the crash-step dump"].notna()]
-    # every RoPE core whose crash step vLLM dumped: one fit, the focused block in batch row 0's q tokens
-    assert len(known) == 4 and set(known["TP"]) == {1, 2}
-    assert (known["batch rows of the focused block"] == "0").all() and (known["branch"] == "q").all()
+    # every rank's core, read from the recorded cuda-gdb text: 3 TP=1 crashes (one core each), 3 TP=2 crashes x 2 ranks
+    assert len(t) == 9 and sorted(t["core"][t["TP"] == 2]) == ["Worker_TP0"] * 3 + ["Worker_TP1"] * 3
+    known = t[t["T (dumped step)"].notna()]
+    # where the crash step was dumped (T = scheduled requests x 16): one fit, the focused block in batch row 0's q tokens
+    assert len(known) == 7 and (known["batch rows"] == "0").all() and (known["branch"] == "q").all()
     assert not known["fits (XBLOCK, T)"].str.contains("), (", regex=False).any()
+    # the block shapes had one XBLOCK each there (128 threads: 1024, 256: 512); applied to the two undumped cores
+    rest = t[t["T (dumped step)"].isna()]
+    assert list(rest["XBLOCK of that block shape where T was known"]) == [1024, 1024]
+    assert (rest["batch rows at that XBLOCK"] == "0").all()
+
+
+def test_bench_stock_reads_core_dumps_through_load_bench(tmp_path):
+    """The s2 bench matrices take keep-running core dumps on the stock engine (from s27): the fault and the coredump
+    flag of recorded bench lines must reach bench_stock through bench.load_bench."""
+    import json
+
+    from dflash_lab import bench
+    from dflash_lab.runner import read_lines
+
+    src = "data/bench/2026-12-01_h200_bench-acc1.86-s2-3-tp1.jsonl"   # s26: one stock engine start, crashed at 8
+    lines = read_lines(src)
+    stock = [l for l in lines if bench.mode_of(l) == C.BENCH_STOCK]
+    assert any(l["outcome"] == "crash" for l in stock), src
+    for l in stock:
+        l["coredump"] = "keep-running"
+        if l["outcome"] == "crash":
+            l["fault"] = {"kernel": "copy_and_expand_dflash_inputs_kernel", "process": "EngineCore", "pid": 1}
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(l) + "\n" for l in stock))
+    row, _ = C.bench_stock(bench.load_bench(str(tmp_path / "*.jsonl")), [8])
+    assert row["faulting kernel (core dump)"] == f"copy_and_expand_dflash_inputs_kernel ({sum(l['outcome'] == 'crash' for l in stock)})"
+    assert row["instruments attached"] == f"{sum(l['outcome'] in ('ok', 'crash') for l in stock)} with core dump on"

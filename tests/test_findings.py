@@ -39,9 +39,10 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert ("Not monotonic in concurrency in the runs so far: 8 (s20, s22) crashed where 10 (s22), 12 (s21, s22), 16 (s21, "
             "s22, a session before labels) completed (each of these concurrencies also ran in GPU session s22).") in text
     assert "the first draft position was accepted in 100% of drafts, so no step rejected every draft" in text
-    assert ("Where offline stock crashes every run, the fix completed 3/3 at concurrency 8, 3/3 at concurrency 20, 3/3 at "
-            "concurrency 24, 3/3 at concurrency 28, 14/14 at concurrency 32, 3/3 at concurrency 64; at 2, 16 stock completes "
-            "too") in text and "the fix has not run at" not in text
+    # TP=1's: at TP=2 stock crashed at 16 (s27), where the fix has not run
+    assert ("Where offline TP=1 stock crashes every run, the fix (TP=1) completed 3/3 at concurrency 8, 3/3 at concurrency 20, "
+            "3/3 at concurrency 24, 3/3 at concurrency 28, 14/14 at concurrency 32, 3/3 at concurrency 64; at 2, 16 TP=1 stock "
+            "completes too") in text and "the fix has not run at" not in text
     assert ("Part 1 alone there: 3/3 at concurrency 8 (s22, whose stock control crashed), 3/3 at concurrency 20 (s22, whose "
             "stock control crashed), 3/3 at concurrency 32 (s16, whose stock control crashed).") in text
     # s22: the c8 control's core names the target's GDN kernel and its log has no RoPE assert
