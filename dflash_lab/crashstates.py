@@ -464,7 +464,9 @@ def rope_focus_table(df, data_dir: str = "data/gpu", draft: dict | None = None):
         st = states.get((r["file"], r["run_id"])) or {}
         tokens = st["scheduled requests"] * per_req if st.get("scheduled requests") else None
         names = {f"core.{c.get('pid')}": c.get("process") for c in f.get("cores") or []}
-        log = os.path.join(data_dir, r["file"][: -len(".jsonl")], os.path.basename(str(r.get("log")))[: -len(".log")] + ".coredump.log")
+        # the cuda-gdb text ingest stored beside the engine log (analysis.gpu_folder: data/gpu/<runs file stem>/)
+        log = os.path.join(analysis.gpu_folder(dict(r), os.path.dirname(data_dir.rstrip("/")) or "."),
+                           re.sub(r"\.log$", ".coredump.log", os.path.basename(str(r.get("log")))))
         sections = gdb_sections(analysis.read_text(log)) if os.path.isfile(log) else {}
         cores = [(names.get(os.path.basename(core), f.get("process")), parse_cuda_gdb(text)) for core, text in sections.items()]
         if not cores:   # no recorded cuda-gdb text: the line's own fields

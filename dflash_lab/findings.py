@@ -280,7 +280,8 @@ def _tp2_clause(df, stock_all, ranks, tp1_offline) -> str:
 
 def _tp2_controls(df, stock_all) -> str:
     """The TP=2 PIECEWISE control, the fix and the stock server, each per path and concurrency, or named as not run."""
-    d = df[(df["tensor_parallel_size"] == 2) & ~df.apply(analysis.is_deadline_cut, axis=1)]
+    d = df[df["tensor_parallel_size"] == 2]
+    d = d[~d.apply(analysis.is_deadline_cut, axis=1)] if len(d) else d
     dflash = d[(d["spec_method"] == "dflash") & (d["enforce_eager"] != True)]
     pw = dflash[(dflash["cudagraph_mode"] == "PIECEWISE") & (dflash["fix"] != True)]
     fix = dflash[(dflash["cudagraph_mode"] == "FULL_AND_PIECEWISE") & (dflash["fix"] == True)]
