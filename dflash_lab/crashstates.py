@@ -25,21 +25,22 @@ from .errors import LabError
 REPORT_STATES = {
     "report crash A": {
         "cell": "dflash (k=15), CUDA graphs on (vLLM default)", "concurrency": 32, "tensor_parallel_size": 4,
-        "path": "server", "weights": "real", "acceptance (mean length)": 8.80, "num_running_reqs": 32,
+        "path": "server", "weights": "real", "acceptance (mean length)": 8.80, "acceptance is": "as the report printed it", "num_running_reqs": 32,
         "num_waiting_reqs": 0, "kv_cache_usage": 0.199, "total_num_scheduled_tokens": 512,
         "num_computed_tokens": "117..144", "num_output_tokens": None, "finished since the previous step": None,
         "requests with empty steps": None, "empty steps per request (at least)": None,
         "phase": "early (still prefilling, generation just started)"},
     "report crash B": {
         "cell": "dflash (k=15), CUDA graphs on (vLLM default)", "concurrency": 16, "tensor_parallel_size": 4,
-        "path": "server", "weights": "real", "acceptance (mean length)": 1.86, "num_running_reqs": 7,
+        "path": "server", "weights": "real", "acceptance (mean length)": 1.86, "acceptance is": "as the report printed it", "num_running_reqs": 7,
         "num_waiting_reqs": 0, "kv_cache_usage": 0.0437, "total_num_scheduled_tokens": 112,
         "num_computed_tokens": "365..574", "num_output_tokens": "317..526", "finished since the previous step": None,
         # its largest num_output_tokens, 526, is within max_tokens 512 + one step's 16 placeholders: none shown
         "requests with empty steps": 0, "empty steps per request (at least)": "0..0",
         "phase": "tail (9 of 16 requests finished)"},
 }
-FIELDS = ("cell", "path", "tensor_parallel_size", "weights", "concurrency", "acceptance (mean length)", "num_running_reqs",
+FIELDS = ("cell", "path", "tensor_parallel_size", "weights", "concurrency", "acceptance (mean length)", "acceptance is",
+          "num_running_reqs",
           "num_waiting_reqs", "kv_cache_usage", "total_num_scheduled_tokens", "num_computed_tokens",
           "num_output_tokens", "finished since the previous step", "requests with empty steps", "empty steps per request (at least)",
           "phase")
@@ -95,11 +96,19 @@ def our_states(df, data_dir: str = "data/gpu") -> list[dict]:
             "name": f"{session.replace('2026-11-30_h200_', '')}/{name}", "run": r["run_id"], "file": r["file"],
             "cell": r["cell"],
             "path": r.get("mode"), "tensor_parallel_size": r.get("tensor_parallel_size"), "weights": r.get("weights"),
-            "acceptance (mean length)": sd.get("acceptance_length") or r.get("acceptance"),
+            **_acceptance(sd.get("acceptance_length"), r.get("acceptance")),
             **_dump_fields(d, r["concurrency"], r.get("max_tokens"), k),
             "s into the run": r.get("wall_s"), "instruments": r.get("instruments"),
         })
     return out
+
+
+def _acceptance(measured, setting) -> dict:
+    """The acceptance a crash state shows: the run's measured mean acceptance length where it recorded one, else the
+    synthetic sampler's setting, and which of the two it is (a crashed run usually recorded no measurement)."""
+    ok = isinstance(measured, numbers.Real) and not math.isnan(measured)
+    return {"acceptance (mean length)": round(float(measured), 2) if ok else setting,
+            "acceptance is": "measured in the run" if ok else "the synthetic setting (the run recorded no measurement)"}
 
 
 def _dump_fields(d: dict, n_req, max_tokens, k: int) -> dict:
@@ -181,7 +190,7 @@ def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
             "cell": f"{BENCH_STOCK}, k={r['num_speculative_tokens']}, benchmark" + (
                 f" ({int(r['max_tokens'])}-token warm-up)" if r["warmup"] else f" ({int(r['max_tokens'])} tokens)"),
             "path": "server", "tensor_parallel_size": r["tensor_parallel_size"], "weights": r["weights"],
-            "acceptance (mean length)": r["acceptance"],
+            **_acceptance(r.get("acceptance_length"), r["acceptance"]),
             **_dump_fields(dumps[-1], r["concurrency"], r["max_tokens"], int(r["num_speculative_tokens"])),
             "s into the run": None, "instruments": ("core dump on (keep running)" if r.get("coredump") == "keep-running"
                                                      else "core dump on" if r.get("coredump") else "none"),

@@ -266,6 +266,12 @@ def test_bench_stock_s26_server_crashes_at_8():
     assert row["faulting kernel (core dump)"].startswith("no core dump")
     assert [s["total_num_scheduled_tokens"] for s in st] == [112] * 3
     assert [s["scheduled requests"] for s in st] == [7] * 3 and [s["num_running_reqs"] for s in st] == [7, 8, 7]
+    # these crashed runs measured their acceptance (1.12-1.15 against the 1.86 setting): shown as measured, and said
+    assert {s["acceptance is"] for s in st} == {"measured in the run"}
+    assert sorted(s["acceptance (mean length)"] for s in st) == [1.12, 1.12, 1.15]
+    # the offline crash states recorded none: the setting, said as such
+    assert {s["acceptance is"] for s in C.our_states(analysis.load_runs())} == {
+        "the synthetic setting (the run recorded no measurement)"}
     assert sorted(s["CUDA error"] for s in st) == ["CUBLAS_STATUS_EXECUTION_FAILED", "device-side assert triggered",
                                                   "device-side assert triggered"]
     # the warm-up's lost steps are bounded by its own max_tokens (32), the measured runs' by 512
