@@ -93,7 +93,7 @@ def test_bad_input_is_one_clear_error():
 
 def test_a_log_the_model_does_not_cover_gets_a_row_saying_why(tmp_path):
     df = bench.load_bench()
-    one = df[df["engine_log"].fillna("").str.endswith("s1-1-tp1/full-fixed.a1.log")].copy()
+    one = df[df["engine_log"].fillna("").str.endswith("acc1.86-s1-1-tp1/full-fixed.a1.log")].copy()
     assert kv.engines(one)[0]["not checked"] == ""
     one["prompt_tokens"] = float("nan")       # e.g. an engine whose every run crashed
     assert kv.engines(one)[0]["not checked"] == "no run of this engine measured its prompt length"
