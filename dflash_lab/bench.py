@@ -335,7 +335,8 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
         # a merged range names every runner-up it had, in order of concurrency
         r["runner-up"] = " / ".join(dict.fromkeys(x for x in r.pop("seconds") if x is not None)) or None
         m = [x for x in r.pop("margins") if x is not None]
-        r["margin over runner-up"] = f"{min(m):.2f}-{max(m):.2f}x" if m else "-"
+        lo, hi = (f"{min(m):.2f}", f"{max(m):.2f}") if m else ("", "")
+        r["margin over runner-up"] = "-" if not m else f"{lo}x" if lo == hi else f"{lo}-{hi}x"
         r["concurrency"] = f"{r['from']}" if r["from"] == r["to"] else f"{r['from']}-{r['to']}"
         r["left out (crashed in this slice)"] = ", ".join(prone) or "-"
     return rows
@@ -372,8 +373,34 @@ def fit_step_model(points: list[tuple[float, float]]) -> dict:
     b, a = np.polyfit(x, y, 1)
     pred = a + b * x
     ss = float(((y - y.mean()) ** 2).sum())
-    return {"a_ms": float(a), "b_ms_per_token": float(b), "n": len(points),
+    return {"kind": "line", "a_ms": float(a), "b_ms_per_token": float(b), "n": len(points),
             "r2": 1.0 - float(((y - pred) ** 2).sum()) / ss if ss else 1.0}
+
+
+def fit_step_steps(points: list[tuple[float, float]]) -> dict:
+    """The measured step times as a model: the mean step time at each measured token count, joined by straight
+    segments (beyond the measured counts, the nearest segment extended). It assumes only that a step's time depends
+    on the tokens it processes, not on the acceptance; unlike :func:`fit_step_model`'s single line it follows the
+    bends that CUDA-graph ceilings and queueing put in the curve (s25: the line missed its own cells by up to 41%)."""
+    xs = sorted({float(p[0]) for p in points})
+    if len(xs) < 2:
+        raise LabError(f"the step-time model needs cells at two or more token counts, got {len(points)} point(s)")
+    ms = [sum(p[1] for p in points if p[0] == x) / sum(1 for p in points if p[0] == x) for x in xs]
+    return {"kind": "measured steps", "tokens": xs, "ms": ms, "n": len(points)}
+
+
+STEP_MODELS = {"line": fit_step_model, "measured steps": fit_step_steps}
+STEP_MODEL_NAMES = {"line": "straight line", "measured steps": "joined measured step times"}
+
+
+def step_ms(model: dict, tokens: float) -> float:
+    """A step-time model's step time (ms) at ``tokens`` target tokens per step."""
+    if model.get("kind", "line") == "line":
+        return model["a_ms"] + model["b_ms_per_token"] * tokens
+    xs, ys = model["tokens"], model["ms"]
+    i = 1 if tokens <= xs[0] else len(xs) - 1 if tokens >= xs[-1] else next(j for j in range(1, len(xs)) if tokens <= xs[j])
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
 
 def predict_speedup(spec_model: dict, base_model: dict, acceptance_length: float, concurrency: int, k: int,
@@ -381,8 +408,8 @@ def predict_speedup(spec_model: dict, base_model: dict, acceptance_length: float
     """Speedup of speculative decoding over plain decoding at one concurrency: per request, L tokens
     per spec step against 1 per plain step, over their step times. ``running``: the requests the speculative
     engine ran at once where fewer than ``concurrency`` fit (s24/s25: 49 at 64), so its step is theirs."""
-    t_spec = spec_model["a_ms"] + spec_model["b_ms_per_token"] * tokens_per_step(running or concurrency, k)
-    t_base = base_model["a_ms"] + base_model["b_ms_per_token"] * concurrency
+    t_spec = step_ms(spec_model, tokens_per_step(running or concurrency, k))
+    t_base = step_ms(base_model, concurrency)
     return acceptance_length * t_base / t_spec
 
 
@@ -559,13 +586,18 @@ def break_even_measured(cells_df, mode: str = "DFlash FULL (fixed)", base: str =
 
 def holdout_check(cells_df, held_acceptance, mode: str = "DFlash FULL (fixed)", base: str = "no speculation",
                   k: int = 15):
-    """Fit the step-time models without the cells at ``held_acceptance``, predict the speedup there
-    (with the acceptance length measured in those cells), and put it beside the measured ratio."""
+    """Fit each step-time model (:data:`STEP_MODELS`) without the ``mode`` cells at ``held_acceptance`` (the
+    baseline keeps all its cells: it has no draft, its acceptance is a label), predict the speedup there with the
+    acceptance length measured in those cells, and put it beside the measured ratio: per model a
+    ``predicted (<model>)`` and an ``error (<model>)`` column (predicted / measured - 1). ``queued``: the
+    ``mode`` engine ran fewer requests at once than the concurrency (requests waited; the measured throughput
+    includes the wait, the step times do not)."""
     import pandas as pd
 
     train = cells_df[cells_df["acceptance"] != held_acceptance]
-    spec_m = fit_step_model([(p[0], p[1]) for p in step_points(train, mode)])
-    base_m = fit_step_model([(p[0], p[1]) for p in step_points(cells_df, base)])
+    spec_pts = [(p[0], p[1]) for p in step_points(train, mode)]
+    base_pts = [(p[0], p[1]) for p in step_points(cells_df, base)]
+    models = {name: (fit(spec_pts), fit(base_pts)) for name, fit in STEP_MODELS.items()}
     meas = speedup(cells_df[cells_df["acceptance"] == held_acceptance], mode, base)
     held = cells_df[(cells_df["acceptance"] == held_acceptance) & (cells_df["mode"] == mode)].set_index("concurrency")
     ran = running_by_concurrency(cells_df[cells_df["acceptance"] == held_acceptance], mode, k)
@@ -573,11 +605,57 @@ def holdout_check(cells_df, held_acceptance, mode: str = "DFlash FULL (fixed)", 
     for _, r in meas.iterrows():
         c = int(r["concurrency"])
         L = held.loc[c, "acceptance_length"] if c in held.index else None
-        pred = predict_speedup(spec_m, base_m, L, c, k, ran.get(c)) if L is not None and L == L else None
-        rows.append({"concurrency": c, "acceptance length (measured)": L, "speedup predicted": pred,
-                     "speedup measured": r["ratio"], "measured range": (r["low"], r["high"]),
-                     "error": (pred / r["ratio"] - 1) if pred is not None and r["ratio"] else None})
-    return {"spec_model": spec_m, "base_model": base_m, "table": pd.DataFrame(rows)}
+        row = {"concurrency": c, "queued": ran.get(c, c) < c, "acceptance length (measured)": L,
+               "speedup measured": r["ratio"], "measured range": (r["low"], r["high"])}
+        for name, (sm, bm) in models.items():
+            pred = predict_speedup(sm, bm, L, c, k, ran.get(c)) if L is not None and L == L else None
+            ok = pred is not None and r["ratio"] is not None and r["ratio"] == r["ratio"] and r["ratio"]
+            row[f"predicted ({name})"] = pred
+            row[f"error ({name})"] = pred / r["ratio"] - 1 if ok else None
+        rows.append(row)
+    return {"spec_model": models["line"][0], "base_model": models["line"][1], "models": models,
+            "table": pd.DataFrame(rows)}
+
+
+def holdout_misses(table) -> dict:
+    """Per step-time model, its largest miss in a :func:`holdout_check` table: ``{model: {"all": (|error|,
+    concurrency), "not queued": (|error|, concurrency) or None}}``; a model with no error in the table is left out."""
+    out = {}
+    for name in STEP_MODELS:
+        col = f"error ({name})"
+        if col not in table or table[col].dropna().empty:
+            continue
+        t = table.dropna(subset=[col])
+
+        def worst(d):
+            if d.empty:
+                return None
+            i = d[col].abs().idxmax()
+            return float(abs(d.loc[i, col])), int(d.loc[i, "concurrency"])
+
+        out[name] = {"all": worst(t), "not queued": worst(t[~t["queued"].astype(bool)])}
+    return out
+
+
+def better_model(misses: dict) -> str | None:
+    """The step-time model with the smaller largest held-out miss (:func:`holdout_misses`), None without a check."""
+    have = {m: v["all"][0] for m, v in misses.items() if v.get("all")}
+    return min(have, key=lambda m: (have[m], list(STEP_MODELS).index(m))) if have else None
+
+
+def holdout_sentence(misses: dict, held_acceptance) -> str:
+    """One line: how far each step-time model missed the measured speedup at the held-out acceptance."""
+    if not misses:
+        return f"The held-out check at acceptance {held_acceptance:g} has no measured speedup to compare with."
+    parts = []
+    for name, v in misses.items():
+        e, c = v["all"]
+        part = f"the {STEP_MODEL_NAMES[name]} {'misses' if name == 'line' else 'miss'} by up to {e:.0%} (at concurrency {c}"
+        nq = v["not queued"]
+        if nq and nq != v["all"]:
+            part += f"; {nq[0]:.0%} at most where no request waited, at {nq[1]}"
+        parts.append(part + ")")
+    return f"Fitted without acceptance {held_acceptance:g} and checked against its measured speedups, {'; '.join(parts)}."
 
 
 # ----------------------------------------------------------------------------- what the data holds yet

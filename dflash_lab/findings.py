@@ -419,7 +419,22 @@ def _break_even_clause(cells_df, queued, mode: str = "DFlash FULL (fixed)") -> s
                                  for _, r in g.iterrows()))
     return (f". The acceptance length at which {mode} would match no speculation (measured acceptance length over "
             "measured speedup, assuming the DFlash step time does not depend on the acceptance; notebook 06), "
-            + "; ".join(parts))
+            + "; ".join(parts) + _holdout_clause(cells_df, mode))
+
+
+def _holdout_clause(cells_df, mode: str) -> str:
+    """Notebook 06's held-out check in one sentence (its default: the largest acceptance held out, per acceptance
+    the latest session with ``mode`` beside no speculation), or nothing while the data cannot make it."""
+    from . import bench
+
+    c = bench.one_session(cells_df, modes=(mode, "no speculation"))
+    if bench.holdout_gaps(c, mode):
+        return ""
+    acc = max(c["acceptance"].unique())
+    misses = bench.holdout_misses(bench.holdout_check(c, acc, mode)["table"])
+    return (". " + bench.holdout_sentence(misses, acc).rstrip(".")
+            + " (notebook 06's step-time models for " + mode + "; the check tests a model, the assumption above and "
+            "the drift between sessions together)")
 
 
 def _capacity_clause(bench_df) -> str:

@@ -69,7 +69,7 @@ def test_recommend_skips_crashing_modes_and_merges_ranges(tmp_path):
     rec = bench.recommend(c, 1.86)  # stock crashed at 32: crash-prone, left out everywhere
     assert [(r["concurrency"], r["mode"]) for r in rec] == [
         ("1-4", "DFlash FULL (fixed)"), ("16", "DFlash PIECEWISE"), ("32", "DFlash FULL (fixed)")]
-    assert rec[2]["margin over runner-up"] == "1.17-1.17x" and rec[0]["left out (crashed in this slice)"] == "DFlash FULL (stock)"
+    assert rec[2]["margin over runner-up"] == "1.17x" and rec[0]["left out (crashed in this slice)"] == "DFlash FULL (stock)"
     rec = bench.recommend(c, 1.86, allow_crash_prone=True)
     assert [(r["concurrency"], r["mode"]) for r in rec][:2] == [("1-4", "DFlash FULL (stock)"), ("16", "DFlash PIECEWISE")]
 
@@ -103,6 +103,62 @@ def test_step_model_fit_prediction_and_break_even():
     assert bench.break_even_acceptance(spec, base, 1, 15) == pytest.approx(10.32 / 8.05)
     with pytest.raises(LabError, match="two or more token counts"):
         bench.fit_step_model([(16, 10.0), (16, 11.0)])
+
+
+def test_measured_step_times_joined_follow_the_bends_a_line_cannot():
+    """The joined model passes through each token count's mean step time and extends its end segments; a line
+    through a bent curve misses it. Unequal repeats at one count average."""
+    pts = [(16, 13.0), (16, 14.0), (64, 16.0), (512, 36.0), (784, 85.0)]
+    j = bench.fit_step_steps(pts)
+    assert j["tokens"] == [16.0, 64.0, 512.0, 784.0] and j["ms"] == [13.5, 16.0, 36.0, 85.0] and j["n"] == 5
+    assert bench.step_ms(j, 16) == 13.5 and bench.step_ms(j, 40) == pytest.approx(13.5 + 2.5 * 24 / 48)
+    assert bench.step_ms(j, 1000) == pytest.approx(85 + 49 * 216 / 272)     # the last segment extended
+    assert bench.step_ms(j, 0) == pytest.approx(13.5 - 2.5 * 16 / 48)       # the first one, backwards
+    line = bench.fit_step_model(pts)
+    assert max(abs(bench.step_ms(line, x) / y - 1) for x, y in pts) > 0.2
+    base = bench.fit_step_steps([(1, 4.5), (64, 17.0)])
+    assert bench.predict_speedup(j, base, 3.6, 1, 15) == pytest.approx(3.6 * 4.5 / 13.5)
+    assert bench.break_even_acceptance(j, base, 64, 15, running=49) == pytest.approx(85.0 / 17.0)
+    with pytest.raises(LabError, match="two or more token counts"):
+        bench.fit_step_steps([(16, 10.0), (16, 11.0)])
+
+
+def test_the_held_out_check_scores_both_models_and_picks_the_smaller_miss(tmp_path):
+    """DFlash's step bends (flat to 64 tokens, steep after): the line misses the held-out speedup, the joined step
+    times do not; the queued flag comes from the engine's stats."""
+    lines = []
+    for acc in (1.86, 3.6):
+        for c in (1, 4, 16, 32):
+            step = 12.0 if c <= 4 else 12.0 + 0.1 * (16 * c - 64)
+            # throughput consistent with the step: c requests x L tokens per step
+            lines.append(line(f"f{acc}/c{c}", "fixed", c, 1000.0 * c * acc / step, step / acc, acc=acc, L=acc))
+            lines.append(line(f"n{acc}/c{c}", "nospec", c, 1000.0 * c / (4 + c / 10), 4 + c / 10, acc=acc))
+    c = bench.one_session(bench.cells(bench.load_bench(write(tmp_path, lines))))
+    hc = bench.holdout_check(c, 3.6)
+    t = hc["table"].set_index("concurrency")
+    assert set(hc["models"]) == {"line", "measured steps"} and not t["queued"].any()
+    assert t["predicted (measured steps)"].tolist() == pytest.approx(
+        [3.6 * (4 + k / 10) / (12.0 if k <= 4 else 12.0 + 0.1 * (16 * k - 64)) for k in (1, 4, 16, 32)])
+    misses = bench.holdout_misses(hc["table"])
+    assert misses["line"]["all"][0] > 0.05 and misses["measured steps"]["all"][0] == pytest.approx(0, abs=1e-9)
+    assert bench.better_model(misses) == "measured steps" and bench.better_model({}) is None
+    text = bench.holdout_sentence(misses, 3.6)
+    assert text.startswith("Fitted without acceptance 3.6") and "the straight line misses by up to 25% (at concurrency 1)" in text
+    assert "joined measured step times miss by up to" in text
+
+
+def test_the_recorded_held_out_check_at_3_6():
+    """s25 (1.86) against s28 (3.6), fixed FULL and no speculation: the straight line fitted on 1.86 misses 3.6's
+    measured speedup by 111% at concurrency 1; the joined measured step times by 5% at most where no request waited
+    (26% at 64, where 15 of 64 DFlash requests waited and the throughput includes the wait)."""
+    c = bench.one_session(bench.cells(bench.load_bench()), modes=("DFlash FULL (fixed)", "no speculation"))
+    if 3.6 not in set(c["acceptance"]):
+        pytest.skip("no 3.6 slice recorded")
+    assert set(zip(c["gpu_session"], c["acceptance"])) >= {("2026-12-01-s25", 1.86), ("2026-12-01-s28", 3.6)}
+    misses = bench.holdout_misses(bench.holdout_check(c, 3.6)["table"])
+    assert misses["line"]["all"][1] == 1 and round(misses["line"]["all"][0], 2) == 1.11
+    assert misses["measured steps"]["not queued"][0] < 0.05 and misses["measured steps"]["all"][1] == 64
+    assert bench.better_model(misses) == "measured steps"
 
 
 def test_step_time_from_tpot():
@@ -534,6 +590,27 @@ def test_the_speed_sentence_gives_the_break_even_acceptance_from_the_measured_ce
     be = bench.break_even_measured(bench.cells(bench.load_bench(str(tmp_path / "data" / "bench" / "*.jsonl"))))
     c1 = be.loc[be["concurrency"] == 1, "break-even acceptance length"].iloc[0]
     assert f"measured at synthetic acceptance 1.86 in a: {c1:.2f} at concurrency 1, " in line
+
+
+def test_the_speed_sentence_says_how_far_the_step_models_missed_the_held_out_acceptance(tmp_path):
+    """Two acceptances (fixture a and b): the held-out check's sentence follows the break-even; one acceptance: none."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_fixture import write_fixture
+
+    from dflash_lab import findings
+
+    write_fixture(tmp_path / "one" / "data" / "bench", accs={1.86: "fixture-a"}, modes=("fixed", "nospec"))
+    assert "Fitted without acceptance" not in findings.bench_line(tmp_path / "one")
+    write_fixture(tmp_path / "two" / "data" / "bench", accs={1.86: "fixture-a", 3.6: "fixture-b"}, modes=("fixed", "nospec"))
+    line = findings.bench_line(tmp_path / "two")
+    c = bench.one_session(bench.cells(bench.load_bench(str(tmp_path / "two" / "data" / "bench" / "*.jsonl"))),
+                          modes=("DFlash FULL (fixed)", "no speculation"))
+    expect = bench.holdout_sentence(bench.holdout_misses(bench.holdout_check(c, 3.6)["table"]), 3.6).rstrip(".")
+    assert expect.startswith("Fitted without acceptance 3.6") and expect in line
+    assert line.index("measured at synthetic acceptance 1.86") < line.index(expect) < line.index("Every side-by-side")
 
 
 def test_step_points_and_graph_ceilings_use_the_requests_that_ran_only_when_requests_waited():

@@ -169,7 +169,8 @@ def test_notebook06_on_one_acceptance_renders_and_says_the_held_out_check_waits(
 
 def test_notebook06_on_fixture_lines(tmp_path):
     d = _bench_nb("06_tradeoffs", tmp_path, held_out=3.6)
-    assert d["held_out"] == 3.6 and all(abs(r["error"]) < 0.1 for r in d["holdout"])
+    assert d["held_out"] == 3.6 and all(abs(r["error (measured steps)"]) < 0.1 for r in d["holdout"])
+    assert d["model"] in ("line", "measured steps") and set(d["holdout_misses"]) == {"line", "measured steps"}
     assert 1.1 < d["floor_ms"] < 1.35
     assert all(1.0 < r["break-even acceptance length (model)"] < 2.0 for r in d["break_even"])
     # the fixture's DFlash step does not depend on the acceptance: the measured cells' break-even agrees with the model
