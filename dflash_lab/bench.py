@@ -823,15 +823,35 @@ def speedup_tables(cells_df, pairs=SPEEDUP_PAIRS) -> tuple[dict, list]:
     return tables, missing
 
 
-def recommendation_scope(cells_df, acceptance, planned=None) -> str:
-    """The modes a recommendation at ``acceptance`` chose among, and the planned ones it could not."""
+def recommendation_scope(cells_df, acceptance, planned=None, elsewhere=()) -> str:
+    """The modes a recommendation at ``acceptance`` chose among, and the planned ones it could not: those measured
+    in another session at that acceptance (``elsewhere``: their modes) apart from those not measured yet."""
     c = cells_df[(cells_df["acceptance"] == acceptance) & ((cells_df["ok"] > 0) | (cells_df["crashed"] > 0))]
     have = sorted(set(c["mode"]), key=_mode_order)
     s = f"acceptance {_num(acceptance)}: chosen among {', '.join(have) or 'no mode'}"
     if planned is not None:
-        todo = sorted(set(planned.loc[planned["acceptance"] == float(acceptance), "mode"]) - set(have), key=_mode_order)
-        s += f"; not measured here yet: {', '.join(todo)}" if todo else "; every planned mode measured"
+        todo = set(planned.loc[planned["acceptance"] == float(acceptance), "mode"]) - set(have)
+        other = sorted(todo & set(elsewhere), key=_mode_order)
+        never = sorted(todo - set(elsewhere), key=_mode_order)
+        if other:
+            s += f"; measured in another session: {', '.join(other)}"
+        s += f"; not measured yet: {', '.join(never)}" if never else "" if other else "; every planned mode measured"
     return s
+
+
+def recommend_by_session(cells_df, acceptance, planned=None) -> list[dict]:
+    """:func:`recommend` for every GPU session with cells at ``acceptance``, in session order: a slice's modes are
+    spread over two sessions and ratios never pair sessions, so each session's choice is made among its own modes
+    (``scope``: :func:`recommendation_scope`, naming the planned modes measured in another session)."""
+    from .analysis import session_key
+
+    at = cells_df[(cells_df["acceptance"] == acceptance) & ((cells_df["ok"] > 0) | (cells_df["crashed"] > 0))]
+    out = []
+    for s in sorted(set(at["gpu_session"]), key=session_key):
+        here = cells_df[(cells_df["acceptance"] == acceptance) & (cells_df["gpu_session"] == s)]
+        out.append({"session": s, "rows": recommend(here, acceptance),
+                    "scope": recommendation_scope(here, acceptance, planned, set(at.loc[at["gpu_session"] != s, "mode"]))})
+    return out
 
 
 def capture_ceiling(log_path: str) -> int | None:

@@ -365,18 +365,16 @@ def bench_line(root=".", runs=_UNREAD) -> str:
     planned = bench.planned_cells(str(Path(root) / "matrices" / "bench-*.yaml")) if plans else None
     advice = []
     for acc in sorted(c["acceptance"].unique()):
-        session = bench.session_for(c, acc)
-        here = c[(c["acceptance"] == acc) & (c["gpu_session"] == session)]
-        rows = bench.recommend(here, acc)
-        # a tie names both modes and no margin; otherwise the margin over the runner-up(s) of the range
-        picks = "; ".join(f"concurrency {r['concurrency']}: {r['mode']}"
-                          + (f", {r['margin over runner-up']} over {r['runner-up']}"
-                             if r["runner-up"] and "tie" not in str(r["mode"]) else "")
-                          for r in rows)
-        scope = bench.recommendation_scope(here, acc, planned).split(": ", 1)[1]
-        prone = rows[0]["left out (crashed in this slice)"] if rows else "-"
-        advice.append(f"synthetic acceptance {acc:g}, GPU session {session} ({scope}"
-                      + (f"; left out as crash-prone: {prone}" if prone != "-" else "") + f"): {picks}")
+        for p in bench.recommend_by_session(c, acc, planned):
+            rows = p["rows"]
+            # a tie names both modes and no margin; otherwise the margin over the runner-up(s) of the range
+            picks = "; ".join(f"concurrency {r['concurrency']}: {r['mode']}"
+                              + (f", {r['margin over runner-up']} over {r['runner-up']}"
+                                 if r["runner-up"] and "tie" not in str(r["mode"]) else "")
+                              for r in rows)
+            prone = rows[0]["left out (crashed in this slice)"] if rows else "-"
+            advice.append(f"synthetic acceptance {acc:g}, GPU session {p['session']} ({p['scope'].split(': ', 1)[1]}"
+                          + (f"; left out as crash-prone: {prone}" if prone != "-" else "") + f"): {picks}")
     queued = bench.queued_cells(c)
     queue_text = "; ".join(
         f"{m} at concurrency {int(k)} in {_short(sess)} (at most {int(run)} running, {int(w)} waiting, KV cache {kv:.1f}% full)"
@@ -386,8 +384,9 @@ def bench_line(root=".", runs=_UNREAD) -> str:
                            zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"], crashed["crashed / runs"]))
     return ("Speed (issue 11 benchmark: the OpenAI server on loopback, streamed chat completions of "
             f"{each('max_tokens')} tokens, {', '.join(targets)} architecture, {', '.join(weights)} weights, DFlash k={ks}, "
-            f"TP={each('tensor_parallel_size')}). The fastest mode that never crashed, per concurrency range, in the latest "
-            "session at each synthetic acceptance (notebook 05; margin: ratio of mean output throughputs over the runner-up): "
+            f"TP={each('tensor_parallel_size')}). The fastest mode that never crashed, per concurrency range, in each GPU "
+            "session at each synthetic acceptance, chosen among that session's modes since ratios never pair sessions "
+            "(notebook 05; margin: ratio of mean output throughputs over the runner-up): "
             + ". ".join(advice)
             + _break_even_clause(c, queued)
             + ". Every side-by-side ratio of mean output throughputs, in brackets the slowest over the fastest repeat and "

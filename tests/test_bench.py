@@ -346,7 +346,7 @@ def test_coverage_names_what_is_measured_and_what_is_not_yet(tmp_path):
     assert "- 1 run cut short by the runner's session deadline is counted apart" in text
     assert bench.recommendation_scope(c, 1.86, planned) == (
         "acceptance 1.86: chosen among DFlash FULL (fixed), DFlash FULL (stock), DFlash PIECEWISE; "
-        "not measured here yet: no speculation")
+        "not measured yet: no speculation")
     # fixed and stock share concurrency 1 and 4 (a pair, crashed or cut: no ratio); nothing else is side by side
     tables, unpaired = bench.speedup_tables(c, (("DFlash FULL (fixed)", "DFlash FULL (stock)"),
                                                 ("DFlash FULL (fixed)", "DFlash PIECEWISE"),
@@ -554,6 +554,32 @@ def test_a_merged_recommendation_range_names_every_runner_up():
     assert [(r["concurrency"], r["mode"], r["runner-up"]) for r in rows] == [
         ("1-64", "no speculation", "DFlash FULL (fixed) / DFlash eager")]
     assert rows[0]["margin over runner-up"] == "1.54-3.50x"
+
+
+def test_one_recommendation_per_session_each_among_its_own_modes():
+    """s25/s26's shape at one acceptance: fixed FULL + no speculation in one session, PIECEWISE + crashing stock +
+    no speculation in the next. Each session gets its own choice; the scope names the planned modes the other
+    session measured apart from those nobody measured."""
+    import pandas as pd
+
+    def cell(session, mode, conc, mean, crashed=0):
+        return {"gpu_session": session, "acceptance": 1.86, "mode": mode, "concurrency": conc, "ok": 0 if crashed else 3,
+                "crashed": crashed, "output_throughput": mean, "output_throughput_min": mean * 0.98,
+                "output_throughput_max": mean * 1.02}
+
+    c = pd.DataFrame([cell("2026-12-01-s25", "DFlash FULL (fixed)", 1, 130), cell("2026-12-01-s25", "no speculation", 1, 200),
+                      cell("2026-12-01-s26", "DFlash PIECEWISE", 1, 70), cell("2026-12-01-s26", "no speculation", 1, 205),
+                      cell("2026-12-01-s26", "DFlash FULL (stock)", 8, float("nan"), crashed=1)])
+    planned = pd.DataFrame([(1.86, m, 1) for m in bench.MODES], columns=["acceptance", "mode", "concurrency"])
+    per = bench.recommend_by_session(c, 1.86, planned)
+    assert [p["session"] for p in per] == ["2026-12-01-s25", "2026-12-01-s26"]
+    assert [(r["mode"], r["runner-up"]) for r in per[0]["rows"]] == [("no speculation", "DFlash FULL (fixed)")]
+    assert per[0]["scope"] == ("acceptance 1.86: chosen among DFlash FULL (fixed), no speculation; measured in another "
+                               "session: DFlash FULL (stock), DFlash PIECEWISE; not measured yet: DFlash eager")
+    assert per[1]["rows"][0]["runner-up"] == "DFlash PIECEWISE"
+    assert per[1]["rows"][0]["left out (crashed in this slice)"] == "DFlash FULL (stock)"
+    with pytest.raises(LabError, match="several GPU sessions"):   # the single-session call still refuses to pool
+        bench.recommend(c, 1.86)
 
 
 def test_session_drift_compares_one_mode_across_sessions_never_two_modes():

@@ -123,6 +123,8 @@ def test_notebook05_shows_the_pairs_of_every_session_of_a_slice(tmp_path):
     assert "DFlash PIECEWISE / no speculation" in d["speedups_not_measured"]
     # fixed FULL ran in both sessions: its drift, later over earlier, at each concurrency
     assert {(r["mode"], r["sessions"]) for r in d["drift"]} == {("DFlash FULL (fixed)", "fixture-b / fixture-a")}
+    # a recommendation per session, each among its own modes
+    assert list(d["recommendations_by_session"]["1.86"]) == ["fixture-a", "fixture-b"]
     assert len(d["drift"]) == 6
     # with the session parameter, that session's pairs only
     d = _bench_nb("05_benchmark", tmp_path, glob_=glob_, session="fixture-a")
