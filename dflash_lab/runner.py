@@ -136,6 +136,9 @@ def load_matrix(path: str) -> dict:
 def validate_matrix(m, where="matrix") -> dict:
     _check(isinstance(m, dict), f"{where}: the matrix must be a mapping")
     _check(isinstance(m.get("engines"), list) and m["engines"], f"{where}: 'engines' must be a non-empty list")
+    for key in ("startup_estimate_s", "warmup_estimate_s"):
+        v = m.get(key, 0)
+        _check(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, f"{where}: {key} must be a number >= 0")
     defaults = dict(ENGINE_DEFAULTS)
     extra = set(m.get("defaults", {})) - set(ENGINE_DEFAULTS) - {"runs"}
     _check(not extra, f"{where}: unknown default(s): {sorted(extra)}")
@@ -208,6 +211,7 @@ def validate_matrix(m, where="matrix") -> dict:
             "startup_timeout_s": float(m.get("startup_timeout_s", 900)),
             "max_restarts": int(m.get("max_restarts", 3)),
             "startup_estimate_s": float(m.get("startup_estimate_s", 60)), "prompt": m.get("prompt", REPORT_PROMPT),
+            "warmup_estimate_s": float(m.get("warmup_estimate_s", 0)),
             "worker": m.get("worker", "dflash_lab.worker"),
             "coredump_root": m.get("coredump_root", COREDUMP_ROOT),
             "coredump_wait_s": float(m.get("coredump_wait_s", 240))}
@@ -381,8 +385,16 @@ class Runner:
         pending = list(eng["runs"])  # the runs without a line yet, in the matrix's order
         attempt = 0
         while pending:
+            # every engine start begins with the warm-ups: a restart runs again those that completed ok in this call
+            # (one that crashed or timed out keeps its line and is not retried: stock FULL's c32 warm-up would crash
+            # every restart); the warm-ups still pending follow them, in the matrix's order
+            ids = {r.id for r in pending}
+            again = [w for w in warmups if w.id not in ids and self.outcomes.get(w.id) == "ok"]
+            # an engine starts only if its start, its warm-ups and one measured run fit what is left of the call
+            # (s28: an eager engine started with ~220 s left, spent them on its start and sweep, and measured one run)
             est = self.startup_s.get(eng["id"], self.m["startup_estimate_s"])
-            if self.time_left() < est + eng["engine"]["run_estimate_s"] + 30:
+            n_warm = len(again) + sum(r.warmup for r in pending)
+            if self.time_left() < est + n_warm * self.m["warmup_estimate_s"] + eng["engine"]["run_estimate_s"] + 30:
                 self._not_reached(pending)
                 return
             if attempt > self.m["max_restarts"]:
@@ -390,11 +402,6 @@ class Runner:
                 self._not_reached(pending)
                 return
             attempt += 1
-            # every engine start begins with the warm-ups: a restart runs again those that completed ok in this call
-            # (one that crashed or timed out keeps its line and is not retried: stock FULL's c32 warm-up would crash
-            # every restart); the warm-ups still pending follow them, in the matrix's order
-            ids = {r.id for r in pending}
-            again = [w for w in warmups if w.id not in ids and self.outcomes.get(w.id) == "ok"]
             pending = self.one_engine(eng, again + pending, attempt)
 
     def one_engine(self, eng: dict, pending: list, attempt: int) -> list:

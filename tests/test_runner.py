@@ -66,6 +66,21 @@ def test_an_engine_whose_run_cannot_finish_is_not_started(tmp_path):
         validate_matrix({"engines": [{"id": "e", "run_estimate_s": -1, "runs": [{"concurrency": 1}]}]})
 
 
+def test_an_engine_whose_warm_ups_cannot_fit_is_not_started(tmp_path):
+    """warmup_estimate_s: an engine's start is budgeted with its warm-up sweep (s28: an eager engine started with
+    ~220 s left, spent them on its start and six warm-ups, and measured one run). 6 warm-ups at 20 s do not fit 120 s;
+    the engine without warm-ups runs."""
+    sweep = [{"concurrency": c, "max_tokens": 8, "warmup": True} for c in (1, 2, 4, 8, 16, 32)]
+    lines, r = run(tmp_path, [{"id": "swept", "runs": sweep + [{"concurrency": 1}]},
+                              {"id": "plain", "runs": [{"concurrency": 1}]}],
+                   extra=("--deadline-s", "120"), startup_estimate_s=1, warmup_estimate_s=20)
+    assert [(l["run_id"], l["outcome"]) for l in lines] == [("plain/c1/r0", "ok")]
+    assert "swept/c1/r0" in r.stdout.split("not run before the deadline")[1]
+    for bad in (-1, "5", True):
+        with pytest.raises(LabError, match="warmup_estimate_s must be a number >= 0"):
+            validate_matrix({"warmup_estimate_s": bad, "engines": [{"id": "e", "runs": [{"concurrency": 1}]}]})
+
+
 def test_existing_lines_survive_a_later_crash(tmp_path):
     out = tmp_path / "runs.jsonl"
     out.write_text(json.dumps({"run_id": "earlier", "outcome": "ok"}) + "\n")
