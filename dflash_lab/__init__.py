@@ -20,7 +20,8 @@ The library holds every piece of logic the notebooks use, so tests reach it:
                                   shares with the launch hook)
 - :mod:`dflash_lab.verification`  the fix's GPU verification per session: counts, probe verdicts, canaries
 - :mod:`dflash_lab.crashstates`   the report's crash states beside ours; crash rate per serving path
-- :mod:`dflash_lab.bench`         the benchmark: cells, same-session ratios, recommendations, step-time model
+- :mod:`dflash_lab.bench`         the benchmark: cells, same-session ratios, recommendations, step-time models
+- :mod:`dflash_lab.gpuclocks`     GPU clocks, power and temperature sampled through a device call, per run
 """
 
 __version__ = "0.1.0"

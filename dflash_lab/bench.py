@@ -86,6 +86,7 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
                "engine_id": r.get("engine_id"), "attempt": r.get("attempt"), "round": r.get("round"),
                "target": (r.get("target") or {}).get("name") if isinstance(r.get("target"), dict) else r.get("target"),
                "weights": r.get("weights"), "started_at": r.get("started_at"), "max_tokens": r.get("max_tokens"),
+               "finished_at": r.get("finished_at"), "wall_s": r.get("wall_s"),   # the run's window (gpuclocks)
                "tensor_parallel_size": r.get("tensor_parallel_size"), "warmup": r.get("warmup"),
                # core dumps on the engine (from s27 the s2 matrices take them on stock FULL) and what one named
                "coredump": r.get("coredump"), "fault": r.get("fault"),

@@ -27,8 +27,12 @@ echo "runner deadline: $LEFT s"
 # folder made s16's second and third calls return the earlier calls' logs again, and reuse their names)
 LOGS=/tmp/runlogs/$(basename "$MATRIX" .yaml)-$T0
 mkdir -p "$LOGS"
+# the GPUs' clocks, power and temperature through the call (sessions drift; dflash_lab.gpuclocks reads the file)
+bash scripts/gpu/gpu-clocks.sh "$OUT/gpu_clocks.csv" $$ 1 >/dev/null 2>&1 &
+CLOCKS=$!
 # SKIP_DONE: runs.jsonl files of earlier calls of this matrix (carried into the checkout): continue where they stopped
 python3 -m dflash_lab run "$MATRIX" --out "$OUT/runs.jsonl" --logs "$LOGS" --deadline-s $LEFT ${SKIP_DONE:+--skip-done $SKIP_DONE}
 find "$LOGS" -name '*.log' -size +3M -exec sh -c 'tail -c 3000000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
+kill $CLOCKS 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$LOGS" .
 ls -la "$OUT"
