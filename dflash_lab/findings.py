@@ -427,7 +427,7 @@ def _holdout_clause(cells_df, mode: str) -> str:
     from . import bench
 
     c = bench.one_session(cells_df, modes=(mode, "no speculation"))
-    if bench.holdout_gaps(c, mode):
+    if bench.tradeoffs_gaps(c, mode) or bench.holdout_gaps(c, mode):
         return ""
     acc = max(c["acceptance"].unique())
     misses = bench.holdout_misses(bench.holdout_check(c, acc, mode)["table"])

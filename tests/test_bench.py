@@ -113,7 +113,9 @@ def test_measured_step_times_joined_follow_the_bends_a_line_cannot():
     assert j["tokens"] == [16.0, 64.0, 512.0, 784.0] and j["ms"] == [13.5, 16.0, 36.0, 85.0] and j["n"] == 5
     assert bench.step_ms(j, 16) == 13.5 and bench.step_ms(j, 40) == pytest.approx(13.5 + 2.5 * 24 / 48)
     assert bench.step_ms(j, 1000) == pytest.approx(85 + 49 * 216 / 272)     # the last segment extended
-    assert bench.step_ms(j, 0) == pytest.approx(13.5 - 2.5 * 16 / 48)       # the first one, backwards
+    assert bench.step_ms(j, 0) == 13.5            # below the smallest count: its time, never cheaper
+    falling = bench.fit_step_steps([(32, 13.0), (64, 12.0)])
+    assert bench.step_ms(falling, 600) == 12.0    # a falling last segment is not extended into negative times
     line = bench.fit_step_model(pts)
     assert max(abs(bench.step_ms(line, x) / y - 1) for x, y in pts) > 0.2
     base = bench.fit_step_steps([(1, 4.5), (64, 17.0)])
@@ -142,9 +144,24 @@ def test_the_held_out_check_scores_both_models_and_picks_the_smaller_miss(tmp_pa
     misses = bench.holdout_misses(hc["table"])
     assert misses["line"]["all"][0] > 0.05 and misses["measured steps"]["all"][0] == pytest.approx(0, abs=1e-9)
     assert bench.better_model(misses) == "measured steps" and bench.better_model({}) is None
+    # the choice goes by the misses where no request waited (a queued cell's throughput holds the wait); where every
+    # cell queued, by all
+    q = {"line": {"all": (0.2, 1), "not queued": (0.2, 1)}, "measured steps": {"all": (0.5, 64), "not queued": (0.02, 1)}}
+    assert bench.better_model(q) == "measured steps"
+    assert bench.better_model({"line": {"all": (0.1, 64), "not queued": None},
+                               "measured steps": {"all": (0.3, 64), "not queued": None}}) == "line"
     text = bench.holdout_sentence(misses, 3.6)
     assert text.startswith("Fitted without acceptance 3.6") and "the straight line misses by up to 25% (at concurrency 1)" in text
     assert "joined measured step times miss by up to" in text
+
+
+def test_the_held_out_check_takes_one_session_of_the_held_out_acceptance(tmp_path):
+    lines = [l for l in _two_acc_lines()] + [dict(l, gpu_session="T", run_id="T" + l["run_id"]) for l in _two_acc_lines()
+                                              if l["acceptance"] == 3.6]
+    c = bench.cells(bench.load_bench(write(tmp_path, lines)))
+    with pytest.raises(LabError, match=r"held-out acceptance 3.6 has cells of several GPU sessions \['S', 'T'\]"):
+        bench.holdout_check(c, 3.6)
+    assert len(bench.holdout_check(bench.one_session(c), 3.6)["table"]) == 3
 
 
 def test_the_recorded_held_out_check_at_3_6():
@@ -636,7 +653,14 @@ def test_the_speed_sentence_says_how_far_the_step_models_missed_the_held_out_acc
                           modes=("DFlash FULL (fixed)", "no speculation"))
     expect = bench.holdout_sentence(bench.holdout_misses(bench.holdout_check(c, 3.6)["table"]), 3.6).rstrip(".")
     assert expect.startswith("Fitted without acceptance 3.6") and expect in line
+    assert ("the straight line misses by up to 2% (at concurrency 32); the joined measured step times miss by up to 3% "
+            "(at concurrency 64) (notebook 06's step-time models for DFlash FULL (fixed)") in line
     assert line.index("measured at synthetic acceptance 1.86") < line.index(expect) < line.index("Every side-by-side")
+    # a baseline at one concurrency: notebook 06 cannot render, and the sentence says nothing of a check (no error)
+    lines = [l for l in _two_acc_lines() if not (l["engine_id"] == "nospec" and l["concurrency"] != 4)]
+    (tmp_path / "three" / "data").mkdir(parents=True)
+    write(tmp_path / "three" / "data", lines)
+    assert "Fitted without" not in findings.bench_line(tmp_path / "three")
 
 
 def test_step_points_and_graph_ceilings_use_the_requests_that_ran_only_when_requests_waited():
