@@ -469,6 +469,56 @@ def bandwidth_floor_ms(params: float, bytes_per_param: float = 2.0, bandwidth_by
     return params * bytes_per_param / bandwidth_bytes_s * 1e3
 
 
+def distinct_experts(tokens: float, num_experts: int, top_k: int) -> float:
+    """Expected number of distinct experts one MoE layer reads for ``tokens`` tokens when each token picks ``top_k``
+    of ``num_experts`` uniformly and independently: E (1 - (1 - k/E)^T). An assumption about the router (dummy
+    weights' random router; a trained router is skewed and tokens of one sequence share experts, which touches
+    fewer), not a measurement."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def draft_params(text: dict, draft: dict) -> int:
+    """Weights a DFlash drafter pass reads (vLLM 0.22.1 ``qwen3_dflash.py``): ``fc`` (the target layers' hidden
+    states, concatenated, to the hidden size), per layer q/k/v/o and the gated MLP, and its LM head over the
+    target's vocabulary; the draft's hidden size is the target's (as ``dflash_lab.models`` writes its config)."""
+    h = text["hidden_size"]
+    qkv = h * (draft["heads"] + 2 * draft["kv_heads"]) * draft["head_dim"]
+    o = draft["heads"] * draft["head_dim"] * h
+    return (len(draft["target_layer_ids"]) * h * h + draft["layers"] * (qkv + o + 3 * h * draft["inter"])
+            + text["vocab_size"] * h)
+
+
+def weight_floor(text: dict, tokens: int, draft: dict | None = None, bytes_per_param: float = 2.0,
+                 bandwidth_bytes_s: float = 4.8e12) -> dict:
+    """The weight-traffic floor of one engine step in which the target processes ``tokens`` tokens: every weight
+    read once from HBM, of the routed experts as many per MoE layer as :func:`distinct_experts` expects, plus one
+    drafter pass (:func:`draft_params`) when ``draft`` is given. KV-cache and Gated-DeltaNet state traffic, which
+    grow with the requests, are not counted: a floor, not a prediction."""
+    ap = active_params(text)
+    n, k = text["num_hidden_layers"], text["num_experts_per_tok"]
+    expert = 3 * text["hidden_size"] * text["moe_intermediate_size"]
+    e = distinct_experts(tokens, text["num_experts"], k)
+    target = ap["total"] - n * k * expert + n * e * expert
+    dp = draft_params(text, draft) if draft else 0
+    return {"tokens": tokens, "experts per MoE layer": e, "target params": target, "draft params": dp,
+            "ms": bandwidth_floor_ms(target + dp, bytes_per_param, bandwidth_bytes_s)}
+
+
+def floor_table(cells_df, mode: str, text: dict, draft: dict, bandwidth_tb_s: float = 4.8, base: str = "no speculation"):
+    """Every completed cell of ``mode`` (with the drafter) and ``base`` (without) beside its weight-traffic floor
+    (:func:`weight_floor`) at its tokens per step."""
+    import pandas as pd
+
+    rows = []
+    for name, d in ((mode, draft), (base, None)):
+        for tokens, ms, acc, conc in step_points(cells_df, name):
+            f = weight_floor(text, int(tokens), d, bandwidth_bytes_s=bandwidth_tb_s * 1e12)
+            rows.append({"mode": name, "acceptance": acc, "concurrency": conc, "tokens per step": int(tokens),
+                         "experts per MoE layer": f["experts per MoE layer"], "floor ms": f["ms"],
+                         "step ms (measured)": ms, "x floor": ms / f["ms"]})
+    return pd.DataFrame(rows)
+
+
 # ----------------------------------------------------------------------------- views for notebooks 05/06
 
 def session_for(cells_df, acceptance, session=None, modes=()) -> str:

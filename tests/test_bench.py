@@ -178,6 +178,39 @@ def test_the_recorded_held_out_check_at_3_6():
     assert bench.better_model(misses) == "measured steps"
 
 
+def test_the_weight_floor_counts_the_experts_a_step_touches_and_the_drafter():
+    from dflash_lab import models
+
+    text, draft = models.QWEN36_TEXT, models.TARGETS["qwen36-35b-a3b"]["draft"]
+    assert bench.distinct_experts(1, 256, 8) == pytest.approx(8)
+    assert bench.distinct_experts(16, 256, 8) == pytest.approx(256 * (1 - (248 / 256) ** 16)) and \
+        101 < bench.distinct_experts(16, 256, 8) < 103
+    assert bench.distinct_experts(10_000, 256, 8) == pytest.approx(256)
+    # drafter: fc 5 x 2048 -> 2048; 5 layers of qkv (32 + 2 x 4 heads of 128), o, gated MLP 6144; LM head 248320 x 2048
+    assert bench.draft_params(text, draft) == 5 * 2048 * 2048 + 5 * (2048 * 40 * 128 + 4096 * 2048 + 3 * 2048 * 6144) + 248320 * 2048
+    one = bench.weight_floor(text, 1)
+    assert one["target params"] == pytest.approx(bench.active_params(text)["total"]) and one["draft params"] == 0
+    assert one["ms"] == pytest.approx(bench.bandwidth_floor_ms(bench.active_params(text)["total"]))
+    sixteen = bench.weight_floor(text, 16, draft)
+    per_expert = 40 * 3 * 2048 * 512
+    assert sixteen["target params"] - one["target params"] == pytest.approx((sixteen["experts per MoE layer"] - 8) * per_expert)
+    assert 6.4 < sixteen["ms"] < 6.6 and sixteen["ms"] / one["ms"] > 5
+
+
+def test_the_floor_table_sets_each_cell_beside_its_floor(tmp_path):
+    from dflash_lab import models
+
+    c = bench.one_session(bench.cells(bench.load_bench(write(tmp_path, _two_acc_lines()))))
+    t = bench.floor_table(c, "DFlash FULL (fixed)", models.QWEN36_TEXT, models.TARGETS["qwen36-35b-a3b"]["draft"])
+    spec = t[(t["mode"] == "DFlash FULL (fixed)") & (t["acceptance"] == 1.86)].set_index("concurrency")
+    base = t[(t["mode"] == "no speculation") & (t["acceptance"] == 1.86)].set_index("concurrency")
+    assert list(spec["tokens per step"]) == [16, 64, 256] and list(base["tokens per step"]) == [1, 4, 16]
+    # the same 16 target tokens: the DFlash cell's floor is the plain one's plus one drafter pass
+    d = bench.bandwidth_floor_ms(bench.draft_params(models.QWEN36_TEXT, models.TARGETS["qwen36-35b-a3b"]["draft"]))
+    assert spec.loc[1, "floor ms"] == pytest.approx(base.loc[16, "floor ms"] + d)
+    assert spec.loc[1, "x floor"] == pytest.approx(spec.loc[1, "step ms (measured)"] / spec.loc[1, "floor ms"])
+
+
 def test_step_time_from_tpot():
     assert bench.step_time_ms({"mean_tpot_ms": 5.0, "num_speculative_tokens": 15, "acceptance_length": 2.0}) == 10.0
     assert bench.step_time_ms({"mean_tpot_ms": 5.0, "num_speculative_tokens": 0, "acceptance_length": None}) == 5.0

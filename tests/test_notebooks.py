@@ -177,6 +177,9 @@ def test_notebook06_on_fixture_lines(tmp_path):
     assert d["model"] == bench.better_model({m: {k: tuple(v) if v else None for k, v in x.items()}
                                              for m, x in d["holdout_misses"].items()})
     assert 1.1 < d["floor_ms"] < 1.35
+    # the DFlash step at 1 beside a plain step of the same 16 target tokens (no speculation at 16)
+    assert d["same_tokens"]["dflash_c1_ms"] > 0 and d["same_tokens"]["plain_16_tokens_ms"] > 0
+    assert {r["mode"] for r in d["floor_table"]} == {"DFlash FULL (fixed)", "no speculation"}
     assert all(1.0 < r["break-even acceptance length (model)"] < 2.0 for r in d["break_even"])
     # the fixture's DFlash step does not depend on the acceptance: the measured cells' break-even agrees with the model
     assert all(abs(r["break-even acceptance length (measured cells)"] / r["break-even acceptance length (model)"] - 1) < 0.1
