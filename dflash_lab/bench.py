@@ -86,7 +86,9 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
                "engine_id": r.get("engine_id"), "attempt": r.get("attempt"), "round": r.get("round"),
                "target": (r.get("target") or {}).get("name") if isinstance(r.get("target"), dict) else r.get("target"),
                "weights": r.get("weights"), "started_at": r.get("started_at"), "max_tokens": r.get("max_tokens"),
-               "finished_at": r.get("finished_at"), "wall_s": r.get("wall_s"),   # the run's window (gpuclocks)
+               # the run's window (gpuclocks)
+               "finished_at": r.get("finished_at"), "wall_s": r.get("wall_s"),
+               "run_start_t": r.get("run_start_t"), "run_end_t": r.get("run_end_t"),
                "tensor_parallel_size": r.get("tensor_parallel_size"), "warmup": r.get("warmup"),
                # core dumps on the engine (from s27 the s2 matrices take them on stock FULL) and what one named
                "coredump": r.get("coredump"), "fault": r.get("fault"),
@@ -904,19 +906,52 @@ def recommendation_scope(cells_df, acceptance, planned=None, elsewhere=()) -> st
     return s
 
 
-def recommend_by_session(cells_df, acceptance, planned=None) -> list[dict]:
-    """:func:`recommend` for every GPU session with cells at ``acceptance``, in session order: a slice's modes are
-    spread over two sessions and ratios never pair sessions, so each session's choice is made among its own modes
-    (``scope``: :func:`recommendation_scope`, naming the planned modes measured in another session)."""
+def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metric: str = "output_throughput") -> list[dict]:
+    """:func:`recommend` for every GPU session with cells at ``acceptance`` (or those in ``sessions``), in session
+    order: a slice's modes are spread over two sessions and ratios never pair sessions, so each session's choice is
+    made among its own modes. ``scope`` (:func:`recommendation_scope`) names the planned modes measured in another
+    session, from every session in ``cells_df``. A choice that another session overturned is said so in each row's
+    ``beaten in another session``: there the chosen mode ran beside a mode that never crashed in that session and
+    whose slowest repeat beat its fastest, at a concurrency of the row's range (s24 chose fixed FULL over PIECEWISE
+    where s25 measured no speculation faster than fixed FULL)."""
     from .analysis import session_key
 
     at = cells_df[(cells_df["acceptance"] == acceptance) & ((cells_df["ok"] > 0) | (cells_df["crashed"] > 0))]
     out = []
     for s in sorted(set(at["gpu_session"]), key=session_key):
+        if sessions is not None and s not in sessions:
+            continue
         here = cells_df[(cells_df["acceptance"] == acceptance) & (cells_df["gpu_session"] == s)]
-        out.append({"session": s, "rows": recommend(here, acceptance),
+        rows = recommend(here, acceptance)
+        for r in rows:
+            r["beaten in another session"] = _beaten_elsewhere(at, s, r, metric)
+        out.append({"session": s, "rows": rows,
                     "scope": recommendation_scope(here, acceptance, planned, set(at.loc[at["gpu_session"] != s, "mode"]))})
     return out
+
+
+def _beaten_elsewhere(at, session, row, metric: str) -> str:
+    """Where another session measured ``row``'s mode slower than one of its own never-crashed modes, beyond the
+    spread, at a concurrency of the row's range: "X in S at 1, 4" per (session, mode); "-" where none did."""
+    if row["mode"] is None:
+        return "-"
+    # a tie names its two modes: each is checked
+    chosen = str(row["mode"]).replace(" (tie within the spread)", "").split(" or ")
+    found = {}
+    for s2, g in at[at["gpu_session"] != session].groupby("gpu_session", sort=True):
+        prone = set(g.loc[g["crashed"] > 0, "mode"])
+        for k, gk in g[(g["concurrency"] >= row["from"]) & (g["concurrency"] <= row["to"])].groupby("concurrency"):
+            for mode in chosen:
+                mine = gk[(gk["mode"] == mode) & (gk["ok"] > 0) & (gk["crashed"] == 0)]
+                if mine.empty:
+                    continue
+                others = gk[(gk["mode"] != mode) & ~gk["mode"].isin(prone) & (gk["ok"] > 0)]
+                for _, o in others.iterrows():
+                    if o[metric + "_min"] > mine[metric + "_max"].iloc[0]:
+                        found.setdefault((s2, o["mode"], mode), []).append(int(k))
+    return "; ".join(f"{m} over {mine_} in {s2} at {', '.join(map(str, ks))}" if len(chosen) > 1
+                     else f"{m} in {s2} at {', '.join(map(str, ks))}"
+                     for (s2, m, mine_), ks in sorted(found.items())) or "-"
 
 
 def capture_ceiling(log_path: str) -> int | None:

@@ -371,6 +371,8 @@ def bench_line(root=".", runs=_UNREAD) -> str:
             picks = "; ".join(f"concurrency {r['concurrency']}: {r['mode']}"
                               + (f", {r['margin over runner-up']} over {r['runner-up']}"
                                  if r["runner-up"] and "tie" not in str(r["mode"]) else "")
+                              + (f" (but beaten in another session: {r['beaten in another session']})"
+                                 if r.get("beaten in another session", "-") != "-" else "")
                               for r in rows)
             prone = rows[0]["left out (crashed in this slice)"] if rows else "-"
             advice.append(f"synthetic acceptance {acc:g}, GPU session {p['session']} ({p['scope'].split(': ', 1)[1]}"

@@ -3,8 +3,11 @@ a device call (``gpu_clocks.csv``, kept by ``ingest`` beside the call's logs in 
 
 Why: the same mode at the same cell ran at 0.73-1.11x of itself between GPU sessions (notebook 05), as large as
 the effects measured, and nothing else a session records can tell a slower host from a slower engine. A run's
-window is ``finished_at - wall_s`` to ``finished_at`` (the runner's line; ``finished_at`` has 1 s resolution, so
-the window is widened by 1 s at the end). Sessions before this sampler have no file: their runs get no row.
+window is the worker's own ``run_start_t`` to ``run_end_t`` (epoch seconds, in lines from the sampler's commit on);
+for a line without them, ``finished_at - wall_s`` to ``finished_at`` + 1 s (``finished_at`` has 1 s resolution and
+is written after the run, so that window is looser). Only the GPUs the engine used count: indices 0 to
+``tensor_parallel_size`` - 1 (CUDA's default order matches nvidia-smi's on a host of identical GPUs). Sessions
+before this sampler have no file: their runs get no row.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ def _num(x: str) -> float:
 
 def read(path: str):
     """The samples of one ``gpu_clocks.csv`` as a DataFrame (t: UTC epoch seconds, gpu, sm_mhz, mem_mhz, power_w,
-    temp_c, reasons: int bitmask or None). A value nvidia-smi could not read ("[N/A]") is NaN; a line that is not a
-    sample is a LabError naming file and line."""
+    temp_c, reasons: int bitmask or None). A value nvidia-smi could not read ("[N/A]") is NaN. nvidia-smi prints some
+    failures on stdout (the sampler keeps them): such lines are skipped and counted in ``.attrs["skipped"]``; a file
+    with no sample at all among its lines is a LabError naming file and first bad line."""
     import pandas as pd
 
-    rows = []
+    rows, skipped, first_bad = [], 0, None
     try:
         with open(path) as f:
             for i, line in enumerate(f, 1):
@@ -47,10 +51,15 @@ def read(path: str):
                     reasons = None if parts[6].startswith("[") else int(parts[6], 16)
                     rows.append((float(parts[0]), int(parts[1]), *(_num(p) for p in parts[2:6]), reasons))
                 except ValueError as e:
-                    raise LabError(f"{path}:{i}: not a GPU clock sample ({e}): {line.strip()[:80]!r}") from None
+                    skipped += 1
+                    first_bad = first_bad or f"{path}:{i}: not a GPU clock sample ({e}): {line.strip()[:80]!r}"
     except OSError as e:
         raise LabError(f"{path}: cannot read GPU clock samples ({e.strerror})") from None
-    return pd.DataFrame(rows, columns=["t", "gpu", "sm_mhz", "mem_mhz", "power_w", "temp_c", "reasons"])
+    if skipped and not rows:
+        raise LabError(first_bad)
+    df = pd.DataFrame(rows, columns=["t", "gpu", "sm_mhz", "mem_mhz", "power_w", "temp_c", "reasons"])
+    df.attrs["skipped"] = skipped
+    return df
 
 
 def reason_names(mask: int) -> list[str]:
@@ -60,10 +69,12 @@ def reason_names(mask: int) -> list[str]:
     return names + ([hex(rest)] if rest else [])
 
 
-def summary(samples, start: float, end: float) -> dict | None:
-    """The samples with ``start <= t <= end`` (every GPU): mean and lowest SM clock, mean memory clock, mean power,
-    hottest temperature, and every reason bit seen; None when no sample falls there."""
+def summary(samples, start: float, end: float, gpus=None) -> dict | None:
+    """The samples with ``start <= t <= end`` of the GPUs ``gpus`` (all when None): mean and lowest SM clock, mean
+    memory clock, mean power, hottest temperature, and every reason bit seen; None when no sample falls there."""
     s = samples[(samples["t"] >= start) & (samples["t"] <= end)]
+    if gpus is not None:
+        s = s[s["gpu"].isin(list(gpus))]
     if s.empty:
         return None
     mask = 0
@@ -78,7 +89,11 @@ def summary(samples, start: float, end: float) -> dict | None:
 
 
 def window(r) -> tuple[float, float] | None:
-    """A run line's (start, end) in UTC epoch seconds from ``finished_at`` and ``wall_s``; None without them."""
+    """A run line's (start, end) in UTC epoch seconds: the worker's ``run_start_t``/``run_end_t`` where the line has
+    them, else from ``finished_at`` and ``wall_s`` (see the module's docstring); None without either."""
+    a, b = r.get("run_start_t"), r.get("run_end_t")
+    if a is not None and b is not None and a == a and b == b:
+        return float(a), float(b)
     fin, wall = r.get("finished_at"), r.get("wall_s")
     if not fin or wall is None or (isinstance(wall, float) and math.isnan(wall)):
         return None
@@ -105,7 +120,8 @@ def for_runs(runs_df, data_dir: str = "data"):
         w = window(r)
         if cache[path] is None or w is None:
             continue
-        s = summary(cache[path], *w)
+        tp = r.get("tensor_parallel_size")
+        s = summary(cache[path], *w, gpus=range(int(tp)) if tp == tp and tp else None)
         if s:
             out[idx] = s
     return pd.DataFrame.from_dict(out, orient="index", columns=list(SUMMARY))

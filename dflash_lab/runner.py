@@ -545,6 +545,8 @@ class Runner:
                     ev = reader.next() if done is None else None
                 if done is not None:
                     fields = run_end_fields(done)
+                    # the run's own span on the worker's clock (epoch s): gpuclocks takes each run's samples from it
+                    fields.update(run_start_t=started.get("t") if started else None, run_end_t=done.get("t"))
                     if done["outcome"] != "ok":
                         time.sleep(3)
                         fields.update(fault())

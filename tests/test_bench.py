@@ -630,6 +630,19 @@ def test_one_recommendation_per_session_each_among_its_own_modes():
     assert per[1]["rows"][0]["left out (crashed in this slice)"] == "DFlash FULL (stock)"
     with pytest.raises(LabError, match="several GPU sessions"):   # the single-session call still refuses to pool
         bench.recommend(c, 1.86)
+    # one session asked for: the others still say what was measured elsewhere
+    only = bench.recommend_by_session(c, 1.86, planned, sessions=["2026-12-01-s26"])
+    assert [p["session"] for p in only] == ["2026-12-01-s26"] and only[0]["scope"] == per[1]["scope"]
+    # s24's shape: fixed FULL over PIECEWISE there, where s25 measured no speculation faster than fixed FULL beyond
+    # the spread: the choice says it was beaten elsewhere; s25's own choice was not
+    c = pd.concat([c, pd.DataFrame([cell("2026-12-01-s24", "DFlash FULL (fixed)", 1, 150),
+                                    cell("2026-12-01-s24", "DFlash PIECEWISE", 1, 80)])], ignore_index=True)
+    per = {p["session"]: p["rows"] for p in bench.recommend_by_session(c, 1.86, planned)}
+    assert per["2026-12-01-s24"][0]["mode"] == "DFlash FULL (fixed)"
+    assert per["2026-12-01-s24"][0]["beaten in another session"] == "no speculation in 2026-12-01-s25 at 1"
+    assert per["2026-12-01-s25"][0]["beaten in another session"] == "-"
+    # PIECEWISE (70) lost to no speculation in s26; a concurrency outside the row's range does not count
+    assert per["2026-12-01-s26"][0]["beaten in another session"] == "-"
 
 
 def test_session_drift_compares_one_mode_across_sessions_never_two_modes():

@@ -41,10 +41,13 @@ def test_summary_of_a_window_reads_every_gpu_and_names_the_reasons(tmp_path):
     assert gpuclocks.reason_names(0x21 | 0x400) == ["sw thermal slowdown", "0x400"]
 
 
-def test_a_corrupt_sample_file_is_one_clear_error(tmp_path):
+def test_a_line_nvidia_smi_could_not_fill_is_skipped_a_file_of_none_is_one_clear_error(tmp_path):
     f = tmp_path / "c.csv"
-    f.write_text(f"{T0}, 0, 1980, 3201, 650, 55, 0x0\n{T0 + 1}, 0, 1980\n")
-    with pytest.raises(LabError, match=r"c.csv:2: not a GPU clock sample \(3 fields, expected 7\)"):
+    f.write_text(f"{T0}, 0, 1980, 3201, 650, 55, 0x0\n{T0 + 1}, Unable to determine the device handle for GPU0\n")
+    s = gpuclocks.read(str(f))
+    assert len(s) == 1 and s.attrs["skipped"] == 1
+    f.write_text(f"{T0}, 0, 1980\n{T0 + 1}, Unable to determine the device handle for GPU0\n")
+    with pytest.raises(LabError, match=r"c.csv:1: not a GPU clock sample \(3 fields, expected 7\)"):
         gpuclocks.read(str(f))
     with pytest.raises(LabError, match="cannot read GPU clock samples"):
         gpuclocks.read(str(tmp_path / "missing.csv"))
@@ -54,22 +57,25 @@ def test_each_run_gets_the_samples_of_its_own_window(tmp_path):
     """Two runs of one call: finished_at (1 s resolution) minus wall_s; a call without a file gives no row."""
     (tmp_path / "gpu" / "b1").mkdir(parents=True)
     _csv(tmp_path / "gpu" / "b1" / "gpu_clocks.csv",
-         [(T0 + i, 0, 1980 if i < 10 else 1500, 600, 50 + i, "0x0") for i in range(20)])
+         [(T0 + i, 0, 1980 if i < 10 else 1500, 600, 50 + i, "0x0") for i in range(20)]
+         + [(T0 + i, 1, 210, 70, 30, "0x1") for i in range(20)])   # a second GPU the TP=1 engine did not use
     iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-    runs = pd.DataFrame([{"file": "b1.jsonl", "finished_at": iso(T0 + 8), "wall_s": 5.0, "gpu_session": "S",
-                          "mode": "m", "outcome": "ok", "warmup": False},
-                         {"file": "b1.jsonl", "finished_at": iso(T0 + 18), "wall_s": 5.0, "gpu_session": "S",
-                          "mode": "m", "outcome": "ok", "warmup": False},
-                         {"file": "b2.jsonl", "finished_at": iso(T0 + 8), "wall_s": 5.0, "gpu_session": "T",
-                          "mode": "m", "outcome": "ok", "warmup": False}])
+    base = {"gpu_session": "S", "mode": "m", "outcome": "ok", "warmup": False, "tensor_parallel_size": 1}
+    runs = pd.DataFrame([dict(base, file="b1.jsonl", finished_at=iso(T0 + 8), wall_s=5.0),
+                         # the worker's own span wins over finished_at - wall_s
+                         dict(base, file="b1.jsonl", finished_at=iso(T0 + 19), wall_s=5.0, run_start_t=T0 + 14.5,
+                              run_end_t=T0 + 17.5),
+                         dict(base, file="b2.jsonl", finished_at=iso(T0 + 8), wall_s=5.0, gpu_session="T")])
     c = gpuclocks.for_runs(runs, str(tmp_path))
     assert list(c.index) == [0, 1]
-    assert c.loc[0, "sm_mhz_mean"] == 1980 and c.loc[0, "clock_samples"] == 7      # t0+3 .. t0+9
-    assert c.loc[1, "sm_mhz_mean"] == 1500 and c.loc[1, "temp_c_max"] == 69
+    assert c.loc[0, "sm_mhz_mean"] == 1980 and c.loc[0, "clock_samples"] == 7      # t0+3 .. t0+9, GPU 0 only
+    assert c.loc[1, "sm_mhz_mean"] == 1500 and c.loc[1, "clock_samples"] == 3 and c.loc[1, "temp_c_max"] == 67
     s = gpuclocks.by_session(runs, str(tmp_path))
     assert s.to_dict("records") == [{"gpu_session": "S", "mode": "m", "runs with samples": 2,
                                      "sm_mhz_mean": 1740.0, "sm_mhz_min": 1500.0, "power_w_mean": 600.0,
-                                     "temp_c_max": 69.0, "clock_reasons": "none"}]
+                                     "temp_c_max": 67.0, "clock_reasons": "none"}]
+    # every GPU where the line does not say its tensor parallelism: the idle GPU drags the mean
+    assert gpuclocks.for_runs(runs.drop(columns=["tensor_parallel_size"]).iloc[:1], str(tmp_path)).loc[0, "sm_mhz_min"] == 210
     assert gpuclocks.by_session(runs[runs["file"] == "b2.jsonl"], str(tmp_path)).empty
 
 

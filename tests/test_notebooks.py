@@ -127,9 +127,12 @@ def test_notebook05_shows_the_pairs_of_every_session_of_a_slice(tmp_path):
     # a recommendation per session, each among its own modes
     assert list(d["recommendations_by_session"]["1.86"]) == ["fixture-a", "fixture-b"]
     assert len(d["drift"]) == 6
-    # with the session parameter, that session's pairs only
+    # with the session parameter, that session's pairs only; its recommendation still knows what the other measured
     d = _bench_nb("05_benchmark", tmp_path, glob_=glob_, session="fixture-a")
     assert list(d["speedups"]) == ["DFlash FULL (fixed) / DFlash PIECEWISE"]
+    assert list(d["recommendations_by_session"]["1.86"]) == ["fixture-a"]
+    assert all(r["beaten in another session"] == "-" or "fixture-b" in r["beaten in another session"]
+               for r in d["recommendations_by_session"]["1.86"]["fixture-a"])
 
 
 @pytest.mark.parametrize("params, message", [
@@ -180,6 +183,7 @@ def test_notebook06_on_fixture_lines(tmp_path):
     # the DFlash step at 1 beside a plain step of the same 16 target tokens (no speculation at 16)
     assert d["same_tokens"]["dflash_c1_ms"] > 0 and d["same_tokens"]["plain_16_tokens_ms"] > 0
     assert {r["mode"] for r in d["floor_table"]} == {"DFlash FULL (fixed)", "no speculation"}
+    assert [r["tokens per step"] for r in d["same_tokens_table"]] == [16, 64]   # DFlash at 1 and 4, plain at 16 and 64
     assert all(1.0 < r["break-even acceptance length (model)"] < 2.0 for r in d["break_even"])
     # the fixture's DFlash step does not depend on the acceptance: the measured cells' break-even agrees with the model
     assert all(abs(r["break-even acceptance length (measured cells)"] / r["break-even acceptance length (model)"] - 1) < 0.1

@@ -45,6 +45,9 @@ def test_each_way_a_run_can_end_gives_exactly_one_line(tmp_path):
                   "acceptance", "rounds", "requests_completed", "outcome", "error", "spec_decode_metrics", "wall_s",
                   "gpu", "driver", "vllm_version", "torch_version", "triton_version", "started_at", "command"):
             assert k in l, k
+    for l in lines:   # a run that reached its end carries the worker's own span of it (gpuclocks' window)
+        if l["outcome"] == "ok":
+            assert l["run_start_t"] <= l["run_end_t"] and l["run_end_t"] - l["run_start_t"] <= l["wall_s"] + 1
 
 
 def test_deadline_leaves_unreached_runs_without_a_line(tmp_path):
