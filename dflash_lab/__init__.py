@@ -22,6 +22,7 @@ The library holds every piece of logic the notebooks use, so tests reach it:
 - :mod:`dflash_lab.crashstates`   the report's crash states beside ours; crash rate per serving path
 - :mod:`dflash_lab.bench`         the benchmark: cells, same-session ratios, recommendations, step-time models
 - :mod:`dflash_lab.gpuclocks`     GPU clocks, power and temperature sampled through a device call, per run
+- :mod:`dflash_lab.plan`          a bench matrix's device time, estimated from the recorded bench lines
 """
 
 __version__ = "0.1.0"

@@ -131,6 +131,19 @@ def _models(a) -> int:
     return 0
 
 
+def _plan(a) -> int:
+    import pandas as pd
+
+    from . import bench, plan
+
+    runs = bench.load_bench(a.bench)
+    for m in a.matrix:
+        est = plan.estimate(m, runs, budget_s=a.budget_s, staging_s=a.staging_s)
+        print(plan.summary_line(est, m))
+        print(pd.DataFrame(est["engines"]).to_string(index=False))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dflash_lab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -186,6 +199,12 @@ def main(argv=None) -> int:
     p.add_argument("name", help="data/runs/NAME.jsonl")
     p.add_argument("--data", default="data")
     p.set_defaults(fn=_amend)
+    p = sub.add_parser("plan", help="estimate a bench matrix's device time from the recorded bench lines")
+    p.add_argument("matrix", nargs="+")
+    p.add_argument("--bench", default="data/bench/*.jsonl", help="recorded bench lines to estimate from")
+    p.add_argument("--budget-s", type=float, default=1800.0, help="a session's device time")
+    p.add_argument("--staging-s", type=float, default=90.0, help="device time the vLLM staging calls take")
+    p.set_defaults(fn=_plan)
     p = sub.add_parser("models", help="write a target/draft config folder")
     p.add_argument("target")
     p.add_argument("dir")

@@ -89,6 +89,7 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
                # the run's window (gpuclocks)
                "finished_at": r.get("finished_at"), "wall_s": r.get("wall_s"),
                "run_start_t": r.get("run_start_t"), "run_end_t": r.get("run_end_t"),
+               "startup_s": r.get("startup_s"),
                "tensor_parallel_size": r.get("tensor_parallel_size"), "warmup": r.get("warmup"),
                # core dumps on the engine (from s27 the s2 matrices take them on stock FULL) and what one named
                "coredump": r.get("coredump"), "fault": r.get("fault"),

@@ -1,0 +1,84 @@
+"""How much device time a bench matrix would take, estimated from the recorded bench lines (issue 11: a slice must
+fit a GPU session; s25 and s26 each ran out of device time before their last engine).
+
+Per engine of the matrix: its start-up (the recorded range for its mode: the shortest on a warm host or carried
+caches, the longest cold), its warm-up sweep and its measured runs. A run's time comes from recorded runs of the same
+mode, concurrency and max_tokens: at the same acceptance their mean wall time; at another acceptance, for a DFlash
+mode, that wall time scaled by the recorded acceptance length over the planned one (a request needs 1/L as many
+steps and a step's time does not depend on L: notebook 06's assumption, which TTFT and queueing bend); without
+speculation the acceptance is a label, so any recorded acceptance serves. A run nothing recorded is named, not
+guessed. A mode that crashed at a concurrency adds, per planned run there, its recorded crash rate times a restart
+(its shortest start-up) and the core-dump wait. Estimates, from data, of a future run: not measurements.
+"""
+
+from __future__ import annotations
+
+from .errors import LabError
+
+
+def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: float = 90.0) -> dict:
+    """``{"engines": [row per engine], "total_cold_s", "total_warm_s", "budget_s", "fits_cold", "unknown"}``;
+    ``runs_df`` from :func:`dflash_lab.bench.load_bench`."""
+    from . import bench, runner
+
+    m = runner.load_matrix(matrix_path)
+    rows, unknown = [], []
+    done = runs_df[runs_df["outcome"].isin(["ok", "crash"])]
+    for eng in m["engines"]:
+        e = eng["engine"]
+        # as the runner writes it into the line: the fix with no parts named is every part
+        mode = bench.mode_of(dict(e, fix_parts=(e["fix_parts"] or runner.FIX_PARTS) if e["fix"] else None))
+        rec = done[done["mode"] == mode]
+        starts = rec.drop_duplicates(["file", "engine_id", "attempt"])["startup_s"].dropna()
+        warm_s, runs_s, crash_s, scaled, n_unknown = 0.0, 0.0, 0.0, 0, 0
+        for r in eng["runs"]:
+            same = rec[(rec["concurrency"] == r.concurrency) & (rec["max_tokens"] == r.max_tokens)
+                       & (rec["outcome"] == "ok") & (rec["warmup"].astype(bool) == bool(r.warmup))]
+            if r.warmup:
+                warm_s += float(same["wall_s"].mean()) if len(same) else m["warmup_estimate_s"]
+                continue
+            at = same[same["acceptance"] == r.acceptance]
+            if len(at):
+                runs_s += float(at["wall_s"].mean())
+            elif len(same) and e["spec_method"] == "none":
+                runs_s += float(same["wall_s"].mean())
+            elif len(same) and same["acceptance_length"].notna().any():
+                s = same.dropna(subset=["acceptance_length"])
+                runs_s += float((s["wall_s"] * s["acceptance_length"] / r.acceptance).mean())
+                scaled += 1
+            else:
+                n_unknown += 1
+                unknown.append(r.id)
+            here = rec[rec["concurrency"] == r.concurrency]
+            if len(here) and here["crashed"].any() and len(starts):
+                crash_s += float(here["crashed"].mean()) * (float(starts.min()) + m["coredump_wait_s"] * bool(e["coredump"]))
+        rows.append({"engine": eng["id"], "mode": mode, "acceptance": eng["runs"][0].acceptance,
+                     "start-up s (recorded)": ("none recorded" if not len(starts) else f"{starts.min():.0f}"
+                                               if round(starts.min()) == round(starts.max())
+                                               else f"{starts.min():.0f}-{starts.max():.0f}"),
+                     "warm-ups s": round(warm_s), "runs s": round(runs_s), "crash restarts s": round(crash_s),
+                     "_work": warm_s + runs_s + crash_s,
+                     "runs scaled from another acceptance": scaled, "runs with no record": n_unknown,
+                     "_cold": float(starts.max()) if len(starts) else None,
+                     "_warm": float(starts.min()) if len(starts) else None})
+    if any(r["_cold"] is None for r in rows):
+        missing = [r["mode"] for r in rows if r["_cold"] is None]
+        raise LabError(f"{matrix_path}: no recorded start-up for {missing}: cannot estimate its device time")
+    work = sum(r["_work"] for r in rows)   # the rows show rounded seconds; the totals add the exact ones
+    cold = staging_s + work + sum(r["_cold"] for r in rows)
+    warm = staging_s + work + sum(r["_warm"] for r in rows)
+    for r in rows:
+        r.pop("_cold"), r.pop("_warm"), r.pop("_work")
+    return {"engines": rows, "total_cold_s": round(cold, 1), "total_warm_s": round(warm, 1), "budget_s": budget_s,
+            "staging_s": staging_s, "fits_cold": cold <= budget_s, "fits_warm": warm <= budget_s, "unknown": unknown}
+
+
+def summary_line(est: dict, matrix_path: str) -> str:
+    """One line: the estimate against the budget."""
+    u = est["unknown"]
+    return (f"{matrix_path}: about {est['total_cold_s']:.0f} s of device time with every engine starting cold, "
+            f"{est['total_warm_s']:.0f} s on warm caches (staging {est['staging_s']:.0f} s included), against "
+            f"{est['budget_s']:.0f} s: {'fits' if est['fits_cold'] else 'does not fit'} cold, "
+            f"{'fits' if est['fits_warm'] else 'does not fit'} warm"
+            + (f"; {len(u)} run(s) with no record to estimate from: {', '.join(u[:6])}{'...' if len(u) > 6 else ''}"
+               if u else ""))

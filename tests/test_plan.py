@@ -1,0 +1,83 @@
+"""A bench matrix's device time estimated from recorded bench lines (dflash_lab.plan)."""
+
+import json
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from dflash_lab import bench, plan
+from dflash_lab.errors import LabError
+
+
+def _line(engine, mode, conc, wall, acc, L=None, startup=100.0, warmup=False, outcome="ok", tokens=512, attempt=1):
+    spec, cg, fix, eager = {"fixed": ("dflash", "FULL_AND_PIECEWISE", True, False),
+                            "stock": ("dflash", "FULL_AND_PIECEWISE", False, False),
+                            "nospec": ("none", "FULL_AND_PIECEWISE", False, False)}[mode]
+    return {"run_id": f"{engine}/c{conc}/{'w' if warmup else 'r'}0", "mode": "server", "spec_method": spec,
+            "num_speculative_tokens": 15, "cudagraph_mode": cg, "enforce_eager": eager, "fix": fix,
+            "fix_parts": ["fa3_schedule_refresh", "dflash_kernel_edits", "dflash_lookahead_k_plus_1"] if fix else None,
+            "concurrency": conc, "acceptance": acc, "outcome": outcome, "gpu_session": "S", "engine_id": engine,
+            "attempt": attempt, "round": 0, "warmup": warmup, "max_tokens": tokens, "wall_s": wall,
+            "startup_s": startup, "serve_metrics": {"output_throughput": 1.0} if outcome == "ok" else None,
+            "spec_decode_metrics": {"acceptance_length": L} if spec != "none" and outcome == "ok" else None}
+
+
+def _matrix(tmp_path, engines):
+    p = tmp_path / "m.yaml"
+    p.write_text(yaml.safe_dump({"name": "m", "warmup_estimate_s": 6, "coredump_wait_s": 150,
+                                 "defaults": {"target": "qwen36-35b-a3b", "mode": "server", "acceptance": 3.6},
+                                 "engines": engines}))
+    return str(p)
+
+
+def _runs(tmp_path, lines):
+    d = tmp_path / "bench"
+    d.mkdir(exist_ok=True)
+    (d / "b.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    return bench.load_bench(str(d / "*.jsonl"))
+
+
+def test_runs_are_taken_at_their_acceptance_scaled_from_another_or_named_when_nothing_recorded(tmp_path):
+    lines = [_line("f", "fixed", 1, 2.0, 3.6, L=3.6, startup=400), _line("f", "fixed", 4, 4.0, 1.86, L=1.8, startup=400),
+             _line("f", "fixed", 1, 0.5, 3.6, L=3.6, startup=130, warmup=True, tokens=32, attempt=2),
+             _line("n", "nospec", 8, 5.0, 1.86, startup=220)]
+    m = _matrix(tmp_path, [
+        {"id": "full-fixed", "fix": True, "runs": [{"concurrency": 1, "max_tokens": 32, "warmup": True},
+                                                   {"concurrency": 8, "max_tokens": 32, "warmup": True},
+                                                   {"concurrency": 1, "rounds": 2}, {"concurrency": 4},
+                                                   {"concurrency": 16}]},
+        {"id": "nospec", "spec_method": "none", "runs": [{"concurrency": 8, "rounds": 3}]}])
+    est = plan.estimate(m, _runs(tmp_path, lines), budget_s=1000, staging_s=90)
+    f, n = est["engines"]
+    assert f["mode"] == "DFlash FULL (fixed)" and f["start-up s (recorded)"] == "130-400"
+    assert f["warm-ups s"] == round(0.5 + 6)                   # recorded at 1, the matrix's estimate at 8
+    assert f["runs s"] == round(2 * 2.0 + 4.0 * 1.8 / 3.6)    # c1 at 3.6 as recorded; c4 scaled from 1.86 by L
+    assert f["runs scaled from another acceptance"] == 1 and f["runs with no record"] == 1
+    assert n["runs s"] == 15 and n["runs scaled from another acceptance"] == 0   # no draft: the acceptance is a label
+    assert est["unknown"] == ["full-fixed/c16/r0"]
+    assert est["total_cold_s"] == pytest.approx(90 + 6.5 + 6.0 + 15 + 400 + 220)   # exact seconds, not the rows' rounded
+    assert est["total_warm_s"] == pytest.approx(90 + 6.5 + 6.0 + 15 + 130 + 220)
+    assert n["start-up s (recorded)"] == "220"
+    assert est["fits_cold"] and est["fits_warm"]
+    line = plan.summary_line(est, "m.yaml")
+    assert "fits cold" in line and "1 run(s) with no record to estimate from: full-fixed/c16/r0" in line
+
+
+def test_a_crash_prone_mode_adds_restarts_and_a_mode_never_started_is_one_clear_error(tmp_path):
+    lines = [_line("s", "stock", 8, 3.0, 1.86, L=1.8, startup=80), _line("s", "stock", 8, 1.0, 1.86, outcome="crash", startup=200)]
+    m = _matrix(tmp_path, [{"id": "full-stock", "coredump": "keep-running", "runs": [{"concurrency": 8, "rounds": 2}]}])
+    est = plan.estimate(m, _runs(tmp_path, lines))
+    # two planned runs at a concurrency that crashed 1 of 2 recorded runs: each adds half a restart + the dump wait
+    assert est["engines"][0]["crash restarts s"] == round(2 * 0.5 * (80 + 150))
+    m = _matrix(tmp_path, [{"id": "eager", "enforce_eager": True, "runs": [{"concurrency": 1}]}])
+    with pytest.raises(LabError, match=r"no recorded start-up for \['DFlash eager'\]"):
+        plan.estimate(m, _runs(tmp_path, lines))
+
+
+def test_the_plan_command_on_the_recorded_data():
+    r = run_cli("dflash_lab", "plan", "matrices/bench-acc3.6-s1-tp1.yaml")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("matrices/bench-acc3.6-s1-tp1.yaml: about ") and "full-fixed" in r.stdout
+    r = run_cli("dflash_lab", "plan", "matrices/none.yaml")
+    assert r.returncode == 2 and "no such matrix file" in r.stderr
