@@ -65,6 +65,18 @@ def mode_of(r) -> str:
     return f"DFlash {cg}"
 
 
+def engine_mode(e: dict) -> str:
+    """The mode (:func:`mode_of`) of the lines a matrix engine (``runner.load_matrix``'s ``engine``) will write,
+    its fields set as the runner writes them (``runner.Runner.line``: no graph mode under eager, the fix with no
+    parts named is every part)."""
+    from .runner import FIX_PARTS
+
+    return mode_of({"spec_method": e["spec_method"], "num_speculative_tokens": e["num_speculative_tokens"],
+                    "enforce_eager": e["enforce_eager"], "fix": e["fix"],
+                    "cudagraph_mode": None if e["enforce_eager"] else e["cudagraph_mode"],
+                    "fix_parts": [p for p in FIX_PARTS if p in (e["fix_parts"] or FIX_PARTS)] if e["fix"] else None})
+
+
 def load_bench(pattern: str = "data/bench/*.jsonl"):
     """All bench lines as a DataFrame: one row per run, metrics flattened, mode and session set."""
     import pandas as pd
@@ -318,23 +330,25 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
     for conc, g in c.groupby("concurrency"):
         g = g[(g["crashed"] == 0) & (g["ok"] > 0) & ~g["mode"].isin(prone)].sort_values(metric, ascending=False)
         if g.empty:
-            picks.append((conc, None, None, None))
+            picks.append((conc, None, None, None, []))
             continue
         best = g.iloc[0]
         second = g.iloc[1] if len(g) > 1 else None
-        label = best["mode"]
+        label, chosen = best["mode"], [best["mode"]]
         if second is not None and best[metric + "_min"] <= second[metric + "_max"]:
-            label = " or ".join(sorted((best["mode"], second["mode"]))) + " (tie within the spread)"
+            chosen = sorted((best["mode"], second["mode"]))
+            label = " or ".join(chosen) + " (tie within the spread)"
         picks.append((conc, label, best[metric] / second[metric] if second is not None else None,
-                      second["mode"] if second is not None else None))
+                      second["mode"] if second is not None else None, chosen))
     rows = []
-    for conc, mode, margin, second in picks:
+    for conc, mode, margin, second, chosen in picks:
         if rows and rows[-1]["mode"] == mode:
             rows[-1]["to"] = conc
             rows[-1]["margins"].append(margin)
             rows[-1]["seconds"].append(second)
             continue
-        rows.append({"from": conc, "to": conc, "mode": mode, "margins": [margin], "seconds": [second]})
+        # "modes": the mode chosen, or the two a tie names
+        rows.append({"from": conc, "to": conc, "mode": mode, "modes": chosen, "margins": [margin], "seconds": [second]})
     for r in rows:
         # a merged range names every runner-up it had, in order of concurrency
         r["runner-up"] = " / ".join(dict.fromkeys(x for x in r.pop("seconds") if x is not None)) or None
@@ -802,7 +816,7 @@ def planned_cells(pattern: str = "matrices/bench-*.yaml"):
     from before the warm-up sweep)."""
     import pandas as pd
 
-    from .runner import FIX_PARTS, load_matrix
+    from .runner import load_matrix
 
     files = sorted(glob.glob(pattern))
     if not files:
@@ -813,14 +827,9 @@ def planned_cells(pattern: str = "matrices/bench-*.yaml"):
             e = eng["engine"]
             if e["mode"] != "server":
                 continue
-            as_line = {"spec_method": e["spec_method"], "num_speculative_tokens": e["num_speculative_tokens"],
-                       "enforce_eager": e["enforce_eager"], "fix": e["fix"],
-                       "cudagraph_mode": None if e["enforce_eager"] else e["cudagraph_mode"],
-                       # as the runner writes them (runner.Runner.line)
-                       "fix_parts": [p for p in FIX_PARTS if p in (e["fix_parts"] or FIX_PARTS)] if e["fix"] else None}
             runs = eng["runs"] if any(r.warmup for r in eng["runs"]) else eng["runs"][1:]
             for run in (r for r in runs if not r.warmup):
-                rows.add((float(run.acceptance), mode_of(as_line), int(run.concurrency)))
+                rows.add((float(run.acceptance), engine_mode(e), int(run.concurrency)))
     return pd.DataFrame(sorted(rows, key=lambda r: (r[0], _mode_order(r[1]), r[2])),
                         columns=["acceptance", "mode", "concurrency"])
 
@@ -934,10 +943,7 @@ def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metr
 def _beaten_elsewhere(at, session, row, metric: str) -> str:
     """Where another session measured ``row``'s mode slower than one of its own never-crashed modes, beyond the
     spread, at a concurrency of the row's range: "X in S at 1, 4" per (session, mode); "-" where none did."""
-    if row["mode"] is None:
-        return "-"
-    # a tie names its two modes: each is checked
-    chosen = str(row["mode"]).replace(" (tie within the spread)", "").split(" or ")
+    chosen = row["modes"]   # a tie's two modes are each checked
     found = {}
     for s2, g in at[at["gpu_session"] != session].groupby("gpu_session", sort=True):
         prone = set(g.loc[g["crashed"] > 0, "mode"])

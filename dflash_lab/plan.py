@@ -26,8 +26,7 @@ def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: flo
     done = runs_df[runs_df["outcome"].isin(["ok", "crash"])]
     for eng in m["engines"]:
         e = eng["engine"]
-        # as the runner writes it into the line: the fix with no parts named is every part
-        mode = bench.mode_of(dict(e, fix_parts=(e["fix_parts"] or runner.FIX_PARTS) if e["fix"] else None))
+        mode = bench.engine_mode(e)
         rec = done[done["mode"] == mode]
         starts = rec.drop_duplicates(["file", "engine_id", "attempt"])["startup_s"].dropna()
         warm_s, runs_s, crash_s, scaled, n_unknown = 0.0, 0.0, 0.0, 0, 0
