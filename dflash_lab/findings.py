@@ -370,7 +370,7 @@ def bench_line(root=".", runs=_UNREAD) -> str:
             # a tie names both modes and no margin; otherwise the margin over the runner-up(s) of the range
             picks = "; ".join(f"concurrency {r['concurrency']}: {r['mode']}"
                               + (f", {r['margin over runner-up']} over {r['runner-up']}"
-                                 if r["runner-up"] and "tie" not in str(r["mode"]) else "")
+                                 if r["runner-up"] and len(r["modes"]) == 1 else "")
                               + (f" (but beaten in another session: {r['beaten in another session']})"
                                  if r.get("beaten in another session", "-") != "-" else "")
                               for r in rows)
