@@ -367,10 +367,7 @@ def bench_line(root=".", runs=_UNREAD) -> str:
     for acc in sorted(c["acceptance"].unique()):
         for p in bench.recommend_by_session(c, acc, planned):
             rows = p["rows"]
-            # a tie names both modes and no margin; otherwise the margin over the runner-up(s) of the range
-            picks = "; ".join(f"concurrency {r['concurrency']}: {r['mode']}"
-                              + (f", {r['margin over runner-up']} over {r['runner-up']}"
-                                 if r["runner-up"] and len(r["modes"]) == 1 else "")
+            picks = "; ".join(f"concurrency {r['concurrency']}: {r['mode']}" + _margin_text(r)
                               + (f" (but beaten in another session: {r['beaten in another session']})"
                                  if r.get("beaten in another session", "-") != "-" else "")
                               for r in rows)
@@ -386,7 +383,8 @@ def bench_line(root=".", runs=_UNREAD) -> str:
                            zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"], crashed["crashed / runs"]))
     return ("Speed (issue 11 benchmark: the OpenAI server on loopback, streamed chat completions of "
             f"{each('max_tokens')} tokens, {', '.join(targets)} architecture, {', '.join(weights)} weights, DFlash k={ks}, "
-            f"TP={each('tensor_parallel_size')}). The fastest mode that never crashed, per concurrency range, in each GPU "
+            f"TP={each('tensor_parallel_size')}; a synthetic acceptance L is vLLM's minimum-variance schedule: a request "
+            "gains floor(L) or floor(L) + 1 tokens per step, exactly L at an integer L, notebook 05). The fastest mode that never crashed, per concurrency range, in each GPU "
             "session at each synthetic acceptance, chosen among that session's modes since ratios never pair sessions "
             "(notebook 05; margin: ratio of mean output throughputs over the runner-up): "
             + ". ".join(advice)
@@ -400,6 +398,19 @@ def bench_line(root=".", runs=_UNREAD) -> str:
             + (f". {len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}); notebook 05 "
                "recomputes the ratios without them" if len(jit) else "")
             + (f". Not measured side by side yet: {'; '.join(missing)}." if missing else "."))
+
+
+def _margin_text(row) -> str:
+    """A recommendation row's margin: over the runner-up(s) of the range; for a tie, which of the two leads on the
+    mean (the runner-up is the other), or that the lead changes within the range."""
+    if not row["runner-up"]:
+        return ""
+    if len(row["modes"]) == 1:
+        return f", {row['margin over runner-up']} over {row['runner-up']}"
+    leaders = [m for m in row["modes"] if m != row["runner-up"]]
+    if " / " in row["runner-up"] or len(leaders) != 1:
+        return ", the lead on the mean changing within the range"
+    return f", {leaders[0]} ahead on the mean by {row['margin over runner-up']}"
 
 
 def _break_even_clause(cells_df, queued, mode: str = "DFlash FULL (fixed)") -> str:

@@ -3,6 +3,8 @@
 import html
 import re
 
+import pytest
+
 
 def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     from dflash_lab import findings
@@ -138,3 +140,30 @@ def test_no_tp2_runs_no_tp2_clause():
     df = analysis.load_runs()
     df = df[df["tensor_parallel_size"] == 1]
     assert findings._tp2_clause(df, *_tp2_inputs(df)) == ""
+
+
+def test_a_tie_says_which_mode_leads_on_the_mean():
+    from dflash_lab.findings import _margin_text
+
+    one = {"runner-up": "no speculation", "modes": ["DFlash FULL (fixed)"], "margin over runner-up": "1.94-2.44x"}
+    assert _margin_text(one) == ", 1.94-2.44x over no speculation"
+    tie = {"runner-up": "DFlash FULL (fixed)", "modes": ["DFlash FULL (fixed)", "no speculation"],
+           "margin over runner-up": "1.17x"}
+    assert _margin_text(tie) == ", no speculation ahead on the mean by 1.17x"
+    flips = dict(tie, **{"runner-up": "DFlash FULL (fixed) / no speculation"})
+    assert _margin_text(flips) == ", the lead on the mean changing within the range"
+    assert _margin_text({"runner-up": None, "modes": ["no speculation"], "margin over runner-up": "-"}) == ""
+
+
+def test_the_speed_line_names_the_recorded_6_0_tie_and_its_leader(root, monkeypatch):
+    from dflash_lab import findings
+
+    monkeypatch.chdir(root)
+    runs = findings._bench_runs(".")
+    if runs is None or 6.0 not in set(runs["acceptance"]):
+        pytest.skip("no 6.0 bench slice recorded")
+    text = findings.bench_line(".", runs)
+    assert ("synthetic acceptance 6, GPU session 2026-12-01-s29" in text
+            and "concurrency 64: DFlash FULL (fixed) or no speculation (tie within the spread), no speculation ahead on "
+                "the mean by 1.17x" in text)
+    assert "exactly L at an integer L" in text
