@@ -70,6 +70,14 @@ def test_a_crash_prone_mode_adds_restarts_and_a_mode_never_started_is_one_clear_
     est = plan.estimate(m, _runs(tmp_path, lines))
     # two planned runs at a concurrency that crashed 1 of 2 recorded runs: each adds half a restart + the dump wait
     assert est["engines"][0]["crash restarts s"] == round(2 * 0.5 * (80 + 150))
+    # the matrix plans 3.6 and the crashes were recorded at 1.86 only: the summary says whose rate it borrowed
+    assert est["crash_rates_elsewhere"] == ["full-stock at 3.6 (crashes recorded at 1.86)"]
+    assert "crash restarts from another acceptance's crash rate: full-stock at 3.6 (crashes recorded at 1.86)" in \
+        plan.summary_line(est, "m.yaml")
+    at_186 = _matrix(tmp_path, [{"id": "full-stock", "coredump": "keep-running", "acceptance": 1.86,
+                                 "runs": [{"concurrency": 8, "rounds": 2}]}])
+    est = plan.estimate(at_186, _runs(tmp_path, lines))
+    assert est["crash_rates_elsewhere"] == [] and "another acceptance" not in plan.summary_line(est, "m.yaml")
     m = _matrix(tmp_path, [{"id": "eager", "enforce_eager": True, "runs": [{"concurrency": 1}]}])
     with pytest.raises(LabError, match=r"no recorded start-up for \['DFlash eager'\]"):
         plan.estimate(m, _runs(tmp_path, lines))
