@@ -6,13 +6,21 @@ The benchmark imposes an acceptance length L with ``rejection_sample_method="syn
 always accepted, the next one with probability L - 1 - floor(L - 1), the rest never), then into conditional rates for
 its early-terminating rejection loop (``unconditional_to_conditional_rates``). So a step of one request yields either
 floor(L) or floor(L) + 1 tokens, and an integer L yields exactly L every step: the least spread a mean of L can have.
-A real drafter's acceptance varies per step and per request, so the recorded cells say nothing about how that spread
-changes the speedup (it changes when requests finish, not a request's own tokens per step).
+A real drafter's acceptance varies per step and per request, so the recorded cells say nothing about what that
+spread (at the same mean) does to the speedup.
 
-Both functions are lifted from the pinned source text (:mod:`dflash_lab.vllm_code`), not retyped here.
+The two conversions are lifted from the pinned source text (:mod:`dflash_lab.vllm_code`), not retyped here; the
+early-exit loop that turns conditional rates into tokens per step (:func:`tokens_per_step`) is modelled on the
+rejection kernel's synthetic branch (``vllm/v1/sample/rejection_sampler.py``: a draft is accepted when a uniform
+draw is below its position's conditional rate, whatever the token; the first rejection ends the request's step).
+The engines' own logs give the other half of the check: vLLM prints the per-position acceptance rate it counted
+(:func:`logged_rates`), which :func:`logs_against_schedule` compares with the schedule.
 """
 
 from __future__ import annotations
+
+import numbers
+import re
 
 from .errors import LabError
 from .vllm_code import load_function
@@ -35,12 +43,12 @@ def _vllm(name: str):
 def rates(length: float, k: int) -> list[float]:
     """vLLM's unconditional per-position acceptance rates for a synthetic acceptance ``length`` and ``k`` drafts.
     vLLM accepts lengths in [1, k + 1] (``_resolve_synthetic_acceptance_rates``); anything else is a LabError."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise LabError(f"k (drafts per step) must be a positive integer, got {k!r}")
-    try:
-        length = float(length)
-    except (TypeError, ValueError):
-        raise LabError(f"synthetic acceptance length must be a number, got {length!r}") from None
+    k = int(k)
+    if isinstance(length, bool) or not isinstance(length, numbers.Real):
+        raise LabError(f"synthetic acceptance length must be a number, got {length!r}")
+    length = float(length)
     if not 1.0 <= length <= k + 1:
         raise LabError(f"synthetic acceptance length must be in [1, {k + 1}] for k={k} (vLLM's own check), got {length}")
     return list(_vllm("rates")(length, k))
@@ -96,3 +104,49 @@ def measured_against_schedule(runs_df):
         rows.append(dict(zip(cols, (acc, int(k), mode, len(g), sum(t * p for t, p in d.items()),
                                     g["acceptance_length"].min(), g["acceptance_length"].max()))))
     return pd.DataFrame(rows, columns=cols)
+
+
+_LOGGED = re.compile(r"Per-position acceptance rate: ([0-9., ]+?), Avg Draft acceptance rate")
+
+
+def logged_rates(log_path: str) -> list[list[float]]:
+    """The per-position acceptance rates vLLM's SpecDecoding stats lines printed in one engine log, one list per
+    line (each line covers the interval since the previous one). A log that cannot be read is a LabError."""
+    try:
+        with open(log_path, errors="replace") as f:
+            return [[float(x) for x in m.group(1).split(",")] for m in map(_LOGGED.search, f) if m]
+    except OSError as e:
+        raise LabError(f"{log_path}: cannot read the engine log ({e.strerror})") from None
+
+
+def logs_against_schedule(runs_df):
+    """Per DFlash engine log kept with the bench lines: the schedule's unconditional rate per position against the
+    rates vLLM counted and printed. ``exact positions``: those the schedule accepts always or never, and whether every
+    stats line printed them as 1.000 and 0.000; ``fractional position``: the one with a rate in between (none at an
+    integer length), with the range the lines printed. Lines cover warm-ups too; the schedule holds for every step."""
+    import pandas as pd
+
+    cols = ["gpu_session", "mode", "synthetic acceptance", "k", "engine log", "stats lines", "exact positions",
+            "exact in every line", "fractional position", "schedule rate", "logged range"]
+    spec = runs_df[(runs_df["mode"] != "no speculation")].dropna(subset=["engine_log"])
+    rows = []
+    for log, g in spec.groupby("engine_log", sort=True):
+        first = g.iloc[0]
+        k, acc = int(first["num_speculative_tokens"]), float(first["acceptance"])
+        want = rates(acc, k)
+        lines = logged_rates(log)
+        bad = [ln for ln in lines if len(ln) != k]
+        if bad:
+            raise LabError(f"{log}: a stats line prints {len(bad[0])} positions, the runs say k={k}")
+        exact = [i for i, r in enumerate(want) if r in (0.0, 1.0)]
+        frac = [i for i in range(k) if i not in exact]
+        ok = all(ln[i] == want[i] for ln in lines for i in exact)
+        got = [ln[frac[0]] for ln in lines] if frac else []
+        rows.append(dict(zip(cols, (
+            first["gpu_session"], first["mode"], acc, k, "/".join(str(log).split("/")[-2:]), len(lines),
+            f"{len(exact)} of {k}", ok if lines else None, frac[0] + 1 if frac else None,
+            round(want[frac[0]], 3) if frac else None,
+            (f"{min(got):.3f}-{max(got):.3f}" if got else ("no stats line" if not lines else None))))))
+    out = pd.DataFrame(rows, columns=cols)
+    out["fractional position"] = out["fractional position"].astype("Int64")
+    return out

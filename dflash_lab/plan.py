@@ -10,7 +10,8 @@ speculation the acceptance is a label, so any recorded acceptance serves. A run 
 guessed. A mode that crashed at a concurrency adds, per planned run there, its recorded crash rate (at any
 acceptance) times a restart (its shortest start-up) and the core-dump wait; where those crashes were recorded at other
 acceptances only, the summary says so (stock FULL's crashes are all at 1.86, and vLLM's synthetic schedule never
-rejects every draft at 3.6 or 6.0, the trigger notebook 05 names: there the restarts are likely an overestimate).
+rejects every draft at 3.6 or 6.0, the precondition of the crash states notebook 05 names: there the restarts are
+likely an overestimate).
 Estimates, from data, of a future run: not measurements.
 """
 

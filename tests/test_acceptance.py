@@ -32,22 +32,48 @@ def test_the_table_says_which_acceptances_ever_reject_every_draft():
 
 @pytest.mark.parametrize("length,k,msg", [
     (0.5, 15, r"must be in \[1, 16\] for k=15"), (17, 15, r"must be in \[1, 16\]"), ("x", 15, "must be a number"),
-    (None, 15, "must be a number"), (2.0, 0, "positive integer"), (2.0, 1.5, "positive integer")])
+    (None, 15, "must be a number"), (True, 15, "must be a number"), (float("nan"), 15, r"must be in \[1, 16\]"),
+    (2.0, 0, "positive integer"), (2.0, 1.5, "positive integer"), (2.0, True, "positive integer")])
 def test_bad_input_is_one_clear_error(length, k, msg):
     with pytest.raises(LabError, match=msg):
         acceptance.rates(length, k)
 
 
-def test_the_recorded_runs_match_the_schedule():
-    """vLLM's own counters over every completed measured DFlash run: at 6.0 every run says exactly 6 (the schedule
-    has no spread there), elsewhere the schedule's mean lies inside the runs' range."""
-    t = acceptance.measured_against_schedule(bench.load_bench())
-    if t.empty:
-        pytest.skip("no bench runs recorded")
-    assert set(t["k"]) == {15}
+def test_numpy_numbers_are_numbers_and_the_conversions_are_vllms_own_text():
+    np = pytest.importorskip("numpy")
+    assert acceptance.rates(np.float64(6.0), np.int64(15)) == acceptance.rates(6.0, 15)
+    for name in ("rates", "conditional"):
+        assert acceptance._vllm(name).__code__.co_filename.startswith("<vllm 0.22.1 vllm/")
+
+
+def test_logged_rates_are_read_from_the_stats_lines(tmp_path):
+    log = tmp_path / "e.log"
+    log.write_text("INFO SpecDecoding metrics: Mean acceptance length: 3.60, Accepted: 9 tokens, Per-position acceptance "
+                   "rate: 1.000, 1.000, 0.600, 0.000, Avg Draft acceptance rate: 65.0%\nINFO other line\n")
+    assert acceptance.logged_rates(str(log)) == [[1.0, 1.0, 0.6, 0.0]]
+    with pytest.raises(LabError, match="cannot read the engine log"):
+        acceptance.logged_rates(str(tmp_path / "missing.log"))
+
+
+def test_the_recorded_runs_match_the_schedule(root):
+    """vLLM's own counters over every completed measured DFlash run: at 6.0 every run of s29 says exactly 6 (the
+    schedule has no spread there), elsewhere the schedule's mean lies inside the runs' range."""
+    runs = bench.load_bench(str(root / "data" / "bench" / "*.jsonl"))
+    t = acceptance.measured_against_schedule(runs)
+    assert set(t["k"]) == {15} and {1.86, 3.6} <= set(t["synthetic acceptance"])
     for _, row in t.iterrows():
         assert row["measured lowest"] <= row["schedule mean"] + 1e-9 <= row["measured highest"] + 2e-9, row.to_dict()
+    six = acceptance.measured_against_schedule(runs[runs["gpu_session"] == "2026-12-01-s29"])
+    assert set(six["synthetic acceptance"]) == {6.0} and six["runs"].sum() == 36
+    assert (six["measured lowest"] == 6.0).all() and (six["measured highest"] == 6.0).all()
+
+
+def test_every_recorded_stats_line_prints_the_schedules_exact_positions(root):
+    """Each DFlash engine log's SpecDecoding lines: the positions the schedule accepts always or never are printed as
+    1.000 and 0.000 in every line; at 3.6 position 3 is the fractional one (rate 0.6), at 6.0 there is none."""
+    t = acceptance.logs_against_schedule(bench.load_bench(str(root / "data" / "bench" / "*.jsonl")))
+    printed = t[t["stats lines"] > 0]
+    assert len(printed) >= 12 and printed["exact in every line"].all()
+    assert set(t.loc[t["synthetic acceptance"] == 3.6, "fractional position"]) == {3}
     six = t[t["synthetic acceptance"] == 6.0]
-    if len(six):
-        assert (six["measured lowest"] == 6.0).all() and (six["measured highest"] == 6.0).all()
-        assert six["runs"].sum() == 36
+    assert len(six) >= 2 and (six["exact positions"] == "15 of 15").all() and six["fractional position"].isna().all()
