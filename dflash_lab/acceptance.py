@@ -150,3 +150,34 @@ def logs_against_schedule(runs_df):
     out = pd.DataFrame(rows, columns=cols)
     out["fractional position"] = out["fractional position"].astype("Int64")
     return out
+
+
+def counted_against_schedule(runs_df, outcomes=("crash",)):
+    """vLLM's spec-decode counters over each run with one of ``outcomes`` (crashed runs by default) against the
+    schedule. vLLM counts a step's accepted drafts as the request's valid output tokens minus one, over the rows that
+    came back with any token (``scheduler.py``: ``num_accepted = len(generated_token_ids) - 1``, skipped when the
+    row is empty), and the synthetic sampler accepts a draft whatever its token. So a counted acceptance below the
+    schedule's is rows that lost valid tokens after sampling (vLLM drops ids at or above the vocabulary size), not
+    rejections; ``standard errors`` puts the gap in units of the schedule's own spread over that many drafts.
+    Takes the bench frame (``acceptance_length``, ``num_drafts``) or ``analysis.load_runs``' (``spec_decode_metrics``);
+    runs whose counters were not read (an offline engine that died) are left out."""
+    import pandas as pd
+
+    cols = ["gpu_session", "run_id", "path", "concurrency", "synthetic acceptance", "k", "drafts counted",
+            "schedule mean", "counted mean", "standard errors"]
+    rows = []
+    for _, r in runs_df[runs_df["outcome"].isin(outcomes)].iterrows():
+        sd = r.get("spec_decode_metrics")
+        L, n = ((sd.get("acceptance_length"), sd.get("num_drafts")) if isinstance(sd, dict)
+                else (r.get("acceptance_length"), r.get("num_drafts")))
+        k = r.get("num_speculative_tokens")
+        if not isinstance(L, numbers.Real) or L != L or not isinstance(n, numbers.Real) or not n or not k:
+            continue
+        d = tokens_per_step(r["acceptance"], int(k))
+        mean = sum(t * p for t, p in d.items())
+        sd_step = sum(p * (t - mean) ** 2 for t, p in d.items()) ** 0.5
+        se = sd_step / float(n) ** 0.5
+        rows.append(dict(zip(cols, (r.get("gpu_session"), r["run_id"], r.get("mode"), int(r["concurrency"]),
+                                    float(r["acceptance"]), int(k), int(n), round(mean, 3), round(float(L), 3),
+                                    round((float(L) - mean) / se, 1) if se else None))))
+    return pd.DataFrame(rows, columns=cols)

@@ -93,7 +93,7 @@ def load_bench(pattern: str = "data/bench/*.jsonl"):
                "mode": mode_of(r), "concurrency": r["concurrency"], "acceptance": r.get("acceptance"),
                "outcome": r["outcome"], "crashed": r["outcome"] == "crash",
                "cut_by_deadline": is_deadline_cut(r),
-               "acceptance_length": sd.get("acceptance_length"),
+               "acceptance_length": sd.get("acceptance_length"), "num_drafts": sd.get("num_drafts"),
                "num_speculative_tokens": r.get("num_speculative_tokens") if r.get("spec_method") not in (None, "none") else 0,
                "engine_id": r.get("engine_id"), "attempt": r.get("attempt"), "round": r.get("round"),
                "target": (r.get("target") or {}).get("name") if isinstance(r.get("target"), dict) else r.get("target"),

@@ -77,3 +77,37 @@ def test_every_recorded_stats_line_prints_the_schedules_exact_positions(root):
     assert set(t.loc[t["synthetic acceptance"] == 3.6, "fractional position"]) == {3}
     six = t[t["synthetic acceptance"] == 6.0]
     assert len(six) >= 2 and (six["exact positions"] == "15 of 15").all() and six["fractional position"].isna().all()
+
+
+def test_counters_below_the_schedule_are_counted_in_its_standard_errors():
+    import pandas as pd
+
+    bench_like = pd.DataFrame([
+        {"outcome": "crash", "run_id": "s/c8/r0", "mode": "DFlash FULL (stock)", "concurrency": 8, "acceptance": 1.86,
+         "num_speculative_tokens": 15, "acceptance_length": 1.12, "num_drafts": 1956, "gpu_session": "S"},
+        {"outcome": "crash", "run_id": "s/c8/r1", "mode": "DFlash FULL (stock)", "concurrency": 8, "acceptance": 1.86,
+         "num_speculative_tokens": 15, "acceptance_length": None, "num_drafts": None, "gpu_session": "S"},
+        {"outcome": "ok", "run_id": "f/c8/r0", "mode": "DFlash FULL (fixed)", "concurrency": 8, "acceptance": 6.0,
+         "num_speculative_tokens": 15, "acceptance_length": 6.0, "num_drafts": 500, "gpu_session": "S"}])
+    t = acceptance.counted_against_schedule(bench_like)
+    assert list(t["run_id"]) == ["s/c8/r0"]          # the crash without counters is left out, the ok run not asked for
+    se = (0.86 * 0.14) ** 0.5 / 1956 ** 0.5
+    assert t.loc[0, "standard errors"] == pytest.approx((1.12 - 1.86) / se, abs=0.05)
+    ok = acceptance.counted_against_schedule(bench_like, outcomes=("ok",))
+    assert ok.loc[0, "counted mean"] == 6.0 and ok["standard errors"].isna().all()   # no spread at an integer length
+    runs_like = pd.DataFrame([{"outcome": "crash", "run_id": "server-stock/c32/r0", "mode": "server", "concurrency": 32,
+                               "acceptance": 1.86, "num_speculative_tokens": 15, "gpu_session": "T",
+                               "spec_decode_metrics": {"acceptance_length": 1.86, "num_drafts": 8667}}])
+    assert acceptance.counted_against_schedule(runs_like).loc[0, "standard errors"] == 0
+
+
+def test_the_recorded_crashes_at_8_counted_far_below_the_schedule_and_completed_runs_did_not(root):
+    from dflash_lab import analysis
+
+    runs = bench.load_bench(str(root / "data" / "bench" / "*.jsonl"))
+    c8 = acceptance.counted_against_schedule(runs[runs["gpu_session"] == "2026-12-01-s26"])
+    assert len(c8) == 3 and (c8["concurrency"] == 8).all() and (c8["standard errors"] < -20).all()
+    server = acceptance.counted_against_schedule(analysis.load_runs(str(root / "data" / "runs" / "*.jsonl")))
+    assert len(server) >= 5 and (server["concurrency"] == 32).all() and (server["standard errors"].abs() < 3).all()
+    z = acceptance.counted_against_schedule(runs, outcomes=("ok",))["standard errors"].dropna()
+    assert len(z) >= 100 and abs(z.mean()) < 0.3 and z.abs().max() < 4
