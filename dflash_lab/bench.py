@@ -608,6 +608,37 @@ def speedup_grid(cells_df, mode: str = "DFlash FULL (fixed)", base: str = "no sp
     return s.pivot_table(index="acceptance", columns="concurrency", values="ratio", aggfunc="first", dropna=False)
 
 
+GLANCE_MODES = ("DFlash FULL (fixed)", "DFlash PIECEWISE")
+
+
+def glance_table(cells_df, modes=GLANCE_MODES, base: str = "no speculation"):
+    """What a user can expect, one row per (mode, acceptance, GPU session) measured beside ``base`` in one session:
+    per concurrency the ratio of mean output throughputs with the slowest-over-fastest repeat range, ``*`` where the
+    DFlash engine queued requests (the cell includes the wait), ``crashed k/n`` where a side crashed. Columns: mode,
+    acceptance, session, one per concurrency. Empty when no such pair is recorded."""
+    import pandas as pd
+
+    queued = {(r["gpu_session"], r["acceptance"], r["mode"], r["concurrency"]) for _, r in queued_cells(cells_df).iterrows()}
+    rows, concs = [], sorted({int(c) for c in cells_df["concurrency"]})
+    for mode in modes:
+        s = speedup(cells_df, mode, base)
+        if s.empty:
+            continue
+        for (sess, acc), g in s.groupby(["gpu_session", "acceptance"], sort=True):
+            row = {"mode": mode, "acceptance": acc, "session": sess}
+            for _, r in g.iterrows():
+                c = int(r["concurrency"])
+                if r["ratio"] is None or r["ratio"] != r["ratio"]:
+                    row[c] = r["note"]
+                else:
+                    row[c] = (f"{r['ratio']:.2f}x ({r['low']:.2f}-{r['high']:.2f})"
+                              + ("*" if (sess, acc, mode, r["concurrency"]) in queued else ""))
+            rows.append(row)
+    out = pd.DataFrame(rows, columns=["mode", "acceptance", "session"] + concs)
+    out[concs] = out[concs].astype(object).where(out[concs].notna(), "-")
+    return out.sort_values(["acceptance", "mode"], kind="stable").reset_index(drop=True)
+
+
 def queued_cells(cells_df):
     """The cells whose engine queued requests: vLLM's stats lines inside their measured runs showed requests waiting
     (``peak_waiting``), so their throughput and TTFT include the queueing."""

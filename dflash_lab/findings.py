@@ -220,7 +220,9 @@ def write_findings(root: Path, out: Path) -> Path:
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>dflash-lab findings</title></head>
 <body style="font-family:sans-serif;max-width:70em;margin:2em auto">
 <h1>DFlash + CUDA graphs: cudaErrorIllegalAddress in vLLM 0.22.1 - findings</h1>
-<h2>Summary</h2><ol>{''.join(f'<li>{html.escape(s)}</li>' for s in summary)}</ol>
+<h2>Workaround, and the speed to expect</h2><p>{html.escape(summary[0])}</p>
+{glance_html(bench_runs)}
+<h2>Summary</h2><ol>{''.join(f'<li>{html.escape(s)}</li>' for s in summary[1:])}</ol>
 <h2>Evidence: crashed runs / runs</h2>{_rows(evidence, list(evidence.columns))}
 <p>Crash signature: {html.escape(sig[0]['error']) if sig else 'none'}</p>
 <h2>Figures</h2>
@@ -324,7 +326,23 @@ def _bench_stock_clause(root, runs=_UNREAD) -> str:
                f"{'/'.join(str(s['total_num_scheduled_tokens']) for s in states)} scheduled tokens; vLLM printed "
                f"{', '.join(errors)}" if states else "")
             + (f"; core dumps name {row['faulting kernel (core dump)']}" if row["faulting kernel (core dump)"]
-               not in ("-", "no crash", "no core dump") else "; no core dump" if stock["crashed"].any() else "") + ".")
+               not in ("-", "no crash", "no core dump") else "; no core dump" if stock["crashed"].any() else "")
+            + _counted_clause(stock) + ".")
+
+
+def _counted_clause(runs) -> str:
+    """vLLM's acceptance counters over the crashed server runs against the synthetic schedule (notebook 03)."""
+    from . import acceptance
+
+    t = acceptance.counted_against_schedule(runs)
+    if t.empty:
+        return ""
+    return ("; vLLM's acceptance counters over those crashed runs read "
+            + ", ".join(f"{m:.2f}" for m in t["counted mean"]) + " against the synthetic schedule's "
+            + "/".join(f"{x:g}" for x in sorted(set(t["schedule mean"])))
+            + f" ({t['standard errors'].min():+.0f} to {t['standard errors'].max():+.0f} of its standard errors"
+            + ("; the sampler accepts whatever the token, so rows lost valid tokens over those runs"
+               if (t["standard errors"] < -3).all() else "") + ", notebook 03)")
 
 
 def bench_line(root=".", runs=_UNREAD) -> str:
@@ -340,13 +358,6 @@ def bench_line(root=".", runs=_UNREAD) -> str:
         return "Speed (issue 11 benchmark): not measured yet."
     c = bench.cells(df)
     tables, missing = bench.speedup_tables(c)
-    done = df[df["outcome"].isin(["ok", "crash"])]
-    measured = done[~done["warmup"]]
-    targets = sorted(set(done["target"].dropna()))
-    weights = sorted(set(done["weights"].dropna()))
-    each = lambda col: "/".join(str(int(x)) for x in sorted(set(measured[col].dropna()))) or "?"
-    ks = "/".join(str(int(x)) for x in sorted(set(measured.loc[measured["num_speculative_tokens"] > 0,
-                                                                "num_speculative_tokens"]))) or "?"
     parts = []
     for name, t in tables.items():
         for (session, acc), g in t.groupby(["gpu_session", "acceptance"], sort=True):
@@ -381,10 +392,7 @@ def bench_line(root=".", runs=_UNREAD) -> str:
                                           queued["peak_running"], queued["peak_waiting"], queued["peak_kv_cache_pct"]))
     crash_text = "; ".join(f"{m} at concurrency {int(k)}, synthetic acceptance {a:g} ({x})" for m, k, a, x in
                            zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"], crashed["crashed / runs"]))
-    return ("Speed (issue 11 benchmark: the OpenAI server on loopback, streamed chat completions of "
-            f"{each('max_tokens')} tokens, {', '.join(targets)} architecture, {', '.join(weights)} weights, DFlash k={ks}, "
-            f"TP={each('tensor_parallel_size')}; a synthetic acceptance L is vLLM's minimum-variance schedule: a request "
-            "gains floor(L) or floor(L) + 1 tokens per step, exactly L at an integer L, notebook 05). The fastest mode that never crashed, per concurrency range, in each GPU "
+    return (f"Speed (issue 11 benchmark: {_bench_setup(df)}). The fastest mode that never crashed, per concurrency range, in each GPU "
             "session at each synthetic acceptance, chosen among that session's modes since ratios never pair sessions "
             "(notebook 05; margin: ratio of mean output throughputs over the runner-up): "
             + ". ".join(advice)
@@ -398,6 +406,49 @@ def bench_line(root=".", runs=_UNREAD) -> str:
             + (f". {len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}); notebook 05 "
                "recomputes the ratios without them" if len(jit) else "")
             + (f". Not measured side by side yet: {'; '.join(missing)}." if missing else "."))
+
+
+def _bench_setup(df) -> str:
+    """What the benchmark's lines ran: workload, architecture, weights, k, TP, and what a synthetic acceptance is."""
+    done = df[df["outcome"].isin(["ok", "crash"])]
+    measured = done[~done["warmup"]]
+    each = lambda col: "/".join(str(int(x)) for x in sorted(set(measured[col].dropna()))) or "?"
+    ks = "/".join(str(int(x)) for x in sorted(set(measured.loc[measured["num_speculative_tokens"] > 0,
+                                                                "num_speculative_tokens"]))) or "?"
+    return (f"the OpenAI server on loopback, streamed chat completions of {each('max_tokens')} tokens, "
+            f"{', '.join(sorted(set(done['target'].dropna())))} architecture, {', '.join(sorted(set(done['weights'].dropna())))} "
+            f"weights, DFlash k={ks}, TP={each('tensor_parallel_size')}; a synthetic acceptance L is vLLM's minimum-variance "
+            "schedule: a request gains floor(L) or floor(L) + 1 tokens per step, exactly L at an integer L, notebook 05")
+
+
+def glance_html(runs) -> str:
+    """The speed a user can expect, for the top of the findings page: DFlash (with the fix, and today's PIECEWISE
+    workaround) over no speculation, per acceptance and concurrency, each ratio inside one GPU session."""
+    from . import bench
+
+    if runs is None:
+        return "<p>Speed: not measured yet (issue 11's benchmark has no recorded line).</p>"
+    c = bench.cells(runs)
+    t = bench.glance_table(c)
+    if t.empty:
+        return "<p>Speed: no DFlash mode measured beside no speculation in one GPU session yet.</p>"
+    t = t.assign(acceptance=[f"{a:g}" for a in t["acceptance"]], session=[_short(x) for x in t["session"]])
+    t.columns = [f"concurrency {c}" if isinstance(c, int) else c for c in t.columns]
+    return (f"<p>{html.escape('Output throughput of DFlash over no speculation (FULL_AND_PIECEWISE graphs, no draft), each ratio between cells of one GPU session: mean (slowest over fastest repeat and the reverse); below 1x no speculation is faster' + _queued_note(c) + '. DFlash FULL (fixed) is FULL_AND_PIECEWISE with the fix (plugin); DFlash PIECEWISE is the workaround. Setup: ' + _bench_setup(runs) + '.')}</p>"
+            + _rows(t, list(t.columns)))
+
+
+def _queued_note(cells_df) -> str:
+    """What the glance table's ``*`` means, from the queued DFlash cells: the most requests their engines ran at once."""
+    from . import bench
+
+    q = bench.queued_cells(cells_df)
+    q = q[q["mode"] != "no speculation"]
+    if q.empty:
+        return ""
+    ran = sorted({int(x) for x in q["peak_running"].dropna()})
+    return ("; * the DFlash engine queued requests there (it ran at most "
+            + "/".join(map(str, ran)) + " at once: its KV cache, notebook 05)")
 
 
 def _margin_text(row) -> str:

@@ -167,3 +167,27 @@ def test_the_speed_line_names_the_recorded_6_0_tie_and_its_leader(root, monkeypa
             and "concurrency 64: DFlash FULL (fixed) or no speculation (tie within the spread), no speculation ahead on "
                 "the mean by 1.17x" in text)
     assert "exactly L at an integer L" in text
+
+
+def test_the_page_opens_with_the_workaround_and_the_speed_table(root, tmp_path, monkeypatch):
+    from dflash_lab import findings
+
+    monkeypatch.chdir(root)
+    page = findings.write_findings(root, tmp_path).read_text()
+    head = page[page.index("<h2>Workaround, and the speed to expect</h2>"):page.index("<h2>Summary</h2>")]
+    assert "Workaround today: cudagraph_mode=PIECEWISE" in head
+    rows = [re.sub(r"<[^>]+>", "|", r) for r in head.split("<tr>")[2:]]
+    assert len(rows) >= 4 and all("x (" in r for r in rows)
+    # s29, acceptance 6.0: fixed FULL over no speculation at 1, and the queued 64 cell starred
+    six = next(r for r in rows if "|DFlash FULL (fixed)||6||s29|" in r)
+    assert "|1.94x (1.84-2.11)|" in six and "|0.85x (0.73-1.05)*|" in six
+    assert "it ran at most 49 at once" in head and "Workaround today" not in page[page.index("<h2>Summary</h2>"):]
+
+
+def test_the_stock_clause_reads_the_counters_of_the_crashed_runs(root, monkeypatch):
+    from dflash_lab import findings
+
+    monkeypatch.chdir(root)
+    text = findings._bench_stock_clause(".")
+    assert ("acceptance counters over those crashed runs read 1.15, 1.12, 1.12 against the synthetic schedule's 1.86 "
+            "(-94 to -25 of its standard errors; the sampler accepts whatever the token") in text
