@@ -181,3 +181,29 @@ def counted_against_schedule(runs_df, outcomes=("crash",)):
                                     float(r["acceptance"]), int(k), int(n), round(mean, 3), round(float(L), 3),
                                     round((float(L) - mean) / se, 1) if se else None))))
     return pd.DataFrame(rows, columns=cols)
+
+
+STOCK = "DFlash FULL (stock)"
+
+
+def stock_prediction(runs_df, planned, k: int = 15):
+    """The prediction the schedule makes for stock FULL, written down before the runs that test it: per acceptance at
+    which stock FULL is planned or recorded, the share of steps that reject every draft (the precondition of the crash
+    states, notebook 05), what that predicts, and what the recorded stock runs did (crashed / runs that finished or
+    crashed, warm-ups included, deadline cuts left out). ``planned``: :func:`dflash_lab.bench.planned_cells`."""
+    import pandas as pd
+
+    stock = runs_df[(runs_df["mode"] == STOCK) & runs_df["outcome"].isin(["ok", "crash"])]
+    accs = sorted(set(planned.loc[planned["mode"] == STOCK, "acceptance"]) | set(stock["acceptance"]))
+    rows = []
+    for acc in accs:
+        share = tokens_per_step(acc, k).get(1, 0.0)
+        g = stock[stock["acceptance"] == acc]
+        crashed = g[g["crashed"].astype(bool)]
+        rows.append({"synthetic acceptance": acc, "steps rejecting every draft": round(share, 3),
+                     "prediction": "no crash (the crash states cannot occur)" if share == 0
+                     else "crash possible (the precondition occurs)",
+                     "stock runs": f"{len(crashed)}/{len(g)} crashed" if len(g) else "not run yet",
+                     "crashed at": ", ".join(str(int(c)) for c in sorted(set(crashed["concurrency"]))) or "-",
+                     "prediction holds": (None if not len(g) else (len(crashed) == 0) if share == 0 else None)})
+    return pd.DataFrame(rows)

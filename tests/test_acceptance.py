@@ -111,3 +111,20 @@ def test_the_recorded_crashes_at_8_counted_far_below_the_schedule_and_completed_
     assert len(server) >= 5 and (server["concurrency"] == 32).all() and (server["standard errors"].abs() < 3).all()
     z = acceptance.counted_against_schedule(runs, outcomes=("ok",))["standard errors"].dropna()
     assert len(z) >= 100 and abs(z.mean()) < 0.3 and z.abs().max() < 4
+
+
+def test_the_stock_prediction_is_checked_once_stock_runs_at_an_acceptance_that_never_rejects_every_draft():
+    import pandas as pd
+
+    planned = pd.DataFrame({"acceptance": [1.86, 3.6, 6.0], "mode": ["DFlash FULL (stock)"] * 3, "concurrency": [8] * 3})
+    run = lambda acc, outcome, c=8: {"mode": "DFlash FULL (stock)", "acceptance": acc, "outcome": outcome,
+                                     "crashed": outcome == "crash", "concurrency": c}
+    runs = pd.DataFrame([run(1.86, "crash"), run(1.86, "ok", 4), run(3.6, "ok"), run(3.6, "ok", 32),
+                         run(6.0, "crash", 16), run(6.0, "ok"), run(6.0, "timeout")])
+    t = acceptance.stock_prediction(runs, planned).set_index("synthetic acceptance")
+    assert t.loc[1.86, "prediction"].startswith("crash possible") and t.loc[1.86, "stock runs"] == "1/2 crashed"
+    assert t.loc[1.86, "prediction holds"] is None                      # "possible" is not a prediction a run can fail
+    assert t.loc[3.6, "prediction holds"] is True and t.loc[3.6, "stock runs"] == "0/2 crashed"
+    assert t.loc[6.0, "prediction holds"] is False and t.loc[6.0, "crashed at"] == "16"
+    none = acceptance.stock_prediction(runs.iloc[0:0], planned).set_index("synthetic acceptance")
+    assert (none["stock runs"] == "not run yet").all() and none["prediction holds"].isna().all()
