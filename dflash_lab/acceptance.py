@@ -201,7 +201,7 @@ def stock_prediction(runs_df, planned, k: int = 15):
         g = stock[stock["acceptance"] == acc]
         crashed = g[g["crashed"].astype(bool)]
         rows.append({"synthetic acceptance": acc, "steps rejecting every draft": round(share, 3),
-                     "prediction": "no crash (the crash states cannot occur)" if share == 0
+                     "prediction": "no crash (no step rejects every draft)" if share == 0
                      else "crash possible (the precondition occurs)",
                      "stock runs": f"{len(crashed)}/{len(g)} crashed" if len(g) else "not run yet",
                      "crashed at": ", ".join(str(int(c)) for c in sorted(set(crashed["concurrency"]))) or "-",
