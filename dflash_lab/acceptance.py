@@ -170,9 +170,9 @@ def counted_against_schedule(runs_df, outcomes=("crash",)):
         sd = r.get("spec_decode_metrics")
         L, n = ((sd.get("acceptance_length"), sd.get("num_drafts")) if isinstance(sd, dict)
                 else (r.get("acceptance_length"), r.get("num_drafts")))
-        k = r.get("num_speculative_tokens")
-        if not isinstance(L, numbers.Real) or L != L or not isinstance(n, numbers.Real) or not n or not k:
-            continue
+        k, acc = r.get("num_speculative_tokens"), r.get("acceptance")
+        if not all(isinstance(x, numbers.Real) and x == x for x in (L, n, k, acc)) or not n or not k:
+            continue   # counters not read, or no synthetic schedule to compare with
         d = tokens_per_step(r["acceptance"], int(k))
         mean = sum(t * p for t, p in d.items())
         sd_step = sum(p * (t - mean) ** 2 for t, p in d.items()) ** 0.5

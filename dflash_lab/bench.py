@@ -619,7 +619,7 @@ def glance_table(cells_df, modes=GLANCE_MODES, base: str = "no speculation"):
     import pandas as pd
 
     queued = {(r["gpu_session"], r["acceptance"], r["mode"], r["concurrency"]) for _, r in queued_cells(cells_df).iterrows()}
-    rows, concs = [], sorted({int(c) for c in cells_df["concurrency"]})
+    rows = []
     for mode in modes:
         s = speedup(cells_df, mode, base)
         if s.empty:
@@ -634,6 +634,7 @@ def glance_table(cells_df, modes=GLANCE_MODES, base: str = "no speculation"):
                     row[c] = (f"{r['ratio']:.2f}x ({r['low']:.2f}-{r['high']:.2f})"
                               + ("*" if (sess, acc, mode, r["concurrency"]) in queued else ""))
             rows.append(row)
+    concs = sorted({c for r in rows for c in r if isinstance(c, int)})   # the concurrencies a ratio exists for
     out = pd.DataFrame(rows, columns=["mode", "acceptance", "session"] + concs)
     out[concs] = out[concs].astype(object).where(out[concs].notna(), "-")
     return out.sort_values(["acceptance", "mode"], kind="stable").reset_index(drop=True)

@@ -337,12 +337,18 @@ def _counted_clause(runs) -> str:
     t = acceptance.counted_against_schedule(runs)
     if t.empty:
         return ""
+    se = t["standard errors"].dropna()
+    # below the schedule beyond its spread; at an integer acceptance the schedule has none, so any shortfall counts
+    below = [(x < -3) if x == x and x is not None else (m < s - 1e-9)
+             for x, m, s in zip(t["standard errors"], t["counted mean"], t["schedule mean"])]
     return ("; vLLM's acceptance counters over those crashed runs read "
-            + ", ".join(f"{m:.2f}" for m in t["counted mean"]) + " against the synthetic schedule's "
-            + "/".join(f"{x:g}" for x in sorted(set(t["schedule mean"])))
-            + f" ({t['standard errors'].min():+.0f} to {t['standard errors'].max():+.0f} of its standard errors"
-            + ("; the sampler accepts whatever the token, so rows lost valid tokens over those runs"
-               if (t["standard errors"] < -3).all() else "") + ", notebook 03)")
+            + "; ".join(", ".join(f"{m:.2f}" for m in g["counted mean"]) + f" against the synthetic schedule's {s:g}"
+                        for s, g in t.groupby("schedule mean", sort=True))
+            + (f", {se.min():+.0f} to {se.max():+.0f} of the schedule's standard errors" if len(se) else "")
+            + (f" ({len(t) - len(se)} at an integer acceptance, where the schedule has no spread)"
+               if len(se) and len(se) < len(t) else "")
+            + ("; the sampler accepts whatever the token, so those runs' counted rows lost tokens after sampling"
+               if all(below) else "") + " (notebook 03)")
 
 
 def bench_line(root=".", runs=_UNREAD) -> str:
@@ -428,13 +434,17 @@ def glance_html(runs) -> str:
 
     if runs is None:
         return "<p>Speed: not measured yet (issue 11's benchmark has no recorded line).</p>"
-    c = bench.cells(runs)
+    # runs that compiled a Triton kernel inside the measurement are left out (a latency spike of that engine start,
+    # notebook 05 shows the ratios with and without them)
+    c = bench.cells(bench.without_jit_runs(runs))
     t = bench.glance_table(c)
+    jit = bench.jit_runs(runs)
+    left = int(runs.loc[jit.index, "gpu_session"].isin(set(t["session"])).sum()) if len(t) else 0
     if t.empty:
         return "<p>Speed: no DFlash mode measured beside no speculation in one GPU session yet.</p>"
     t = t.assign(acceptance=[f"{a:g}" for a in t["acceptance"]], session=[_short(x) for x in t["session"]])
     t.columns = [f"concurrency {c}" if isinstance(c, int) else c for c in t.columns]
-    return (f"<p>{html.escape('Output throughput of DFlash over no speculation (FULL_AND_PIECEWISE graphs, no draft), each ratio between cells of one GPU session: mean (slowest over fastest repeat and the reverse); below 1x no speculation is faster' + _queued_note(c) + '. DFlash FULL (fixed) is FULL_AND_PIECEWISE with the fix (plugin); DFlash PIECEWISE is the workaround. Setup: ' + _bench_setup(runs) + '.')}</p>"
+    return (f"<p>{html.escape('Output throughput of DFlash over no speculation (FULL_AND_PIECEWISE graphs, no draft), each ratio between cells of one GPU session: mean (slowest over fastest repeat and the reverse); below 1x no speculation is faster' + _queued_note(c) + (f'; {left} measured run(s) that compiled a Triton kernel left out (notebook 05 shows the ratios with them)' if left else '') + '. DFlash FULL (fixed) is FULL_AND_PIECEWISE with the fix (plugin); DFlash PIECEWISE is the workaround. Setup: ' + _bench_setup(runs) + '.')}</p>"
             + _rows(t, list(t.columns)))
 
 
@@ -443,7 +453,7 @@ def _queued_note(cells_df) -> str:
     from . import bench
 
     q = bench.queued_cells(cells_df)
-    q = q[q["mode"] != "no speculation"]
+    q = q[q["mode"].isin(bench.GLANCE_MODES)]
     if q.empty:
         return ""
     ran = sorted({int(x) for x in q["peak_running"].dropna()})

@@ -15,6 +15,13 @@ def root() -> Path:
     return ROOT
 
 
+@pytest.fixture(autouse=True)
+def _in_the_project_root(monkeypatch):
+    """Every test starts in the project root, as `make test` runs them: tests that read the recorded data by its
+    relative path (data/...) then pass from any working folder. A test may still change into its own folder."""
+    monkeypatch.chdir(ROOT)
+
+
 def run_cli(*args, env=None, cwd=ROOT, timeout=600):
     import subprocess
 

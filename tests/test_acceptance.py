@@ -128,3 +128,25 @@ def test_the_stock_prediction_is_checked_once_stock_runs_at_an_acceptance_that_n
     assert t.loc[6.0, "prediction holds"] is False and t.loc[6.0, "crashed at"] == "16"
     none = acceptance.stock_prediction(runs.iloc[0:0], planned).set_index("synthetic acceptance")
     assert (none["stock runs"] == "not run yet").all() and none["prediction holds"].isna().all()
+
+
+def test_a_stats_line_off_the_schedule_or_of_another_k_is_caught(tmp_path):
+    import pandas as pd
+
+    def log(name, *rates):
+        p = tmp_path / name
+        p.write_text("".join(f"SpecDecoding metrics: Per-position acceptance rate: {', '.join(f'{x:.3f}' for x in r)}, "
+                             "Avg Draft acceptance rate: 10.0%\n" for r in rates))
+        return str(p)
+
+    good = log("good.log", [1, 1, 0.61, 0], [1, 1, 0.58, 0])
+    off = log("off.log", [1, 0.97, 0.6, 0])           # position 2 must be 1.000 at 3.6
+    runs = pd.DataFrame([{"mode": "DFlash FULL (fixed)", "engine_log": p, "num_speculative_tokens": 4, "acceptance": 3.6,
+                          "gpu_session": "S"} for p in (good, off)])
+    t = acceptance.logs_against_schedule(runs).set_index("engine log")
+    assert bool(t.loc["/".join(good.split("/")[-2:]), "exact in every line"])
+    assert not bool(t.loc["/".join(off.split("/")[-2:]), "exact in every line"])
+    assert t.loc["/".join(good.split("/")[-2:]), "logged range"] == "0.580-0.610"
+    assert t.loc["/".join(good.split("/")[-2:]), "fractional position"] == 3
+    with pytest.raises(LabError, match="prints 4 positions, the runs say k=15"):
+        acceptance.logs_against_schedule(runs.assign(num_speculative_tokens=15))

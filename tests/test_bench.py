@@ -769,12 +769,14 @@ def test_the_glance_table_gives_each_sessions_ratio_with_its_range_and_says_cras
     lines = [line("f1", "fixed", 1, 300.0, 3.0), line("f1b", "fixed", 1, 330.0, 3.0), line("n1", "nospec", 1, 200.0, 5.0),
              line("n1b", "nospec", 1, 220.0, 5.0), line("f8", "fixed", 8, 900.0, 5.0), line("n8", "nospec", 8, 1000.0, 8.0),
              line("s1", "stock", 1, 0, 0, outcome="crash"), line("n1c", "nospec", 1, 210.0, 5.0, session="T"),
-             line("p1", "piecewise", 1, 100.0, 9.0, session="U")]
+             line("p1", "piecewise", 1, 100.0, 9.0, session="U"), line("f8T", "fixed", 8, 500.0, 5.0, session="T"),
+             line("n8T", "nospec", 8, 1000.0, 8.0, session="T")]
     t = bench.glance_table(bench.cells(bench.load_bench(write(tmp_path, lines))))
-    assert list(t.columns) == ["mode", "acceptance", "session", 1, 2, 8]
-    # one row: fixed FULL beside no speculation in S; T and U have no pair inside one session
-    assert len(t) == 1 and t.loc[0, "mode"] == "DFlash FULL (fixed)" and t.loc[0, "session"] == "S"
+    assert list(t.columns) == ["mode", "acceptance", "session", 1, 8]   # the warm-ups at 2 give no column
+    # fixed FULL beside no speculation in S at 1 and 8, in T at 8 only; U has no pair inside one session
+    assert list(t["session"]) == ["S", "T"] and (t["mode"] == "DFlash FULL (fixed)").all()
     assert t.loc[0, 1] == f"{315 / 210:.2f}x ({300 / 220:.2f}-{330 / 200:.2f})" and t.loc[0, 8] == "0.90x (0.90-0.90)"
+    assert t.loc[1, 1] == "-" and t.loc[1, 8] == "0.50x (0.50-0.50)"
     stock = bench.glance_table(bench.cells(bench.load_bench(write(tmp_path, lines))), modes=("DFlash FULL (stock)",))
-    assert stock.loc[0, 1] == "DFlash FULL (stock) crashed 1/1" and stock.loc[0, 8] == "-"
+    assert stock.loc[0, 1] == "DFlash FULL (stock) crashed 1/1" and list(stock.columns)[3:] == [1]
     assert bench.glance_table(bench.cells(bench.load_bench(write(tmp_path, lines))), modes=("DFlash eager",)).empty

@@ -189,5 +189,29 @@ def test_the_stock_clause_reads_the_counters_of_the_crashed_runs(root, monkeypat
 
     monkeypatch.chdir(root)
     text = findings._bench_stock_clause(".")
-    assert ("acceptance counters over those crashed runs read 1.15, 1.12, 1.12 against the synthetic schedule's 1.86 "
-            "(-94 to -25 of its standard errors; the sampler accepts whatever the token") in text
+    assert ("acceptance counters over those crashed runs read 1.15, 1.12, 1.12 against the synthetic schedule's 1.86, "
+            "-94 to -25 of the schedule's standard errors; the sampler accepts whatever the token") in text
+
+
+def test_the_counted_clause_at_an_integer_acceptance_has_no_spread_and_still_judges():
+    import pandas as pd
+
+    from dflash_lab.findings import _counted_clause
+
+    run = lambda acc, L, n=1000: {"outcome": "crash", "run_id": f"s/c8/{acc}", "mode": "DFlash FULL (stock)",
+                                  "concurrency": 8, "acceptance": acc, "num_speculative_tokens": 15,
+                                  "acceptance_length": L, "num_drafts": n, "gpu_session": "S"}
+    six = _counted_clause(pd.DataFrame([run(6.0, 5.2)]))
+    assert "5.20 against the synthetic schedule's 6" in six and "nan" not in six and "standard errors" not in six
+    assert "lost tokens after sampling" in six
+    both = _counted_clause(pd.DataFrame([run(1.86, 1.12, 1956), run(6.0, 5.2)]))
+    assert "1.12 against the synthetic schedule's 1.86; 5.20 against the synthetic schedule's 6" in both
+    assert "(1 at an integer acceptance, where the schedule has no spread)" in both and "lost tokens" in both
+    assert "lost tokens" not in _counted_clause(pd.DataFrame([run(6.0, 6.0)]))
+    assert _counted_clause(pd.DataFrame([run(1.86, None)])) == ""
+
+
+def test_the_glance_section_says_when_there_is_nothing_to_show():
+    from dflash_lab.findings import glance_html
+
+    assert "not measured yet" in glance_html(None)
