@@ -61,7 +61,7 @@ def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: flo
                                                if round(starts.min()) == round(starts.max())
                                                else f"{starts.min():.0f}-{starts.max():.0f}"),
                      "warm-ups s": round(warm_s), "runs s": round(runs_s), "crash restarts s": round(crash_s),
-                     "_work": warm_s + runs_s + crash_s, "_crash_accs": sorted(crash_accs),
+                     "_work": warm_s + runs_s + crash_s, "_crash_accs": sorted(crash_accs), "_crash_s": crash_s,
                      "runs scaled from another acceptance": scaled, "runs with no record": n_unknown,
                      "_cold": float(starts.max()) if len(starts) else None,
                      "_warm": float(starts.min()) if len(starts) else None})
@@ -71,13 +71,15 @@ def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: flo
     work = sum(r["_work"] for r in rows)   # the rows show rounded seconds; the totals add the exact ones
     cold = staging_s + work + sum(r["_cold"] for r in rows)
     warm = staging_s + work + sum(r["_warm"] for r in rows)
-    elsewhere = []   # engines whose crash restarts come from crashes at other acceptances only
+    elsewhere, borrowed_s = [], 0.0   # engines whose crash restarts come from crashes at other acceptances only
     for r in rows:
-        r.pop("_cold"), r.pop("_warm"), r.pop("_work")
-        accs = r.pop("_crash_accs")
+        r.pop("_cold"), r.pop("_warm")
+        work, accs = r.pop("_work"), r.pop("_crash_accs")
         if accs and r["acceptance"] not in accs:
             elsewhere.append(f"{r['engine']} at {r['acceptance']:g} (crashes recorded at {', '.join(f'{a:g}' for a in accs)})")
-    return {"engines": rows, "crash_rates_elsewhere": elsewhere, "total_cold_s": round(cold, 1), "total_warm_s": round(warm, 1), "budget_s": budget_s,
+            borrowed_s += r["_crash_s"]
+        r.pop("_crash_s")
+    return {"engines": rows, "crash_rates_elsewhere": elsewhere, "borrowed_crash_s": round(borrowed_s, 1), "total_cold_s": round(cold, 1), "total_warm_s": round(warm, 1), "budget_s": budget_s,
             "staging_s": staging_s, "fits_cold": cold <= budget_s, "fits_warm": warm <= budget_s, "unknown": unknown}
 
 
@@ -91,4 +93,6 @@ def summary_line(est: dict, matrix_path: str) -> str:
             + (f"; {len(u)} run(s) with no record to estimate from: {', '.join(u[:6])}{'...' if len(u) > 6 else ''}"
                if u else "")
             + (f"; crash restarts from another acceptance's crash rate: {'; '.join(est['crash_rates_elsewhere'])}"
+               f" (without them: {est['total_cold_s'] - est['borrowed_crash_s']:.0f} s cold, "
+               f"{est['total_warm_s'] - est['borrowed_crash_s']:.0f} s warm)"
                if est.get("crash_rates_elsewhere") else ""))

@@ -72,7 +72,9 @@ def test_a_crash_prone_mode_adds_restarts_and_a_mode_never_started_is_one_clear_
     assert est["engines"][0]["crash restarts s"] == round(2 * 0.5 * (80 + 150))
     # the matrix plans 3.6 and the crashes were recorded at 1.86 only: the summary says whose rate it borrowed
     assert est["crash_rates_elsewhere"] == ["full-stock at 3.6 (crashes recorded at 1.86)"]
-    assert "crash restarts from another acceptance's crash rate: full-stock at 3.6 (crashes recorded at 1.86)" in \
+    assert est["borrowed_crash_s"] == pytest.approx(2 * 0.5 * (80 + 150))
+    assert ("crash restarts from another acceptance's crash rate: full-stock at 3.6 (crashes recorded at 1.86) "
+            f"(without them: {est['total_cold_s'] - 230:.0f} s cold, {est['total_warm_s'] - 230:.0f} s warm)") in \
         plan.summary_line(est, "m.yaml")
     at_186 = _matrix(tmp_path, [{"id": "full-stock", "coredump": "keep-running", "acceptance": 1.86,
                                  "runs": [{"concurrency": 8, "rounds": 2}]}])
