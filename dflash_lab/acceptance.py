@@ -71,20 +71,25 @@ def tokens_per_step(length: float, k: int) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
+def _moments(d: dict[int, float]) -> tuple[float, float]:
+    """Mean and standard deviation of a {tokens per step: probability} distribution."""
+    mean = sum(t * p for t, p in d.items())
+    return mean, sum(p * (t - mean) ** 2 for t, p in d.items()) ** 0.5
+
+
 def schedule_table(lengths, k: int):
     """One row per synthetic acceptance: the tokens a request gains per step and their probabilities, the mean, the
-    standard deviation, and the share of steps that reject every draft (1 token: the state notebook 02 shows the DFlash
-    input kernel mishandles, and the step at which notebook 03's crashes fault), all from vLLM's code."""
+    standard deviation, and the share of steps that reject every draft (1 token: the precondition of the crash states
+    of notebooks 02 and 03, a row with no valid token), all from vLLM's code."""
     import pandas as pd
 
     rows = []
     for L in sorted({float(x) for x in lengths}):
         d = tokens_per_step(L, k)
-        mean = sum(t * p for t, p in d.items())
-        var = sum(p * (t - mean) ** 2 for t, p in d.items())
+        mean, sd = _moments(d)
         rows.append({"synthetic acceptance": L, "k": k,
                      "tokens per step (probability)": ", ".join(f"{t} ({p:.2f})" for t, p in d.items()),
-                     "mean": mean, "std per step": var ** 0.5, "steps rejecting every draft": d.get(1, 0.0)})
+                     "mean": mean, "std per step": sd, "steps rejecting every draft": d.get(1, 0.0)})
     return pd.DataFrame(rows)
 
 
@@ -100,8 +105,7 @@ def measured_against_schedule(runs_df):
     cols = ["synthetic acceptance", "k", "mode", "runs", "schedule mean", "measured lowest", "measured highest"]
     rows = []
     for (acc, k, mode), g in r.groupby(["acceptance", "num_speculative_tokens", "mode"]):
-        d = tokens_per_step(acc, int(k))
-        rows.append(dict(zip(cols, (acc, int(k), mode, len(g), sum(t * p for t, p in d.items()),
+        rows.append(dict(zip(cols, (acc, int(k), mode, len(g), _moments(tokens_per_step(acc, int(k)))[0],
                                     g["acceptance_length"].min(), g["acceptance_length"].max()))))
     return pd.DataFrame(rows, columns=cols)
 
@@ -157,8 +161,8 @@ def counted_against_schedule(runs_df, outcomes=("crash",)):
     schedule. vLLM counts a step's accepted drafts as the request's valid output tokens minus one, over the rows that
     came back with any token (``scheduler.py``: ``num_accepted = len(generated_token_ids) - 1``, skipped when the
     row is empty), and the synthetic sampler accepts a draft whatever its token. So a counted acceptance below the
-    schedule's is rows that lost valid tokens after sampling (vLLM drops ids at or above the vocabulary size), not
-    rejections; ``standard errors`` puts the gap in units of the schedule's own spread over that many drafts.
+    schedule's is rows that lost valid tokens after sampling (vLLM drops placeholder ids and ids at or above the
+    vocabulary size), not rejections; ``standard errors`` puts the gap in units of the schedule's own spread over that many drafts.
     Takes the bench frame (``acceptance_length``, ``num_drafts``) or ``analysis.load_runs``' (``spec_decode_metrics``);
     runs whose counters were not read (an offline engine that died) are left out."""
     import pandas as pd
@@ -173,17 +177,13 @@ def counted_against_schedule(runs_df, outcomes=("crash",)):
         k, acc = r.get("num_speculative_tokens"), r.get("acceptance")
         if not all(isinstance(x, numbers.Real) and x == x for x in (L, n, k, acc)) or not n or not k:
             continue   # counters not read, or no synthetic schedule to compare with
-        d = tokens_per_step(r["acceptance"], int(k))
-        mean = sum(t * p for t, p in d.items())
-        sd_step = sum(p * (t - mean) ** 2 for t, p in d.items()) ** 0.5
+        mean, sd_step = _moments(tokens_per_step(acc, int(k)))
         se = sd_step / float(n) ** 0.5
         rows.append(dict(zip(cols, (r.get("gpu_session"), r["run_id"], r.get("mode"), int(r["concurrency"]),
-                                    float(r["acceptance"]), int(k), int(n), round(mean, 3), round(float(L), 3),
+                                    float(acc), int(k), int(n), round(mean, 3), round(float(L), 3),
                                     round((float(L) - mean) / se, 1) if se else None))))
     return pd.DataFrame(rows, columns=cols)
 
-
-STOCK = "DFlash FULL (stock)"
 
 
 def stock_prediction(runs_df, planned, k: int = 15):
@@ -193,8 +193,10 @@ def stock_prediction(runs_df, planned, k: int = 15):
     crashed, warm-ups included, deadline cuts left out). ``planned``: :func:`dflash_lab.bench.planned_cells`."""
     import pandas as pd
 
-    stock = runs_df[(runs_df["mode"] == STOCK) & runs_df["outcome"].isin(["ok", "crash"])]
-    accs = sorted(set(planned.loc[planned["mode"] == STOCK, "acceptance"]) | set(stock["acceptance"]))
+    from .crashstates import BENCH_STOCK
+
+    stock = runs_df[(runs_df["mode"] == BENCH_STOCK) & runs_df["outcome"].isin(["ok", "crash"])]
+    accs = sorted(set(planned.loc[planned["mode"] == BENCH_STOCK, "acceptance"]) | set(stock["acceptance"]))
     rows = []
     for acc in accs:
         share = tokens_per_step(acc, k).get(1, 0.0)

@@ -73,13 +73,13 @@ def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: flo
     warm = staging_s + work + sum(r["_warm"] for r in rows)
     elsewhere, borrowed_s = [], 0.0   # engines whose crash restarts come from crashes at other acceptances only
     for r in rows:
-        r.pop("_cold"), r.pop("_warm")
-        work, accs = r.pop("_work"), r.pop("_crash_accs")
+        r.pop("_cold"), r.pop("_warm"), r.pop("_work")
+        accs, crash_s = r.pop("_crash_accs"), r.pop("_crash_s")
         if accs and r["acceptance"] not in accs:
             elsewhere.append(f"{r['engine']} at {r['acceptance']:g} (crashes recorded at {', '.join(f'{a:g}' for a in accs)})")
-            borrowed_s += r["_crash_s"]
-        r.pop("_crash_s")
-    return {"engines": rows, "crash_rates_elsewhere": elsewhere, "borrowed_crash_s": round(borrowed_s, 1), "total_cold_s": round(cold, 1), "total_warm_s": round(warm, 1), "budget_s": budget_s,
+            borrowed_s += crash_s
+    return {"engines": rows, "crash_rates_elsewhere": elsewhere, "borrowed_crash_s": round(borrowed_s, 1),
+            "total_cold_s": round(cold, 1), "total_warm_s": round(warm, 1), "budget_s": budget_s,
             "staging_s": staging_s, "fits_cold": cold <= budget_s, "fits_warm": warm <= budget_s, "unknown": unknown}
 
 
