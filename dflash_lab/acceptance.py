@@ -167,8 +167,8 @@ def counted_against_schedule(runs_df, outcomes=("crash",)):
     runs whose counters were not read (an offline engine that died) are left out."""
     import pandas as pd
 
-    cols = ["gpu_session", "run_id", "path", "concurrency", "synthetic acceptance", "k", "drafts counted",
-            "schedule mean", "counted mean", "standard errors"]
+    cols = ["gpu_session", "run_id", "path", "concurrency", "warm-up", "synthetic acceptance", "k", "drafts counted",
+            "schedule mean", "counted mean", "standard errors", "below the schedule"]
     rows = []
     for _, r in runs_df[runs_df["outcome"].isin(outcomes)].iterrows():
         sd = r.get("spec_decode_metrics")
@@ -179,9 +179,47 @@ def counted_against_schedule(runs_df, outcomes=("crash",)):
             continue   # counters not read, or no synthetic schedule to compare with
         mean, sd_step = _moments(tokens_per_step(acc, int(k)))
         se = sd_step / float(n) ** 0.5
+        z = (float(L) - mean) / se if se else None
         rows.append(dict(zip(cols, (r.get("gpu_session"), r["run_id"], r.get("mode"), int(r["concurrency"]),
+                                    bool(r.get("warmup")) if r.get("warmup") == r.get("warmup") else False,
                                     float(acc), int(k), int(n), round(mean, 3), round(float(L), 3),
-                                    round((float(L) - mean) / se, 1) if se else None))))
+                                    round(z, 1) if z is not None else None, below(z, float(L), mean)))))
+    return pd.DataFrame(rows, columns=cols)
+
+
+BELOW_SE = 3.0   # a counted mean this many of the schedule's standard errors below it is a loss, not sampling noise
+
+
+def below(z, counted: float, schedule: float) -> bool:
+    """Whether a run's counted acceptance lies below the schedule: by more than :data:`BELOW_SE` of its standard
+    errors ``z`` where the schedule has a spread, and by anything at all at an integer acceptance, where it has none
+    (every step gains exactly L tokens, so a counted 5.989 at 6.0 is lost tokens)."""
+    if z is not None and z == z:
+        return bool(z < -BELOW_SE)
+    return bool(counted < schedule - 1e-9)
+
+
+def counters_by_cell(runs_df, outcomes=("ok",)):
+    """:func:`counted_against_schedule` per GPU session, mode, acceptance and concurrency (warm-ups aside): how many
+    runs counted below the schedule (:func:`below`), the counted means' range, the tokens a request-step lost on
+    average (schedule mean minus the runs' mean counted acceptance: vLLM counts valid tokens, so a shortfall is tokens
+    dropped after the sampler accepted them) and the standard errors' range (none at an integer acceptance)."""
+    import pandas as pd
+
+    cols = ["gpu_session", "path", "synthetic acceptance", "concurrency", "runs", "below the schedule",
+            "counted mean", "schedule mean", "tokens lost per request-step", "standard errors"]
+    t = counted_against_schedule(runs_df, outcomes)
+    t = t[~t["warm-up"].astype(bool)]
+    if t.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for (sess, path, acc, c), g in t.groupby(["gpu_session", "path", "synthetic acceptance", "concurrency"], sort=True):
+        lo, hi = g["counted mean"].min(), g["counted mean"].max()
+        z = g["standard errors"].dropna()
+        rows.append(dict(zip(cols, (sess, path, acc, int(c), len(g), f"{int(g['below the schedule'].sum())} of {len(g)}",
+                                    f"{lo:.3f}" if lo == hi else f"{lo:.3f}-{hi:.3f}", g["schedule mean"].iloc[0],
+                                    round(g["schedule mean"].iloc[0] - g["counted mean"].mean(), 3),
+                                    (f"{z.min():+.1f} to {z.max():+.1f}" if len(z) else "none (integer)")))))
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -190,22 +228,30 @@ def stock_prediction(runs_df, planned, k: int = 15):
     """The prediction the schedule makes for stock FULL, written down before the runs that test it: per acceptance at
     which stock FULL is planned or recorded, the share of steps that reject every draft (the precondition of the crash
     states, notebook 05), what that predicts, and what the recorded stock runs did (crashed / runs that finished or
-    crashed, warm-ups included, deadline cuts left out). ``planned``: :func:`dflash_lab.bench.planned_cells`."""
+    crashed, warm-ups included, deadline cuts left out). The prediction is about crashes only: the last column says
+    how many completed stock runs (warm-ups included) vLLM's counters put below the schedule (:func:`below`), i.e.
+    lost tokens without crashing. ``planned``: :func:`dflash_lab.bench.planned_cells`."""
     import pandas as pd
 
     from .crashstates import BENCH_STOCK
 
     stock = runs_df[(runs_df["mode"] == BENCH_STOCK) & runs_df["outcome"].isin(["ok", "crash"])]
+    counted = counted_against_schedule(stock, outcomes=("ok",))   # warm-ups included, as in the crash count
     accs = sorted(set(planned.loc[planned["mode"] == BENCH_STOCK, "acceptance"]) | set(stock["acceptance"]))
     rows = []
     for acc in accs:
         share = tokens_per_step(acc, k).get(1, 0.0)
         g = stock[stock["acceptance"] == acc]
         crashed = g[g["crashed"].astype(bool)]
+        done = counted[counted["synthetic acceptance"] == acc]
+        low = done[done["below the schedule"]]
         rows.append({"synthetic acceptance": acc, "steps rejecting every draft": round(share, 3),
                      "prediction": "no crash (no step rejects every draft)" if share == 0
                      else "crash possible (the precondition occurs)",
                      "stock runs": f"{len(crashed)}/{len(g)} crashed" if len(g) else "not run yet",
                      "crashed at": ", ".join(str(int(c)) for c in sorted(set(crashed["concurrency"]))) or "-",
-                     "prediction holds": (None if not len(g) else (len(crashed) == 0) if share == 0 else None)})
+                     "prediction holds": (None if not len(g) else (len(crashed) == 0) if share == 0 else None),
+                     "completed runs counting below the schedule": (
+                         f"{len(low)} of {len(done)}" + (f" (at {', '.join(str(int(c)) for c in sorted(set(low['concurrency'])))})"
+                                                         if len(low) else "")) if len(done) else "-"})
     return pd.DataFrame(rows)

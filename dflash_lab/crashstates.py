@@ -198,6 +198,19 @@ def bench_stock(bench_runs, concurrencies) -> tuple[dict, list[dict]]:
     return row, states
 
 
+def bench_stock_by_acceptance(bench_runs, concurrencies) -> tuple[list[dict], list[dict]]:
+    """:func:`bench_stock` once per synthetic acceptance (a crash rate is only a rate at one acceptance: the schedule
+    decides whether a step can reject every draft), each row's path naming its acceptance, and every crash state."""
+    stock = bench_runs[bench_runs["mode"] == BENCH_STOCK]
+    rows, states = [], []
+    for acc, g in stock.groupby("acceptance", sort=True):
+        row, st = bench_stock(g, concurrencies)
+        row["path"] += f", acceptance {acc:g}"
+        rows.append(row)
+        states += st
+    return rows, states
+
+
 # the error vLLM's engine core printed for the crash (a device-side assert, a cuBLAS failure, an illegal address)
 CUDA_ERROR_RE = re.compile(r"(?:AcceleratorError|RuntimeError): CUDA error: ([^\n`]*?)(?: when calling|\n|$)")
 

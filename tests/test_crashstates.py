@@ -260,7 +260,8 @@ def test_path_rates_never_drop_a_run_for_its_acceptance():
 def test_bench_stock_s26_server_crashes_at_8():
     from dflash_lab import bench
 
-    row, st = C.bench_stock(bench.load_bench(), [1, 4, 8, 16, 32])
+    runs = bench.load_bench()
+    row, st = C.bench_stock(runs[runs["gpu_session"] == "2026-12-01-s26"], [1, 4, 8, 16, 32])
     assert row["path"] == "server, TP=1, benchmark"
     assert row[8] == "3/3 (1 a warm-up)" and row[1] == "0/6 (3 a warm-up)" and row[32] == "not run"
     assert row["faulting kernel (core dump)"].startswith("no core dump")
@@ -279,6 +280,24 @@ def test_bench_stock_s26_server_crashes_at_8():
     assert w["empty steps per request (at least)"] == "0..4" and w["num_output_tokens"] == "40..112"
     t = C.side_by_side(analysis.load_runs(), extra=st)
     assert t.columns[-1].endswith("full-stock.a3") and t.loc["concurrency", t.columns[-1]] == 8
+
+
+def test_bench_stock_is_counted_per_acceptance_and_s30_crashed_only_at_the_reports():
+    """s30: stock FULL at 3.6 and 6.0 completed every run (the schedule never rejects every draft there), while its
+    same-session control at 1.86 crashed at 32 with the DFlash input kernel in its core dump."""
+    from dflash_lab import bench
+
+    runs = bench.load_bench()
+    rows, st = C.bench_stock_by_acceptance(runs, [8, 32, 64])
+    by = {r["path"]: r for r in rows}
+    assert list(by) == [f"server, TP=1, benchmark, acceptance {a}" for a in ("1.86", "3.6", "6")]
+    assert by["server, TP=1, benchmark, acceptance 1.86"][32] == "1/1"
+    assert by["server, TP=1, benchmark, acceptance 1.86"]["faulting kernel (core dump)"].startswith(
+        "copy_and_expand_dflash_inputs_kernel (1)")
+    assert (by["server, TP=1, benchmark, acceptance 3.6"][32], by["server, TP=1, benchmark, acceptance 3.6"][64]) == ("0/5", "0/2")
+    assert (by["server, TP=1, benchmark, acceptance 6"][32], by["server, TP=1, benchmark, acceptance 6"][64]) == ("0/6", "0/3")
+    assert by["server, TP=1, benchmark, acceptance 6"][8] == "0/5 (2 a warm-up)"
+    assert sorted(s["concurrency"] for s in st) == [8, 8, 8, 32]
 
 
 def test_bench_stock_counts_only_stock_runs_that_finished_or_crashed():
