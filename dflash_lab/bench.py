@@ -310,12 +310,16 @@ def session_drift(cells_df, metric: str = "output_throughput"):
     return pd.DataFrame(rows, columns=cols).sort_values(["acceptance", "mode", "concurrency"], kind="stable", ignore_index=True)
 
 
-def recommend(cells_df, acceptance, session=None, metric: str = "output_throughput", allow_crash_prone: bool = False):
+def recommend(cells_df, acceptance, session=None, metric: str = "output_throughput", allow_crash_prone: bool = False,
+              crashed_elsewhere=None):
     """Per concurrency: the mode with the highest mean ``metric``; consecutive concurrencies with the
     same choice are merged into one range.
 
     A mode that crashed in *any* cell of the slice is crash-prone and left out (unless
-    ``allow_crash_prone``): a user picks one setting for all loads. When the best mode's slowest repeat
+    ``allow_crash_prone``): a user picks one setting for all loads. So is a mode in ``crashed_elsewhere``
+    ({mode: where it crashed}, :func:`crashed_where`): the synthetic acceptance is no setting a user picks either (stock
+    FULL completed at 3.6 and 6.0, whose schedule never rejects every draft, and crashed at 1.86; a trained drafter's
+    steps do reject every draft). A concurrency where no mode is left is named with mode None and "no mode" as label. When the best mode's slowest repeat
     is not faster than the runner-up's fastest, the two are a tie within the spread and both are named.
     Returns rows: concurrency range, mode, margin over the runner-up (ratio of means), runner-up,
     and the crash-prone modes that were left out."""
@@ -326,6 +330,9 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
         raise LabError(f"acceptance {acceptance}: cells from several GPU sessions {sorted(c['gpu_session'].unique())}: "
                        "choose one (ratios are never taken across sessions)")
     prone = sorted(set(c.loc[c["crashed"] > 0, "mode"])) if not allow_crash_prone else []
+    elsewhere = {m: w for m, w in (crashed_elsewhere or {}).items() if m not in prone} if not allow_crash_prone else {}
+    left_out = prone + [f"{m} (crashed {w})" for m, w in sorted(elsewhere.items())]
+    prone = prone + sorted(elsewhere)
     picks = []
     for conc, g in c.groupby("concurrency"):
         g = g[(g["crashed"] == 0) & (g["ok"] > 0) & ~g["mode"].isin(prone)].sort_values(metric, ascending=False)
@@ -356,8 +363,22 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
         lo, hi = (f"{min(m):.2f}", f"{max(m):.2f}") if m else ("", "")
         r["margin over runner-up"] = "-" if not m else f"{lo}x" if lo == hi else f"{lo}-{hi}x"
         r["concurrency"] = f"{r['from']}" if r["from"] == r["to"] else f"{r['from']}-{r['to']}"
-        r["left out (crashed in this slice)"] = ", ".join(prone) or "-"
+        r["left out (crashed)"] = ", ".join(left_out) or "-"
+        if r["mode"] is None:
+            r["mode"] = "no mode (each mode measured here crashed, here or at another acceptance)"
     return rows
+
+
+def crashed_where(cells_df) -> dict:
+    """{mode: "at <acceptances> in <sessions>"} for every mode with a crashed run in ``cells_df``."""
+    from .analysis import session_key
+
+    out = {}
+    for mode, g in cells_df[cells_df["crashed"] > 0].groupby("mode"):
+        accs = ", ".join(f"{a:g}" for a in sorted(set(g["acceptance"])))
+        sess = ", ".join(x.rsplit("-", 1)[-1] for x in sorted(set(g["gpu_session"]), key=session_key))
+        out[mode] = f"at {accs} in {sess}"
+    return out
 
 
 # ----------------------------------------------------------------------------- step-time model
@@ -540,9 +561,10 @@ def floor_table(cells_df, mode: str, text: dict, draft: dict, bandwidth_tb_s: fl
 
 def session_for(cells_df, acceptance, session=None, modes=()) -> str:
     """The GPU session whose cells a view of one acceptance uses: ``session`` if given (it must have
-    cells at that acceptance), else the latest label that has a completed cell (at any concurrency) of every mode in ``modes`` (a view
-    comparing two modes needs both in one session: s26 measured PIECEWISE and stock FULL but not fixed FULL), else
-    the latest label that has any (the view then says what it lacks)."""
+    cells at that acceptance), else, among the labels that have a completed cell (at any concurrency) of every mode in
+    ``modes`` (a view comparing two modes needs both in one session: s26 measured PIECEWISE and stock FULL but not fixed
+    FULL), or all labels where none has, the one with completed cells of the most modes, the latest of those (a
+    session that ran one mode only, like s30's stock repeats at 3.6, does not replace its acceptance's slice)."""
     from .analysis import session_key
 
     here = cells_df[cells_df["acceptance"] == acceptance]
@@ -554,8 +576,9 @@ def session_for(cells_df, acceptance, session=None, modes=()) -> str:
             raise LabError(f"GPU session {session!r} has no cells at acceptance {acceptance} (sessions: {have})")
         return session
     done = here[here["ok"] > 0]
+    n_modes = lambda s: len(set(done.loc[done["gpu_session"] == s, "mode"]))
     full = [s for s in have if set(modes) <= set(done.loc[done["gpu_session"] == s, "mode"])]
-    return (full or have)[-1]
+    return max(full or have, key=lambda s: (n_modes(s), session_key(s)))
 
 
 def one_session(cells_df, session=None, modes=()):
@@ -761,6 +784,11 @@ def holdout_sentence(misses: dict, held_acceptance) -> str:
     """One line: how far each step-time model missed the measured speedup at the held-out acceptance."""
     if not misses:
         return f"The held-out check at acceptance {held_acceptance:g} has no measured speedup to compare with."
+    return f"Fitted without acceptance {held_acceptance:g} and checked against its measured speedups, {holdout_parts(misses)}."
+
+
+def holdout_parts(misses: dict) -> str:
+    """:func:`holdout_sentence`'s body: each model's largest miss, and where no request waited."""
     parts = []
     for name, v in misses.items():
         e, c = v["all"]
@@ -769,7 +797,37 @@ def holdout_sentence(misses: dict, held_acceptance) -> str:
         if nq and nq != v["all"]:
             part += f"; {nq[0]:.0%} at most where no request waited, at {nq[1]}"
         parts.append(part + ")")
-    return f"Fitted without acceptance {held_acceptance:g} and checked against its measured speedups, {'; '.join(parts)}."
+    return "; ".join(parts)
+
+
+def holdout_replicates(all_cells, view_cells, held_acceptance, mode: str = "DFlash FULL (fixed)",
+                       base: str = "no speculation", runs_df=None) -> list[dict]:
+    """The held-out check (:func:`holdout_check`) once per GPU session that measured ``mode`` and ``base`` at the
+    held-out acceptance: the fit always uses ``view_cells``' other acceptances (one session each, as the notebook shows
+    them), the held-out cells come from each session in turn, so a second session at that acceptance is a replicate of
+    the check (s29 and s30 at 6.0). Returns ``[{"session", "check", "misses", "jit_runs"}]`` in session order;
+    ``jit_runs``: how many measured runs of those held-out cells compiled a Triton kernel (:func:`jit_runs` of
+    ``runs_df``, the lines the cells came from; 0 without it)."""
+    import pandas as pd
+
+    from .analysis import session_key
+
+    train = view_cells[view_cells["acceptance"] != held_acceptance]
+    here = all_cells[(all_cells["acceptance"] == held_acceptance) & all_cells["mode"].isin([mode, base])]
+    done = here[here["ok"] > 0]
+    out = []
+    for s in sorted(set(done["gpu_session"]), key=session_key):
+        if {mode, base} - set(done.loc[done["gpu_session"] == s, "mode"]):
+            continue
+        held = here[here["gpu_session"] == s]
+        chk = holdout_check(pd.concat([train, held], ignore_index=True), held_acceptance, mode, base)
+        jit = 0
+        if runs_df is not None:
+            j = jit_runs(runs_df)
+            j = j[(runs_df.loc[j.index, "gpu_session"] == s) & (j["acceptance"] == held_acceptance) & j["mode"].isin([mode, base])]
+            jit = len(j)
+        out.append({"session": s, "check": chk, "misses": holdout_misses(chk["table"]), "jit_runs": jit})
+    return out
 
 
 # ----------------------------------------------------------------------------- what the data holds yet
@@ -964,7 +1022,7 @@ def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metr
         if sessions is not None and s not in sessions:
             continue
         here = cells_df[(cells_df["acceptance"] == acceptance) & (cells_df["gpu_session"] == s)]
-        rows = recommend(here, acceptance)
+        rows = recommend(here, acceptance, crashed_elsewhere=crashed_where(cells_df))
         for r in rows:
             r["beaten in another session"] = _beaten_elsewhere(at, s, r, metric)
         out.append({"session": s, "rows": rows,

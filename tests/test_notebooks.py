@@ -69,7 +69,7 @@ def test_notebook05_on_fixture_lines(tmp_path):
     d = _bench_nb("05_benchmark", tmp_path, acceptances=[1.86, 6.0])
     assert d["sessions"] == ["fixture-a", "fixture-c"]
     rec = d["recommendations"]["1.86"]
-    assert rec[0]["mode"] == "DFlash FULL (fixed)" and "DFlash FULL (stock)" in rec[0]["left out (crashed in this slice)"]
+    assert rec[0]["mode"] == "DFlash FULL (fixed)" and "DFlash FULL (stock)" in rec[0]["left out (crashed)"]
     fx_pw = d["speedups"]["DFlash FULL (fixed) / DFlash PIECEWISE"]
     assert all(1.0 < r["ratio"] < 1.2 for r in fx_pw)  # the fixture's PIECEWISE is 8% slower
     assert sorted((tmp_path / "fig").glob("05-*.png"))

@@ -80,6 +80,11 @@ def test_a_crash_prone_mode_adds_restarts_and_a_mode_never_started_is_one_clear_
                                  "runs": [{"concurrency": 8, "rounds": 2}]}])
     est = plan.estimate(at_186, _runs(tmp_path, lines))
     assert est["crash_rates_elsewhere"] == [] and "another acceptance" not in plan.summary_line(est, "m.yaml")
+    # once the planned acceptance has its own record at that concurrency (s30: stock completed at 3.6), its rate is used
+    own = lines + [_line("s", "stock", 8, 3.0, 3.6, L=3.6, startup=80)]
+    est = plan.estimate(_matrix(tmp_path, [{"id": "full-stock", "coredump": "keep-running",
+                                            "runs": [{"concurrency": 8, "rounds": 2}]}]), _runs(tmp_path, own))
+    assert est["engines"][0]["crash restarts s"] == 0 and est["crash_rates_elsewhere"] == []
     m = _matrix(tmp_path, [{"id": "eager", "enforce_eager": True, "runs": [{"concurrency": 1}]}])
     with pytest.raises(LabError, match=r"no recorded start-up for \['DFlash eager'\]"):
         plan.estimate(m, _runs(tmp_path, lines))
