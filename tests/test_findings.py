@@ -77,8 +77,13 @@ def test_the_findings_count_the_benchmark_stock_server_crashes():
     from dflash_lab import findings
 
     text = findings._bench_stock_clause(".")
-    assert "concurrency 8: 3/3 (1 a warm-up) crashed" in text and "concurrency 1: 0/6 (3 a warm-up) crashed" in text
-    assert "112/112/112 scheduled tokens" in text and "device-side assert triggered" in text
+    assert "concurrency 8: 3/3 (1 a warm-up) crashed" in text and "concurrency 1: 0/7 (4 a warm-up) crashed" in text
+    assert "112/112/112/336 scheduled tokens" in text and "device-side assert triggered" in text
+    # one segment per acceptance: s30's stock runs at 3.6 and 6.0 crashed nowhere but lost tokens at 8 (and 32, 64)
+    six = text[text.index("at synthetic acceptance 6 (s30"):]
+    assert "concurrency 32: 0/6 crashed" in six and "concurrency 64: 0/3 crashed" in six
+    assert "7 of its 29 completed runs counted below the schedule's 6: 5 at 8 (5.107, 5.108, 5.108, 5.320, 5.320)" in six
+    assert "at synthetic acceptance 1.86 (s26, s30;" in text and "concurrency 32: 1/1 crashed" in text
 
 
 def test_no_benchmark_no_stock_clause(tmp_path):
@@ -189,8 +194,8 @@ def test_the_stock_clause_reads_the_counters_of_the_crashed_runs(root, monkeypat
 
     monkeypatch.chdir(root)
     text = findings._bench_stock_clause(".")
-    assert ("acceptance counters over those crashed runs read 1.15, 1.12, 1.12 against the synthetic schedule's 1.86, "
-            "-94 to -25 of the schedule's standard errors; the sampler accepts whatever the token") in text
+    assert ("acceptance counters over those crashed runs read 1.15, 1.12, 1.12, 1.84 against the synthetic schedule's 1.86, "
+            "-94 to -4 of the schedule's standard errors; the sampler accepts whatever the token") in text
 
 
 def test_the_counted_clause_at_an_integer_acceptance_has_no_spread_and_still_judges():
@@ -215,3 +220,21 @@ def test_the_glance_section_says_when_there_is_nothing_to_show():
     from dflash_lab.findings import glance_html
 
     assert "not measured yet" in glance_html(None)
+
+
+def test_the_workaround_line_says_stock_loses_tokens_where_it_does_not_crash(root, monkeypatch, tmp_path):
+    """s30 at 6.0, concurrency 8: stock FULL's 3 runs counted 5.107-5.108 where fixed FULL and PIECEWISE counted 6."""
+    import pandas as pd
+
+    from dflash_lab import bench, findings
+
+    monkeypatch.chdir(root)
+    runs = bench.load_bench("data/bench/*.jsonl")
+    text = findings._stock_loss_clause(runs)
+    assert ("at synthetic acceptance 6 and concurrency 8 (s30) every stock run (3) counted 5.107-5.108 tokens per step "
+            "against the schedule's 6, where DFlash FULL (fixed) and DFlash PIECEWISE counted it in every run") in text
+    # without a same-session reference that counted the schedule, nothing is claimed
+    assert findings._stock_loss_clause(runs[runs["mode"] == "DFlash FULL (stock)"]) == ""
+    assert findings._stock_loss_clause(None) == "" and findings._stock_loss_clause(runs.iloc[0:0]) == ""
+    page = findings.write_findings(root, tmp_path / "out").read_text()
+    assert "Stock FULL graphs are no choice where they do not crash either" in page
