@@ -66,7 +66,7 @@ def test_the_recorded_runs_match_the_schedule(root):
     for _, row in t[~stock].iterrows():
         assert row["measured lowest"] <= row["schedule mean"] + 1e-9 <= row["measured highest"] + 2e-9, row.to_dict()
     s36 = t[stock & (t["synthetic acceptance"] == 3.6)].iloc[0]
-    assert s36["runs"] == 7 and s36["measured highest"] < 3.59
+    assert s36["runs"] == 7 and s36["measured lowest"] < 3.31   # its runs at 64 (the per-cell table judges each)
     six = acceptance.measured_against_schedule(runs[runs["gpu_session"] == "2026-12-01-s29"])
     assert set(six["synthetic acceptance"]) == {6.0} and six["runs"].sum() == 36
     assert (six["measured lowest"] == 6.0).all() and (six["measured highest"] == 6.0).all()
@@ -138,10 +138,32 @@ def test_stock_full_lost_tokens_without_crashing_where_fixed_full_and_piecewise_
         assert s30.loc[(mode, 6.0, 8), "below the schedule"] == "0 of 3" and s30.loc[(mode, 6.0, 8), "counted mean"] == "6.000"
     assert s30.loc[("DFlash FULL (stock)", 3.6, 64), "below the schedule"] == "2 of 2"
     assert [s30.loc[("DFlash FULL (stock)", 6.0, c), "below the schedule"] for c in (1, 4, 16, 64)] == ["0 of 3"] * 4
+    # at 3.6, 32, stock sits 2.2-3.9 standard errors below: inside what the control reaches (3.1), so not judged a loss
+    assert s30.loc[("DFlash FULL (stock)", 3.6, 32), "below the schedule"] == "0 of 5"
+
+
+def test_seven_of_eight_requests_losing_a_token_every_step_is_what_stock_counted_at_6_and_8(root):
+    """lossy_counts: k of 8 requests losing one token in every step. k = 0 is the fixed engines' 688 drafts at exactly
+    6; k = 7 is 807 drafts at 5.1066, what s30's stock run r1 counted (r0 and r2: one request-step fewer); no other k
+    comes near."""
+    assert acceptance.lossy_counts(8, 0, 6.0, 512) == {"drafts counted": 688, "counted mean": 6.0}
+    seven = acceptance.lossy_counts(8, 7, 6.0, 512)
+    assert seven["drafts counted"] == 807 and seven["counted mean"] == pytest.approx(5.10657, abs=1e-5)
+    runs = bench.load_bench(str(root / "data" / "bench" / "*.jsonl"))
+    r1 = runs[(runs["gpu_session"] == "2026-12-01-s30") & (runs["run_id"] == "full-stock/c8/r1")].iloc[0]
+    assert int(r1["num_drafts"]) == 807 and r1["acceptance_length"] == pytest.approx(seven["counted mean"], abs=1e-6)
+    others = [acceptance.lossy_counts(8, k, 6.0, 512)["counted mean"] for k in (6, 8)]
+    assert all(abs(x - r1["acceptance_length"]) > 0.1 for x in others)
+    with pytest.raises(LabError, match="integer acceptance"):
+        acceptance.lossy_counts(8, 7, 3.6, 512)
+    with pytest.raises(LabError):
+        acceptance.lossy_counts(8, 9, 6.0, 512)
 
 
 def test_below_the_schedule_needs_its_spread_or_any_shortfall_at_an_integer_length():
-    assert acceptance.below(-3.5, 3.5, 3.6) and not acceptance.below(-2.9, 3.58, 3.6)
+    # beyond the control's widest gap (3.1 standard errors over 152 runs): 4, strictly
+    assert acceptance.below(-4.5, 3.5, 3.6) and not acceptance.below(-3.9, 3.58, 3.6) and not acceptance.below(-4.0, 3.5, 3.6)
+    assert not acceptance.below(2.0, 3.7, 3.6) and not acceptance.below(None, 6.0, 6.0)
     assert acceptance.below(None, 5.989, 6.0) and not acceptance.below(None, 6.0, 6.0)
     assert acceptance.below(float("nan"), 5.9, 6.0)
 
