@@ -330,7 +330,9 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
         raise LabError(f"acceptance {acceptance}: cells from several GPU sessions {sorted(c['gpu_session'].unique())}: "
                        "choose one (ratios are never taken across sessions)")
     prone = sorted(set(c.loc[c["crashed"] > 0, "mode"])) if not allow_crash_prone else []
-    elsewhere = {m: w for m, w in (crashed_elsewhere or {}).items() if m not in prone} if not allow_crash_prone else {}
+    here_modes = set(c["mode"])
+    elsewhere = ({m: w for m, w in (crashed_elsewhere or {}).items() if m not in prone and m in here_modes}
+                 if not allow_crash_prone else {})
     left_out = prone + [f"{m} (crashed {w})" for m, w in sorted(elsewhere.items())]
     prone = prone + sorted(elsewhere)
     picks = []
@@ -365,7 +367,7 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
         r["concurrency"] = f"{r['from']}" if r["from"] == r["to"] else f"{r['from']}-{r['to']}"
         r["left out (crashed)"] = ", ".join(left_out) or "-"
         if r["mode"] is None:
-            r["mode"] = "no mode (each mode measured here crashed, here or at another acceptance)"
+            r["mode"] = "no mode (none completed a run here without crashing, here or at another acceptance)"
     return rows
 
 
@@ -803,9 +805,10 @@ def holdout_parts(misses: dict) -> str:
 def holdout_replicates(all_cells, view_cells, held_acceptance, mode: str = "DFlash FULL (fixed)",
                        base: str = "no speculation", runs_df=None) -> list[dict]:
     """The held-out check (:func:`holdout_check`) once per GPU session that measured ``mode`` and ``base`` at the
-    held-out acceptance: the fit always uses ``view_cells``' other acceptances (one session each, as the notebook shows
-    them), the held-out cells come from each session in turn, so a second session at that acceptance is a replicate of
-    the check (s29 and s30 at 6.0). Returns ``[{"session", "check", "misses", "jit_runs"}]`` in session order;
+    held-out acceptance: the DFlash fit always uses ``view_cells``' other acceptances (one session each, as the notebook
+    shows them), the held-out cells come from each session in turn, so a second session at that acceptance is a
+    replicate of the check (s29 and s30 at 6.0). The baseline's fit takes every cell it is given, so it includes each
+    session's own no-speculation cells at the held-out acceptance (as :func:`holdout_check` does). Returns ``[{"session", "check", "misses", "jit_runs"}]`` in session order;
     ``jit_runs``: how many measured runs of those held-out cells compiled a Triton kernel (:func:`jit_runs` of
     ``runs_df``, the lines the cells came from; 0 without it)."""
     import pandas as pd
@@ -1006,14 +1009,18 @@ def recommendation_scope(cells_df, acceptance, planned=None, elsewhere=()) -> st
     return s
 
 
-def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metric: str = "output_throughput") -> list[dict]:
+def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metric: str = "output_throughput",
+                         crash_history=None) -> list[dict]:
     """:func:`recommend` for every GPU session with cells at ``acceptance`` (or those in ``sessions``), in session
     order: a slice's modes are spread over two sessions and ratios never pair sessions, so each session's choice is
     made among its own modes. ``scope`` (:func:`recommendation_scope`) names the planned modes measured in another
     session, from every session in ``cells_df``. A choice that another session overturned is said so in each row's
     ``beaten in another session``: there the chosen mode ran beside a mode that never crashed in that session and
     whose slowest repeat beat its fastest, at a concurrency of the row's range (s24 chose fixed FULL over PIECEWISE
-    where s25 measured no speculation faster than fixed FULL)."""
+    where s25 measured no speculation faster than fixed FULL). A mode that crashed anywhere in ``crash_history`` (all
+    recorded cells; default ``cells_df``, which a view may have narrowed to some acceptances) is left out
+    (:func:`recommend`'s ``crashed_elsewhere``); a session none of whose modes is left (s30's stock-only runs) is
+    skipped."""
     from .analysis import session_key
 
     at = cells_df[(cells_df["acceptance"] == acceptance) & ((cells_df["ok"] > 0) | (cells_df["crashed"] > 0))]
@@ -1022,7 +1029,10 @@ def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metr
         if sessions is not None and s not in sessions:
             continue
         here = cells_df[(cells_df["acceptance"] == acceptance) & (cells_df["gpu_session"] == s)]
-        rows = recommend(here, acceptance, crashed_elsewhere=crashed_where(cells_df))
+        history = crashed_where(cells_df if crash_history is None else crash_history)
+        if not set(here.loc[here["ok"] > 0, "mode"]) - set(history) - set(here.loc[here["crashed"] > 0, "mode"]):
+            continue
+        rows = recommend(here, acceptance, crashed_elsewhere=history)
         for r in rows:
             r["beaten in another session"] = _beaten_elsewhere(at, s, r, metric)
         out.append({"session": s, "rows": rows,

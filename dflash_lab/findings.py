@@ -543,8 +543,9 @@ def _break_even_clause(cells_df, queued, mode: str = "DFlash FULL (fixed)") -> s
 
 
 def _holdout_clause(cells_df, mode: str) -> str:
-    """Notebook 06's held-out check in one sentence (its default: the largest acceptance held out, per acceptance
-    the latest session with ``mode`` beside no speculation), or nothing while the data cannot make it."""
+    """Notebook 06's held-out check (its default: the largest acceptance held out, per acceptance the session with
+    ``mode`` beside no speculation that measured the most modes, the latest of those; each session that measured the
+    held-out acceptance checked in turn), or nothing while the data cannot make it."""
     from . import bench
 
     c = bench.one_session(cells_df, modes=(mode, "no speculation"))
@@ -552,7 +553,7 @@ def _holdout_clause(cells_df, mode: str) -> str:
         return ""
     acc = max(c["acceptance"].unique())
     reps = [r for r in bench.holdout_replicates(cells_df, c, acc, mode) if r["misses"]]
-    if len(reps) > 1:   # each session that measured the held-out acceptance checks the same fit
+    if len(reps) > 1:   # each session that measured the held-out acceptance checks the same DFlash fit
         text = (f"Fitted without acceptance {acc:g} and checked against its measured speedups in each GPU session that "
                 "measured it: " + "; ".join(f"in {_short(r['session'])}, {bench.holdout_parts(r['misses'])}" for r in reps))
     else:

@@ -8,7 +8,7 @@ mode, that wall time scaled by the recorded acceptance length over the planned o
 steps and a step's time does not depend on L: notebook 06's assumption, which TTFT and queueing bend); without
 speculation the acceptance is a label, so any recorded acceptance serves. A run nothing recorded is named, not
 guessed. A mode that crashed at a concurrency adds, per planned run there, its recorded crash rate (at the run's
-acceptance where that was recorded at the concurrency, else at any acceptance) times a restart (its shortest start-up) and the core-dump wait; where those crashes were recorded at other
+acceptance where measured runs were recorded at the concurrency, else at any acceptance) times a restart (its shortest start-up) and the core-dump wait; where those crashes were recorded at other
 acceptances only, the summary says so (stock FULL's crashes are all at 1.86, and vLLM's synthetic schedule never
 rejects every draft at 3.6 or 6.0, the precondition of the crash states notebook 05 names: there the restarts are
 likely an overestimate).
@@ -53,7 +53,8 @@ def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: flo
                 n_unknown += 1
                 unknown.append(r.id)
             here = rec[rec["concurrency"] == r.concurrency]
-            if (here["acceptance"] == r.acceptance).any():   # its own acceptance recorded there: that rate, not another's
+            own = here[(here["acceptance"] == r.acceptance) & ~here["warmup"].astype(bool)]
+            if len(own):   # measured runs at its own acceptance there: that rate, not another's (a warm-up is too short)
                 here = here[here["acceptance"] == r.acceptance]
             if len(here) and here["crashed"].any() and len(starts):
                 crash_s += float(here["crashed"].mean()) * (float(starts.min()) + m["coredump_wait_s"] * bool(e["coredump"]))

@@ -820,12 +820,22 @@ def test_a_mode_that_crashed_at_another_acceptance_is_not_recommended_and_an_emp
     assert six[0]["left out (crashed)"] == "DFlash FULL (stock) (crashed at 1.86 in s30)"
     # without the other acceptance's crash, stock would have been chosen: the rule is what leaves it out
     assert bench.recommend(c[c["acceptance"] == 6.0], 6.0)[0]["mode"] == "DFlash FULL (stock)"
-    low = bench.recommend_by_session(c, 1.86)[0]["rows"]
-    assert low[0]["mode"] == "no mode (each mode measured here crashed, here or at another acceptance)" and low[0]["left out (crashed)"] == "DFlash FULL (stock)"
+    # a view narrowed to 6.0 still leaves stock out when given the whole crash history
+    assert bench.recommend_by_session(c[c["acceptance"] == 6.0], 6.0)[0]["rows"][0]["mode"] == "DFlash FULL (stock)"
+    narrowed = bench.recommend_by_session(c[c["acceptance"] == 6.0], 6.0, crash_history=c)[0]["rows"]
+    assert narrowed[0]["mode"] == "DFlash FULL (fixed)"
+    # a session with no mode left (s30's stock-only control at 1.86) gives no table; recommend itself says why
+    assert bench.recommend_by_session(c, 1.86) == []
+    low = bench.recommend(c[c["acceptance"] == 1.86], 1.86)
+    assert low[0]["mode"] == "no mode (none completed a run here without crashing, here or at another acceptance)"
+    assert low[0]["left out (crashed)"] == "DFlash FULL (stock)"
+    # a mode that crashed elsewhere but did not run in this slice is not listed as left out
+    fixed_only = c[(c["acceptance"] == 6.0) & (c["mode"] != "DFlash FULL (stock)")]
+    assert bench.recommend(fixed_only, 6.0, crashed_elsewhere=bench.crashed_where(c))[0]["left out (crashed)"] == "-"
 
 
 def test_the_recorded_held_out_check_at_6_0_replicated_in_s30(root):
-    """s30 measured 6.0 again: the same fit (1.86 from s25, 3.6 from s28) checked on each session's 6.0 cells. The
+    """s30 measured 6.0 again: the same DFlash fit (1.86 from s25, 3.6 from s28) checked on each session's 6.0 cells. The
     joined step times miss s29's by 5.7% at most where no request waited and s30's by 19% (at 16, whose three fixed
     FULL runs include one that compiled a Triton kernel; 14% at 1 otherwise): the drift between sessions bounds the
     check. The line misses both widely."""

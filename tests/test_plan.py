@@ -80,11 +80,20 @@ def test_a_crash_prone_mode_adds_restarts_and_a_mode_never_started_is_one_clear_
                                  "runs": [{"concurrency": 8, "rounds": 2}]}])
     est = plan.estimate(at_186, _runs(tmp_path, lines))
     assert est["crash_rates_elsewhere"] == [] and "another acceptance" not in plan.summary_line(est, "m.yaml")
-    # once the planned acceptance has its own record at that concurrency (s30: stock completed at 3.6), its rate is used
-    own = lines + [_line("s", "stock", 8, 3.0, 3.6, L=3.6, startup=80)]
-    est = plan.estimate(_matrix(tmp_path, [{"id": "full-stock", "coredump": "keep-running",
-                                            "runs": [{"concurrency": 8, "rounds": 2}]}]), _runs(tmp_path, own))
+    # once the planned acceptance has measured runs of its own at that concurrency (s30: stock at 3.6), their rate is
+    # used: none crashed there, so no restart; 1 of 2 crashed, half a restart per run, from its own acceptance
+    stock_m = _matrix(tmp_path, [{"id": "full-stock", "coredump": "keep-running", "runs": [{"concurrency": 8, "rounds": 2}]}])
+    own = lines + [dict(_line("s", "stock", 8, 3.0, 3.6, L=3.6, startup=80), run_id="s/c8/r1")]
+    est = plan.estimate(stock_m, _runs(tmp_path, own))
     assert est["engines"][0]["crash restarts s"] == 0 and est["crash_rates_elsewhere"] == []
+    own_crash = own + [dict(_line("s", "stock", 8, 1.0, 3.6, outcome="crash", startup=200), run_id="s/c8/r2")]
+    own_crash += [dict(_line("s", "stock", 8, 1.0, 1.86, outcome="crash", startup=200), run_id=f"s/c8/r{i}") for i in (3, 4)]
+    est = plan.estimate(stock_m, _runs(tmp_path, own_crash))
+    assert est["engines"][0]["crash restarts s"] == round(2 * 0.5 * (80 + 150)) and est["crash_rates_elsewhere"] == []
+    # a warm-up alone at its acceptance is too short to give a rate: the other acceptance's is borrowed, and said
+    warm = lines + [dict(_line("s", "stock", 8, 1.0, 3.6, L=3.6, startup=80, warmup=True, tokens=32), run_id="s/c8/w1")]
+    est = plan.estimate(stock_m, _runs(tmp_path, warm))
+    assert est["crash_rates_elsewhere"] == ["full-stock at 3.6 (crashes recorded at 1.86)"]
     m = _matrix(tmp_path, [{"id": "eager", "enforce_eager": True, "runs": [{"concurrency": 1}]}])
     with pytest.raises(LabError, match=r"no recorded start-up for \['DFlash eager'\]"):
         plan.estimate(m, _runs(tmp_path, lines))
