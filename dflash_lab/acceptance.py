@@ -222,13 +222,13 @@ def lossy_counts(concurrency: int, lossy: int, length: float, max_tokens: int, l
 
 def counters_by_cell(runs_df, outcomes=("ok",)):
     """:func:`counted_against_schedule` per GPU session, mode, acceptance and concurrency (warm-ups aside): how many
-    runs counted below the schedule (:func:`below`), the counted means' range, the tokens a request-step lost on
+    runs counted below the schedule (:func:`below`; ``runs below``, and ``below the schedule`` as "k of n"), the counted means' range, the tokens a request-step lost on
     average (schedule mean minus the runs' mean counted acceptance: vLLM counts valid tokens, so a shortfall is tokens
     dropped after the sampler accepted them; at a non-integer acceptance it carries the schedule's sampling noise and
     can be negative) and the standard errors' range (none at an integer acceptance)."""
     import pandas as pd
 
-    cols = ["gpu_session", "path", "synthetic acceptance", "concurrency", "runs", "below the schedule",
+    cols = ["gpu_session", "path", "synthetic acceptance", "concurrency", "runs", "runs below", "below the schedule",
             "counted mean", "schedule mean", "tokens lost per request-step", "standard errors"]
     t = counted_against_schedule(runs_df, outcomes)
     t = t[~t["warm-up"].astype(bool)]
@@ -239,7 +239,8 @@ def counters_by_cell(runs_df, outcomes=("ok",)):
                                              dropna=False):
         lo, hi = g["counted mean"].min(), g["counted mean"].max()
         z = g["standard errors"].dropna()
-        rows.append(dict(zip(cols, (sess, path, acc, int(c), len(g), f"{int(g['below the schedule'].sum())} of {len(g)}",
+        n_below = int(g["below the schedule"].sum())
+        rows.append(dict(zip(cols, (sess, path, acc, int(c), len(g), n_below, f"{n_below} of {len(g)}",
                                     f"{lo:.3f}" if lo == hi else f"{lo:.3f}-{hi:.3f}", g["schedule mean"].iloc[0],
                                     round(g["schedule mean"].iloc[0] - g["counted mean"].mean(), 3),
                                     (f"{z.min():+.1f} to {z.max():+.1f}" if len(z) else "none (integer)")))))

@@ -319,7 +319,7 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
     ``allow_crash_prone``): a user picks one setting for all loads. So is a mode in ``crashed_elsewhere``
     ({mode: where it crashed}, :func:`crashed_where`): the synthetic acceptance is no setting a user picks either (stock
     FULL completed at 3.6 and 6.0, whose schedule never rejects every draft, and crashed at 1.86; a trained drafter's
-    steps do reject every draft). A concurrency where no mode is left is named with mode None and "no mode" as label. When the best mode's slowest repeat
+    steps do reject every draft). A concurrency where no mode is left gets a "no mode (...)" row. When the best mode's slowest repeat
     is not faster than the runner-up's fastest, the two are a tie within the spread and both are named.
     Returns rows: concurrency range, mode, margin over the runner-up (ratio of means), runner-up,
     and the crash-prone modes that were left out."""
@@ -818,18 +818,19 @@ def holdout_replicates(all_cells, view_cells, held_acceptance, mode: str = "DFla
     train = view_cells[view_cells["acceptance"] != held_acceptance]
     here = all_cells[(all_cells["acceptance"] == held_acceptance) & all_cells["mode"].isin([mode, base])]
     done = here[here["ok"] > 0]
+    jit = None
+    if runs_df is not None:
+        jit = jit_runs(runs_df)
+        jit = jit.assign(gpu_session=runs_df.loc[jit.index, "gpu_session"])
+        jit = jit[(jit["acceptance"] == held_acceptance) & jit["mode"].isin([mode, base])]
     out = []
     for s in sorted(set(done["gpu_session"]), key=session_key):
         if {mode, base} - set(done.loc[done["gpu_session"] == s, "mode"]):
             continue
         held = here[here["gpu_session"] == s]
         chk = holdout_check(pd.concat([train, held], ignore_index=True), held_acceptance, mode, base)
-        jit = 0
-        if runs_df is not None:
-            j = jit_runs(runs_df)
-            j = j[(runs_df.loc[j.index, "gpu_session"] == s) & (j["acceptance"] == held_acceptance) & j["mode"].isin([mode, base])]
-            jit = len(j)
-        out.append({"session": s, "check": chk, "misses": holdout_misses(chk["table"]), "jit_runs": jit})
+        out.append({"session": s, "check": chk, "misses": holdout_misses(chk["table"]),
+                    "jit_runs": 0 if jit is None else int((jit["gpu_session"] == s).sum())})
     return out
 
 
@@ -1024,12 +1025,12 @@ def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metr
     from .analysis import session_key
 
     at = cells_df[(cells_df["acceptance"] == acceptance) & ((cells_df["ok"] > 0) | (cells_df["crashed"] > 0))]
+    history = crashed_where(cells_df if crash_history is None else crash_history)
     out = []
     for s in sorted(set(at["gpu_session"]), key=session_key):
         if sessions is not None and s not in sessions:
             continue
         here = cells_df[(cells_df["acceptance"] == acceptance) & (cells_df["gpu_session"] == s)]
-        history = crashed_where(cells_df if crash_history is None else crash_history)
         if not set(here.loc[here["ok"] > 0, "mode"]) - set(history) - set(here.loc[here["crashed"] > 0, "mode"]):
             continue
         rows = recommend(here, acceptance, crashed_elsewhere=history)

@@ -348,9 +348,8 @@ def _stock_loss_clause(runs) -> str:
     if t.empty:
         return ""
     key = ["gpu_session", "synthetic acceptance", "concurrency"]
-    stock = t[(t["path"] == crashstates.BENCH_STOCK) & (t["runs"] >= 3)
-              & (t["below the schedule"] == t["runs"].map(lambda n: f"{n} of {n}"))]
-    ref = t[(t["path"] != crashstates.BENCH_STOCK) & t["below the schedule"].str.startswith("0 of")]
+    stock = t[(t["path"] == crashstates.BENCH_STOCK) & (t["runs"] >= 3) & (t["runs below"] == t["runs"])]
+    ref = t[(t["path"] != crashstates.BENCH_STOCK) & (t["runs below"] == 0)]
     both = stock.merge(ref, on=key, suffixes=("", " ref"))
     if both.empty:
         return ""
