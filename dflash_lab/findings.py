@@ -386,15 +386,27 @@ def _counted_clause(runs) -> str:
     if t.empty:
         return ""
     se = t["standard errors"].dropna()
-    below = t["below the schedule"]
+    below = t["below the schedule"].astype(bool)
+    if below.all():
+        lost = "; the sampler accepts whatever the token, so those runs' counted rows lost tokens after sampling"
+    elif below.any():
+        at = ", ".join(str(c) for c in sorted(set(t.loc[below, "concurrency"])))
+        lost = (f"; {int(below.sum())} of {len(t)} below the schedule (at concurrency {at}): the sampler accepts "
+                f"whatever the token, so those runs' counted rows lost tokens after sampling; the others counted it")
+    else:
+        lost = ""
     return ("; vLLM's acceptance counters over those crashed runs read "
             + "; ".join(", ".join(f"{m:.2f}" for m in g["counted mean"]) + f" against the synthetic schedule's {s:g}"
                         for s, g in t.groupby("schedule mean", sort=True))
-            + (f", {se.min():+.0f} to {se.max():+.0f} of the schedule's standard errors" if len(se) else "")
+            + (f", {_signed(se.min())} to {_signed(se.max())} of the schedule's standard errors" if len(se) else "")
             + (f" ({len(t) - len(se)} at an integer acceptance, where the schedule has no spread)"
                if len(se) and len(se) < len(t) else "")
-            + ("; the sampler accepts whatever the token, so those runs' counted rows lost tokens after sampling"
-               if all(below) else "") + " (notebook 03)")
+            + lost + " (notebook 03)")
+
+
+def _signed(z: float) -> str:
+    """A gap in standard errors: whole numbers from 10 up, one decimal below (a -0.3 is not "-0")."""
+    return f"{z:+.0f}" if abs(z) >= 10 else f"{z:+.1f}"
 
 
 def bench_line(root=".", runs=_UNREAD) -> str:

@@ -77,13 +77,16 @@ def test_the_findings_count_the_benchmark_stock_server_crashes():
     from dflash_lab import findings
 
     text = findings._bench_stock_clause(".")
-    assert "concurrency 8: 3/3 (1 a warm-up) crashed" in text and "concurrency 1: 0/7 (4 a warm-up) crashed" in text
-    assert "112/112/112/336 scheduled tokens" in text and "device-side assert triggered" in text
+    assert "concurrency 8: 3/3 (1 a warm-up) crashed" in text and "concurrency 1: 0/9 (6 a warm-up) crashed" in text
+    assert "concurrency 16: 0/7 (4 a warm-up) crashed" in text and "concurrency 64: 1/1 crashed" in text
+    assert "112/112/112/368/368/336 scheduled tokens" in text and "device-side assert triggered" in text
     # one segment per acceptance: s30's stock runs at 3.6 and 6.0 crashed nowhere but lost tokens at 8 (and 32, 64)
     six = text[text.index("at synthetic acceptance 6 (s30"):]
     assert "concurrency 32: 0/6 crashed" in six and "concurrency 64: 0/3 crashed" in six
     assert "7 of its 29 completed runs counted below the schedule's 6: 5 at 8 (5.107, 5.108, 5.108, 5.320, 5.320)" in six
-    assert "at synthetic acceptance 1.86 (s26, s30;" in text and "concurrency 32: 1/1 crashed" in text
+    assert "at synthetic acceptance 1.86 (s26, s30, s31;" in text and "concurrency 32: 2/2 crashed" in text
+    three = text[text.index("at synthetic acceptance 3.6 (s30, s31"):text.index("at synthetic acceptance 6 (s30")]
+    assert "8 of its 29 completed runs counted below the schedule's 3.6: 5 at 8 (2.685, 2.690, 2.718, 2.856, 2.909)" in three
 
 
 def test_no_benchmark_no_stock_clause(tmp_path):
@@ -194,8 +197,11 @@ def test_the_stock_clause_reads_the_counters_of_the_crashed_runs(root, monkeypat
 
     monkeypatch.chdir(root)
     text = findings._bench_stock_clause(".")
-    assert ("acceptance counters over those crashed runs read 1.15, 1.12, 1.12, 1.84 against the synthetic schedule's 1.86, "
-            "-94 to -4 of the schedule's standard errors; the sampler accepts whatever the token") in text
+    # s26's three at 8 and s30's at 32 counted below the schedule; s31's at 32 and 64 counted it (-1.0, -0.3)
+    assert ("acceptance counters over those crashed runs read 1.15, 1.12, 1.12, 1.86, 1.86, 1.84 against the synthetic "
+            "schedule's 1.86, -94 to -0.3 of the schedule's standard errors; 4 of 6 below the schedule (at concurrency "
+            "8, 32): the sampler accepts whatever the token") in text
+    assert "-0 " not in text
 
 
 def test_the_counted_clause_at_an_integer_acceptance_has_no_spread_and_still_judges():
@@ -214,6 +220,23 @@ def test_the_counted_clause_at_an_integer_acceptance_has_no_spread_and_still_jud
     assert "(1 at an integer acceptance, where the schedule has no spread)" in both and "lost tokens" in both
     assert "lost tokens" not in _counted_clause(pd.DataFrame([run(6.0, 6.0)]))
     assert _counted_clause(pd.DataFrame([run(1.86, None)])) == ""
+
+
+def test_the_counted_clause_says_which_crashed_runs_fell_below():
+    """s31: crashed runs that counted the schedule beside ones that fell below it; the clause names the concurrencies
+    below instead of saying every run lost tokens, and a gap under one standard error keeps its decimal."""
+    import pandas as pd
+
+    from dflash_lab.findings import _counted_clause, _signed
+
+    run = lambda c, L, n: {"outcome": "crash", "run_id": f"s/c{c}/r0", "mode": "DFlash FULL (stock)", "concurrency": c,
+                           "acceptance": 1.86, "num_speculative_tokens": 15, "acceptance_length": L, "num_drafts": n,
+                           "gpu_session": "S"}
+    mixed = _counted_clause(pd.DataFrame([run(8, 1.12, 1956), run(64, 1.859, 13527)]))
+    assert "1 of 2 below the schedule (at concurrency 8)" in mixed and "the others counted it" in mixed
+    assert "to -0.3 of the schedule's standard errors" in mixed
+    assert "1 of" not in _counted_clause(pd.DataFrame([run(8, 1.12, 1956)]))
+    assert (_signed(-93.9), _signed(-0.3), _signed(0.04), _signed(12.4)) == ("-94", "-0.3", "+0.0", "+12")
 
 
 def test_the_glance_section_says_when_there_is_nothing_to_show():
