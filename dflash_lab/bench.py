@@ -1020,8 +1020,9 @@ def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metr
     whose slowest repeat beat its fastest, at a concurrency of the row's range (s24 chose fixed FULL over PIECEWISE
     where s25 measured no speculation faster than fixed FULL). A mode that crashed anywhere in ``crash_history`` (all
     recorded cells; default ``cells_df``, which a view may have narrowed to some acceptances) is left out
-    (:func:`recommend`'s ``crashed_elsewhere``); a session none of whose modes is left (s30's stock-only runs) is
-    skipped."""
+    (:func:`recommend`'s ``crashed_elsewhere``), here and as the faster mode of ``beaten in another session``; a
+    session with fewer than two modes left has nothing to choose between and is skipped (s30's stock-only runs; s31's
+    1.86 runs: stock FULL, and eager at 64 only)."""
     from .analysis import session_key
 
     at = cells_df[(cells_df["acceptance"] == acceptance) & ((cells_df["ok"] > 0) | (cells_df["crashed"] > 0))]
@@ -1031,19 +1032,20 @@ def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metr
         if sessions is not None and s not in sessions:
             continue
         here = cells_df[(cells_df["acceptance"] == acceptance) & (cells_df["gpu_session"] == s)]
-        if not set(here.loc[here["ok"] > 0, "mode"]) - set(history) - set(here.loc[here["crashed"] > 0, "mode"]):
+        if len(set(here.loc[here["ok"] > 0, "mode"]) - set(history) - set(here.loc[here["crashed"] > 0, "mode"])) < 2:
             continue
         rows = recommend(here, acceptance, crashed_elsewhere=history)
         for r in rows:
-            r["beaten in another session"] = _beaten_elsewhere(at, s, r, metric)
+            r["beaten in another session"] = _beaten_elsewhere(at, s, r, metric, never=set(history))
         out.append({"session": s, "rows": rows,
                     "scope": recommendation_scope(here, acceptance, planned, set(at.loc[at["gpu_session"] != s, "mode"]))})
     return out
 
 
-def _beaten_elsewhere(at, session, row, metric: str) -> str:
+def _beaten_elsewhere(at, session, row, metric: str, never=frozenset()) -> str:
     """Where another session measured ``row``'s mode slower than one of its own never-crashed modes, beyond the
-    spread, at a concurrency of the row's range: "X in S at 1, 4" per (session, mode); "-" where none did."""
+    spread, at a concurrency of the row's range: "X in S at 1, 4" per (session, mode); "-" where none did. Modes in
+    ``never`` (crashed somewhere: stock FULL, left out of every recommendation) are not counted as beating it."""
     chosen = row["modes"]   # a tie's two modes are each checked
     found = {}
     for s2, g in at[at["gpu_session"] != session].groupby("gpu_session", sort=True):
@@ -1053,7 +1055,7 @@ def _beaten_elsewhere(at, session, row, metric: str) -> str:
                 mine = gk[(gk["mode"] == mode) & (gk["ok"] > 0) & (gk["crashed"] == 0)]
                 if mine.empty:
                     continue
-                others = gk[(gk["mode"] != mode) & ~gk["mode"].isin(prone) & (gk["ok"] > 0)]
+                others = gk[(gk["mode"] != mode) & ~gk["mode"].isin(prone | set(never)) & (gk["ok"] > 0)]
                 for _, o in others.iterrows():
                     if o[metric + "_min"] > mine[metric + "_max"].iloc[0]:
                         found.setdefault((s2, o["mode"], mode), []).append(int(k))

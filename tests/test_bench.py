@@ -828,6 +828,19 @@ def test_a_mode_that_crashed_at_another_acceptance_is_not_recommended_and_an_emp
     assert bench.recommend_by_session(c, 1.86) == []
     low = bench.recommend(c[c["acceptance"] == 1.86], 1.86)
     assert low[0]["mode"] == "no mode (none completed a run here without crashing, here or at another acceptance)"
+    # s31's 1.86 runs: stock FULL beside eager at 64 only - one mode left is no choice, so no table either
+    c1 = pd.concat([c, pd.DataFrame([cell("2026-12-01-s31", 1.86, "DFlash eager", 64, 500)])], ignore_index=True)
+    assert bench.recommend_by_session(c1, 1.86) == []
+    # s31's stock FULL at 3.6 beat fixed FULL at 1 beyond the spread; s28's fixed FULL choice there is not "beaten
+    # in another session" by a mode that is never recommended
+    c3 = pd.DataFrame([cell("2026-12-01-s28", 3.6, "DFlash FULL (fixed)", 1, 300, spread=0.01),
+                       cell("2026-12-01-s28", 3.6, "no speculation", 1, 220, spread=0.01),
+                       cell("2026-12-01-s31", 3.6, "DFlash FULL (fixed)", 1, 280, spread=0.01),
+                       cell("2026-12-01-s31", 3.6, "DFlash FULL (stock)", 1, 310, spread=0.01),
+                       cell("2026-12-01-s31", 3.6, "no speculation", 1, 220, spread=0.01),
+                       cell("2026-12-01-s31", 1.86, "DFlash FULL (stock)", 32, float("nan"), crashed=1)])
+    s28 = bench.recommend_by_session(c3, 3.6)[0]
+    assert s28["session"] == "2026-12-01-s28" and s28["rows"][0]["beaten in another session"] == "-"
     assert low[0]["left out (crashed)"] == "DFlash FULL (stock)"
     # a mode that crashed elsewhere but did not run in this slice is not listed as left out
     fixed_only = c[(c["acceptance"] == 6.0) & (c["mode"] != "DFlash FULL (stock)")]
