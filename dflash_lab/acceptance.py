@@ -248,6 +248,61 @@ def counters_by_cell(runs_df, outcomes=("ok",)):
 
 
 
+def plot_counted_gap(runs_df, modes=None):
+    """vLLM's counted acceptance minus the schedule's mean, one point per DFlash run (completed measured runs filled,
+    32-token warm-ups hollow, crashed runs an x), one panel per synthetic acceptance, x the concurrency (each mode
+    nudged sideways so the points do not hide each other). The shaded band is :data:`BELOW_SE` of the schedule's
+    standard errors for a run of the median size at that acceptance (none at an integer acceptance, where the schedule
+    has no spread). Raises ``LabError`` when no run has counters to compare."""
+    import math
+
+    import matplotlib.pyplot as plt
+
+    t = counted_against_schedule(runs_df, outcomes=("ok", "crash"))
+    if t.empty:
+        raise LabError("no DFlash run with vLLM's acceptance counters and a synthetic acceptance to plot")
+    crashed = set(runs_df.loc[runs_df["outcome"] == "crash", "run_id"] + "@" + runs_df.loc[runs_df["outcome"] == "crash", "gpu_session"].astype(str))
+    t = t.assign(gap=t["counted mean"] - t["schedule mean"],
+                 crashed=(t["run_id"] + "@" + t["gpu_session"].astype(str)).isin(crashed))
+    order = [m for m in (modes or sorted(set(t["path"]))) if m in set(t["path"])]
+    accs = sorted(t["synthetic acceptance"].unique())
+    fig, axes = plt.subplots(1, len(accs), figsize=(5.2 * len(accs), 4), squeeze=False, sharey=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, acc in zip(axes[0], accs):
+        a = t[t["synthetic acceptance"] == acc]
+        k = int(a["k"].iloc[0])
+        _, sd = _moments(tokens_per_step(float(acc), k))
+        if sd > 0:
+            band = BELOW_SE * sd / math.sqrt(float(a["drafts counted"].median()))
+            ax.axhspan(-band, band, color="0.85", zorder=0, label=f"+-{BELOW_SE:g} standard errors (median run)")
+        ax.axhline(0, color="0.4", lw=0.8)
+        for i, m in enumerate(order):
+            g = a[a["path"] == m]
+            nudge = 2 ** ((i - (len(order) - 1) / 2) * 0.06)
+            col = colors[i % len(colors)]
+            for kind, sel, style in (("measured", ~g["warm-up"] & ~g["crashed"], dict(marker="o", color=col)),
+                                     ("warm-up", g["warm-up"] & ~g["crashed"], dict(marker="o", mfc="none", color=col)),
+                                     ("crashed", g["crashed"], dict(marker="x", color=col, mew=2))):
+                pts = g[sel]
+                if len(pts):
+                    ax.plot(pts["concurrency"] * nudge, pts["gap"], ls="none", ms=5,
+                            label=m if kind == "measured" else None, **style)
+        concs = sorted(a["concurrency"].unique())
+        ax.set(xscale="log", xlabel="concurrency", title=f"synthetic acceptance {acc:g}")
+        ax.set_xticks(concs, labels=[str(x) for x in concs])
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("counted - schedule (tokens per request-step)")
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
+    axes[0][-1].legend(handles, labels, fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
 def stock_prediction(runs_df, planned, k: int = 15):
     """The prediction the schedule makes for stock FULL, written down before the runs that test it: per acceptance at
     which stock FULL is planned or recorded, the share of steps that reject every draft (the precondition of the crash

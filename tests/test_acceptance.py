@@ -213,3 +213,24 @@ def test_a_stats_line_off_the_schedule_or_of_another_k_is_caught(tmp_path):
     assert t.loc["/".join(good.split("/")[-2:]), "fractional position"] == 3
     with pytest.raises(LabError, match="prints 4 positions, the runs say k=15"):
         acceptance.logs_against_schedule(runs.assign(num_speculative_tokens=15))
+
+
+def test_the_counter_figure_shows_every_run_and_stock_falling_below(root):
+    """Notebook 05's counter figure: one panel per recorded acceptance, a point per DFlash run with counters; stock
+    FULL's measured runs at 3.6 and 8 (s31) sit about 0.9 tokens per request-step below the schedule, the other modes'
+    on it; no run with counters is an error, not an empty figure."""
+    import matplotlib
+    import pandas as pd
+
+    matplotlib.use("Agg")
+    runs = bench.load_bench(str(root / "data" / "bench" / "*.jsonl"))
+    dflash = runs[runs["mode"] != "no speculation"]
+    fig = acceptance.plot_counted_gap(dflash)
+    axes = [a for a in fig.axes if a.get_title()]
+    assert [a.get_title() for a in axes] == [f"synthetic acceptance {a}" for a in ("1.86", "3.6", "6")]
+    ys = [y for line in axes[1].get_lines() if line.get_linestyle() == "None" for y in line.get_ydata()]
+    n36 = len(acceptance.counted_against_schedule(dflash[dflash["acceptance"] == 3.6], outcomes=("ok", "crash")))
+    assert len(ys) == n36 > 100   # every run once (the zero line has a line style)
+    assert sum(y < -0.8 for y in ys) >= 3 and min(ys) > -1.0
+    with pytest.raises(LabError, match="no DFlash run with vLLM's acceptance counters"):
+        acceptance.plot_counted_gap(pd.DataFrame(columns=runs.columns))
