@@ -188,7 +188,8 @@ def counted_against_schedule(runs_df, outcomes=("crash",)):
 
 
 # a counted mean this many of the schedule's standard errors below it is a loss, not sampling noise: above the widest
-# gap of the control (the fixed FULL, PIECEWISE and eager runs at 1.86 and 3.6: 152 runs within 3.1, notebook 03)
+# gap of the control (the fixed FULL, PIECEWISE and eager runs at 1.86 and 3.6: 152 runs within 3.1 when it was set in
+# s30, 208 within 3.1 with s31's, notebook 03)
 BELOW_SE = 4.0
 
 
@@ -247,7 +248,6 @@ def counters_by_cell(runs_df, outcomes=("ok",)):
     return pd.DataFrame(rows, columns=cols)
 
 
-
 def plot_counted_gap(runs_df, modes=None):
     """vLLM's counted acceptance minus the schedule's mean, one point per DFlash run (completed measured runs filled,
     32-token warm-ups hollow, crashed runs an x), one panel per synthetic acceptance, x the concurrency (each mode
@@ -257,13 +257,13 @@ def plot_counted_gap(runs_df, modes=None):
     import math
 
     import matplotlib.pyplot as plt
+    import pandas as pd
 
-    t = counted_against_schedule(runs_df, outcomes=("ok", "crash"))
+    t = pd.concat([counted_against_schedule(runs_df, ("ok",)).assign(crashed=False),
+                   counted_against_schedule(runs_df, ("crash",)).assign(crashed=True)], ignore_index=True)
     if t.empty:
         raise LabError("no DFlash run with vLLM's acceptance counters and a synthetic acceptance to plot")
-    crashed = set(runs_df.loc[runs_df["outcome"] == "crash", "run_id"] + "@" + runs_df.loc[runs_df["outcome"] == "crash", "gpu_session"].astype(str))
-    t = t.assign(gap=t["counted mean"] - t["schedule mean"],
-                 crashed=(t["run_id"] + "@" + t["gpu_session"].astype(str)).isin(crashed))
+    t = t.assign(gap=t["counted mean"] - t["schedule mean"])
     order = [m for m in (modes or sorted(set(t["path"]))) if m in set(t["path"])]
     accs = sorted(t["synthetic acceptance"].unique())
     fig, axes = plt.subplots(1, len(accs), figsize=(5.2 * len(accs), 4), squeeze=False, sharey=True)

@@ -271,6 +271,11 @@ def session_key(label: str):
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(label))]
 
 
+def short_session(label: str) -> str:
+    """A GPU-session label as the prose names it: '2026-11-30-s22' -> 's22'."""
+    return str(label).rsplit("-", 1)[-1]
+
+
 def recorded_lines(pattern: str, what: str = "run"):
     """(file, line number, line) of every recorded line matching ``pattern``, each line's
     ``gpu_session`` taken from its runs file's meta when the line lacks it, and its ``env`` from

@@ -387,14 +387,13 @@ def _counted_clause(runs) -> str:
         return ""
     se = t["standard errors"].dropna()
     below = t["below the schedule"].astype(bool)
+    reason = "the sampler accepts whatever the token, so those runs' counted rows lost tokens after sampling"
+    lost = ""
     if below.all():
-        lost = "; the sampler accepts whatever the token, so those runs' counted rows lost tokens after sampling"
+        lost = f"; {reason}"
     elif below.any():
         at = ", ".join(str(c) for c in sorted(set(t.loc[below, "concurrency"])))
-        lost = (f"; {int(below.sum())} of {len(t)} below the schedule (at concurrency {at}): the sampler accepts "
-                f"whatever the token, so those runs' counted rows lost tokens after sampling; the others counted it")
-    else:
-        lost = ""
+        lost = f"; {int(below.sum())} of {len(t)} below the schedule (at concurrency {at}): {reason}; the others counted it"
     return ("; vLLM's acceptance counters over those crashed runs read "
             + "; ".join(", ".join(f"{m:.2f}" for m in g["counted mean"]) + f" against the synthetic schedule's {s:g}"
                         for s, g in t.groupby("schedule mean", sort=True))
@@ -606,9 +605,7 @@ def _with_sessions(runs, concurrencies) -> str:
     return ", ".join(out)
 
 
-def _short(session: str) -> str:
-    """'2026-11-30-s22' -> 's22'."""
-    return str(session).rsplit("-", 1)[-1]
+_short = analysis.short_session
 
 
 def _common_sessions(runs, concurrencies) -> list:
