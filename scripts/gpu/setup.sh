@@ -18,4 +18,6 @@ if [ ! -f /tmp/.dflash-lab-cache-tried ]; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --force-reinstall . 2>&1 | grep -v WARNING || true
 python3 -c "import vllm, dflash_lab, importlib.metadata as m; print('vllm', vllm.__version__, 'dflash_lab', dflash_lab.__version__, [e.name for e in m.entry_points(group='vllm.general_plugins')])"
+# the host CPU: PIECEWISE at concurrency 1 is launch-bound and moved 1.6x between sessions (s24 vs s32)
+echo "host cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
