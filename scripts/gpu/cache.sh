@@ -8,11 +8,12 @@
 #                                     then at once: bash scripts/gpu/cache.sh get 5 9, ... (5 pieces per call)
 #   here, before the first get's files: rm -rf .gpu-cache && mkdir .gpu-cache   (a new set replaces the old)
 #                                     cp /work/.device/N/c* /work/.device/N/SHA256 .gpu-cache/   (after each get)
-#   next session, on the host:        bash scripts/gpu/cache.sh put   (one call per carried batch of <= 3 pieces)
+#   next session, on the host:        bash scripts/gpu/cache.sh put   (one call per carried batch of pieces: 2 beside
+#                                     the ~34 MiB checkout of s32, once 3 beside a 6 MiB one)
 #                                     scripts/gpu/setup.sh then runs `cache.sh restore` before any engine starts
 #
 # Pieces are 12 MiB (a call returns at most 8 files of 16 MiB, 64 MiB in all: 5 pieces per get; a call carries
-# 64 MiB with the checkout, ~6 MiB now: 3 pieces per put). SHA256 holds the checksum and the piece count; restore
+# 64 MiB with the checkout, ~34 MiB since data/ grew (s32): 2 pieces per put, 7 calls for s30's 14 pieces). SHA256 holds the checksum and the piece count; restore
 # joins exactly that many pieces and unpacks only a complete set whose checksum matches; anything else is
 # reported and left alone (the engines then compile as on a bare host: slower, never wrong).
 set -euo pipefail

@@ -3,7 +3,7 @@
 # Parts p0..p4 must already be in /tmp/parts (one device call each: cp .gpu-parts/pN /tmp/parts/).
 set -euo pipefail
 if [ ! -f /tmp/vllm-site/.dflash-lab-ready ]; then
-  ls /tmp/parts/p[0-9] >/dev/null
+  ls /tmp/parts/p[0-9]* >/dev/null   # p0..p9, or p00..pNN from fit-parts.sh above 10 parts
   # the first that exists (ls exits 1 when any is missing: under pipefail that must not end the script silently)
   ASM=$(ls /tmp/parts/assemble.sh .gpu-parts-fit/assemble.sh .gpu-parts/assemble.sh 2>/dev/null | head -1 || true)
   [ -n "$ASM" ] || { echo "setup: carry .gpu-parts-fit/assemble.sh and SHA256 (or .gpu-parts/...) with the last part" >&2; exit 2; }
