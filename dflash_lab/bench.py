@@ -311,9 +311,11 @@ def session_drift(cells_df, metric: str = "output_throughput"):
 
 
 def recommend(cells_df, acceptance, session=None, metric: str = "output_throughput", allow_crash_prone: bool = False,
-              crashed_elsewhere=None):
+              crashed_elsewhere=None, grid=None):
     """Per concurrency: the mode with the highest mean ``metric``; consecutive concurrencies with the
-    same choice are merged into one range.
+    same choice are merged into one range. With ``grid`` (the concurrencies measured at this acceptance in any
+    session), only neighbours in the grid merge: a session that measured 1, 32 and 64 gets "1" and "32-64", never
+    a "1-64" that claims 4-16 (s32 completed three cells of 1.86 only).
 
     A mode that crashed in *any* cell of the slice is crash-prone and left out (unless
     ``allow_crash_prone``): a user picks one setting for all loads. So is a mode in ``crashed_elsewhere``
@@ -349,9 +351,11 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
             label = " or ".join(chosen) + " (tie within the spread)"
         picks.append((conc, label, best[metric] / second[metric] if second is not None else None,
                       second["mode"] if second is not None else None, chosen))
+    order = {k: i for i, k in enumerate(sorted(grid))} if grid is not None else None
     rows = []
     for conc, mode, margin, second, chosen in picks:
-        if rows and rows[-1]["mode"] == mode:
+        next_in_grid = order is None or (conc in order and rows and order.get(rows[-1]["to"], -2) + 1 == order[conc])
+        if rows and rows[-1]["mode"] == mode and next_in_grid:
             rows[-1]["to"] = conc
             rows[-1]["margins"].append(margin)
             rows[-1]["seconds"].append(second)
@@ -1034,7 +1038,9 @@ def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metr
         here = cells_df[(cells_df["acceptance"] == acceptance) & (cells_df["gpu_session"] == s)]
         if len(set(here.loc[here["ok"] > 0, "mode"]) - set(history) - set(here.loc[here["crashed"] > 0, "mode"])) < 2:
             continue
-        rows = recommend(here, acceptance, crashed_elsewhere=history)
+        grid = set(at["concurrency"]) | (set(planned.loc[planned["acceptance"] == float(acceptance), "concurrency"])
+                                         if planned is not None else set())
+        rows = recommend(here, acceptance, crashed_elsewhere=history, grid=grid)
         for r in rows:
             r["beaten in another session"] = _beaten_elsewhere(at, s, r, metric, never=set(history))
         out.append({"session": s, "rows": rows,

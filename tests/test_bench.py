@@ -625,6 +625,26 @@ def test_a_merged_recommendation_range_names_every_runner_up():
     assert rows[0]["margin over runner-up"] == "1.54-3.50x"
 
 
+def test_a_recommendation_range_never_spans_concurrencies_its_session_did_not_measure():
+    """s32's shape: one session measured 1, 32 and 64 at 1.86 (the others measured 4-16): its rows are "1" and
+    "32-64", not "1-64"."""
+    import pandas as pd
+
+    def cell(session, mode, conc, mean):
+        return {"gpu_session": session, "acceptance": 1.86, "mode": mode, "concurrency": conc, "ok": 3, "crashed": 0,
+                "output_throughput": mean, "output_throughput_min": mean * 0.98, "output_throughput_max": mean * 1.02}
+
+    c = pd.DataFrame([cell("a", m, k, v) for k in (1, 4, 8, 16, 32, 64)
+                      for m, v in (("DFlash FULL (fixed)", 100 * k), ("DFlash PIECEWISE", 60 * k))]
+                     + [cell("b", m, k, v) for k in (1, 32, 64)
+                        for m, v in (("DFlash FULL (fixed)", 100 * k), ("DFlash eager", 30 * k))])
+    per = {p["session"]: p["rows"] for p in bench.recommend_by_session(c, 1.86)}
+    assert [r["concurrency"] for r in per["b"]] == ["1", "32-64"]
+    assert [r["concurrency"] for r in per["a"]] == ["1-64"]
+    assert [r["concurrency"] for r in bench.recommend(c, 1.86, session="b")] == ["1-64"]   # no grid: as before
+    assert [r["concurrency"] for r in bench.recommend(c, 1.86, session="b", grid=[1, 4, 8, 16, 32, 64])] == ["1", "32-64"]
+
+
 def test_one_recommendation_per_session_each_among_its_own_modes():
     """s25/s26's shape at one acceptance: fixed FULL + no speculation in one session, PIECEWISE + crashing stock +
     no speculation in the next. Each session gets its own choice; the scope names the planned modes the other
