@@ -453,8 +453,10 @@ def bench_line(root=".", runs=_UNREAD) -> str:
         f"{m} at concurrency {int(k)} in {_short(sess)} (at most {int(run)} running, {int(w)} waiting, KV cache {kv:.1f}% full)"
         for sess, m, k, run, w, kv in zip(queued["gpu_session"], queued["mode"], queued["concurrency"],
                                           queued["peak_running"], queued["peak_waiting"], queued["peak_kv_cache_pct"]))
-    crash_text = "; ".join(f"{m} at concurrency {int(k)}, synthetic acceptance {a:g} ({x})" for m, k, a, x in
-                           zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"], crashed["crashed / runs"]))
+    # one cell per session (s30 and s31 each crashed stock at 32): the session tells the two apart
+    crash_text = "; ".join(f"{m} at concurrency {int(k)}, synthetic acceptance {a:g}, in {_short(sess)} ({x})"
+                           for m, k, a, sess, x in zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"],
+                                                       crashed["gpu_session"], crashed["crashed / runs"]))
     return (f"Speed (issue 11 benchmark: {_bench_setup(df)}). The fastest mode that never crashed, per concurrency range, in each GPU "
             "session at each synthetic acceptance, chosen among that session's modes since ratios never pair sessions "
             "(notebook 05; margin: ratio of mean output throughputs over the runner-up): "

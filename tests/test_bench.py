@@ -449,7 +449,7 @@ def test_the_findings_speed_sentence_pairs_cells_of_one_session_and_names_what_i
     # no no-speculation cells in this fixture: no break-even sentence
     assert "would match no speculation" not in line
     assert "dummy weights" in line and "qwen36-35b-a3b architecture" in line
-    assert "Crashed cells: DFlash FULL (stock) at concurrency 32, synthetic acceptance 1.86 (1/1)" in line
+    assert "Crashed cells: DFlash FULL (stock) at concurrency 32, synthetic acceptance 1.86, in a (1/1)" in line
     assert "Not measured side by side yet: DFlash FULL (fixed) / DFlash eager; DFlash FULL (fixed) / no speculation" in line
     # the stock/no-speculation pair has no baseline: never a ratio against a mode from elsewhere
     assert "DFlash FULL (stock) / no speculation" in line.split("Not measured side by side yet:")[1]
