@@ -354,8 +354,7 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
     order = {k: i for i, k in enumerate(sorted(grid))} if grid is not None else None
     rows = []
     for conc, mode, margin, second, chosen in picks:
-        next_in_grid = order is None or (conc in order and rows and order.get(rows[-1]["to"], -2) + 1 == order[conc])
-        if rows and rows[-1]["mode"] == mode and next_in_grid:
+        if rows and rows[-1]["mode"] == mode and (order is None or order.get(rows[-1]["to"], -2) + 1 == order.get(conc)):
             rows[-1]["to"] = conc
             rows[-1]["margins"].append(margin)
             rows[-1]["seconds"].append(second)
@@ -1031,6 +1030,8 @@ def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metr
 
     at = cells_df[(cells_df["acceptance"] == acceptance) & ((cells_df["ok"] > 0) | (cells_df["crashed"] > 0))]
     history = crashed_where(cells_df if crash_history is None else crash_history)
+    grid = set(at["concurrency"]) | (set(planned.loc[planned["acceptance"] == float(acceptance), "concurrency"])
+                                     if planned is not None else set())
     out = []
     for s in sorted(set(at["gpu_session"]), key=session_key):
         if sessions is not None and s not in sessions:
@@ -1038,8 +1039,6 @@ def recommend_by_session(cells_df, acceptance, planned=None, sessions=None, metr
         here = cells_df[(cells_df["acceptance"] == acceptance) & (cells_df["gpu_session"] == s)]
         if len(set(here.loc[here["ok"] > 0, "mode"]) - set(history) - set(here.loc[here["crashed"] > 0, "mode"])) < 2:
             continue
-        grid = set(at["concurrency"]) | (set(planned.loc[planned["acceptance"] == float(acceptance), "concurrency"])
-                                         if planned is not None else set())
         rows = recommend(here, acceptance, crashed_elsewhere=history, grid=grid)
         for r in rows:
             r["beaten in another session"] = _beaten_elsewhere(at, s, r, metric, never=set(history))

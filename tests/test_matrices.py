@@ -46,7 +46,7 @@ def test_matrix_loads(path):
                 # completed at 16 and 32, s21), so those sweep and repeat 8
                 stock_sweep = [1, 4, 16] if "acc1.86" in path else [1, 4, 8, 16]
                 measured = e["runs"][len(warm):]
-                # a slice sweeps all six; a completion matrix (bench-acc1.86-s3) sweeps the concurrencies it measures
+                # a slice sweeps all six; a completion matrix (bench-acc1.86-s3..s5) sweeps the concurrencies it measures
                 sweep = [1, 4, 8, 16, 32, 64] if slice_ else sorted({r.concurrency for r in measured})
                 assert [r.concurrency for r in warm] == (stock_sweep if e["id"] == "full-stock" and slice_ else sweep)
             else:  # bench-acc1.86-a, the record of s24's run: one warm-up run, unflagged

@@ -1,6 +1,6 @@
 #!/bin/bash
 # GPU host: assemble vLLM 0.22.1 from the staged parts (once per host) and install dflash-lab.
-# Parts p0..p4 must already be in /tmp/parts (one device call each: cp .gpu-parts/pN /tmp/parts/).
+# The parts must already be in /tmp/parts (one device call each: cp .gpu-parts-fit/pN /tmp/parts/).
 set -euo pipefail
 if [ ! -f /tmp/vllm-site/.dflash-lab-ready ]; then
   ls /tmp/parts/p[0-9]* >/dev/null   # p0..p9, or p00..pNN from fit-parts.sh above 10 parts
@@ -18,6 +18,6 @@ if [ ! -f /tmp/.dflash-lab-cache-tried ]; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --force-reinstall . 2>&1 | grep -v WARNING || true
 python3 -c "import vllm, dflash_lab, importlib.metadata as m; print('vllm', vllm.__version__, 'dflash_lab', dflash_lab.__version__, [e.name for e in m.entry_points(group='vllm.general_plugins')])"
-# the host CPU: PIECEWISE at concurrency 1 is launch-bound and moved 1.6x between sessions (s24 vs s32)
+# the host CPU: PIECEWISE at concurrency 1 ran 56-91 tok/s at 1.86, between sessions and inside one (s24-s33)
 echo "host cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
