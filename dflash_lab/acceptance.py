@@ -189,7 +189,7 @@ def counted_against_schedule(runs_df, outcomes=("crash",)):
 
 # a counted mean this many of the schedule's standard errors below it is a loss, not sampling noise: above the widest
 # gap of the control (the fixed FULL, PIECEWISE and eager runs at 1.86 and 3.6: 152 runs within 3.1 when it was set in
-# s30, 208 within 3.1 with s31's, notebook 03)
+# s30; notebook 03 prints the control as it stands)
 BELOW_SE = 4.0
 
 

@@ -376,12 +376,12 @@ def recommend(cells_df, acceptance, session=None, metric: str = "output_throughp
 
 def crashed_where(cells_df) -> dict:
     """{mode: "at <acceptances> in <sessions>"} for every mode with a crashed run in ``cells_df``."""
-    from .analysis import session_key
+    from .analysis import session_key, short_session
 
     out = {}
     for mode, g in cells_df[cells_df["crashed"] > 0].groupby("mode"):
         accs = ", ".join(f"{a:g}" for a in sorted(set(g["acceptance"])))
-        sess = ", ".join(x.rsplit("-", 1)[-1] for x in sorted(set(g["gpu_session"]), key=session_key))
+        sess = ", ".join(short_session(x) for x in sorted(set(g["gpu_session"]), key=session_key))
         out[mode] = f"at {accs} in {sess}"
     return out
 

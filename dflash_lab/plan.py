@@ -53,9 +53,9 @@ def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: flo
                 n_unknown += 1
                 unknown.append(r.id)
             here = rec[rec["concurrency"] == r.concurrency]
-            own = here[(here["acceptance"] == r.acceptance) & ~here["warmup"].astype(bool)]
-            if len(own):   # measured runs at its own acceptance there: that rate, not another's (a warm-up is too short)
-                here = here[here["acceptance"] == r.acceptance]
+            at_acc = here["acceptance"] == r.acceptance
+            if (at_acc & ~here["warmup"].astype(bool)).any():   # measured runs at its own acceptance there: that rate,
+                here = here[at_acc]                               # not another's (a warm-up is too short)
             if len(here) and here["crashed"].any() and len(starts):
                 crash_s += float(here["crashed"].mean()) * (float(starts.min()) + m["coredump_wait_s"] * bool(e["coredump"]))
                 crash_accs |= {float(a) for a in here.loc[here["crashed"].astype(bool), "acceptance"]}
