@@ -997,6 +997,47 @@ def speedup_tables(cells_df, pairs=SPEEDUP_PAIRS) -> tuple[dict, list]:
     return tables, missing
 
 
+def ratio_repeats(cells_df, pairs=SPEEDUP_PAIRS, need: int = 3):
+    """For every ratio of ``pairs`` at an acceptance and concurrency where both modes completed runs (cells with a
+    crash give no ratio and are left out: they count as crashes, not as repeats): the session with the most
+    completed repeats of the scarcer mode of the two, ``most repeats of both``, and ``short`` when that is below
+    ``need``. Sessions are never added up (two sessions of 2 and 2 are short: ratios never pair sessions).
+    ``side by side``: how many sessions measured both; 0 means the two modes never met in one session."""
+    import pandas as pd
+
+    from .analysis import session_key, short_session
+
+    done = cells_df[(cells_df["ok"] > 0) & (cells_df["crashed"] == 0)]
+    rows = []
+    for num, den in pairs:
+        a, b = done[done["mode"] == num], done[done["mode"] == den]
+        where = sorted(set(zip(a["acceptance"], a["concurrency"])) & set(zip(b["acceptance"], b["concurrency"])))
+        for acc, conc in where:
+            x = a[(a["acceptance"] == acc) & (a["concurrency"] == conc)].set_index("gpu_session")["ok"]
+            y = b[(b["acceptance"] == acc) & (b["concurrency"] == conc)].set_index("gpu_session")["ok"]
+            both = {s: (int(x[s]), int(y[s])) for s in sorted(set(x.index) & set(y.index), key=session_key)}
+            best = max((min(v) for v in both.values()), default=0)
+            rows.append({"ratio": f"{num} / {den}", "acceptance": float(acc), "concurrency": int(conc),
+                         "side by side": len(both), "most repeats of both": best,
+                         "repeats per session": "; ".join(f"{short_session(s)} {n}/{d}" for s, (n, d) in both.items())
+                         or "-", "short": best < need})
+    cols = ["ratio", "acceptance", "concurrency", "side by side", "most repeats of both", "repeats per session", "short"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def ratio_repeats_sentence(table, need: int = 3, what: str = "") -> str:
+    """One sentence from :func:`ratio_repeats`: how many ratios have a session with ``need`` repeats of both modes,
+    and which do not (each with its sessions' repeats, numerator/denominator)."""
+    short = table[table["short"]]
+    head = (f"{len(table) - len(short)} of {len(table)} ratios{what} have a GPU session with at least {need} completed "
+            f"repeats of both modes")
+    if short.empty:
+        return head + "."
+    return head + "; short: " + "; ".join(
+        f"{r['ratio']} at {r['acceptance']:g}, concurrency {r['concurrency']} ({r['repeats per session']})"
+        for _, r in short.iterrows()) + "."
+
+
 def recommendation_scope(cells_df, acceptance, planned=None, elsewhere=()) -> str:
     """The modes a recommendation at ``acceptance`` chose among, and the planned ones it could not: those measured
     in another session at that acceptance (``elsewhere``: their modes) apart from those not measured yet."""

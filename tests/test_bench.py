@@ -885,3 +885,29 @@ def test_the_recorded_held_out_check_at_6_0_replicated_in_s30(root):
     no_jit = bench.holdout_replicates(bench.cells(bench.without_jit_runs(runs)).pipe(
         lambda x: x[x["mode"].isin(["DFlash FULL (fixed)", "no speculation"])]), view, 6.0)
     assert no_jit[-1]["misses"]["measured steps"]["not queued"] == (pytest.approx(0.142, abs=0.001), 1)
+
+
+def test_ratio_repeats_takes_the_best_single_session_never_a_sum_and_skips_crashed_cells():
+    """s25/s34's shape for eager / no speculation at 4 once a compiled run is left out: 3/2 in one session and 2/3 in
+    the other is short (4/5 runs in all, never 3 and 3 side by side); a third session with 3/3 is not; a crashed cell
+    gives no ratio (it counts as a crash), and two modes that never met in one session read 0 side by side."""
+    import pandas as pd
+
+    def cell(sess, mode, conc, ok, crashed=0):
+        return {"gpu_session": f"2026-12-01-s{sess}", "acceptance": 1.86, "mode": mode, "concurrency": conc,
+                "ok": ok, "crashed": crashed}
+
+    e, n, s, p = "DFlash eager", "no speculation", "DFlash FULL (stock)", "DFlash PIECEWISE"
+    c = pd.DataFrame([cell(25, e, 4, 3), cell(25, n, 4, 2), cell(34, e, 4, 2), cell(34, n, 4, 3),
+                      cell(26, s, 8, 0, crashed=3), cell(26, n, 8, 3), cell(26, p, 16, 3), cell(25, n, 16, 3)])
+    t = bench.ratio_repeats(c, pairs=((e, n), (s, n), (p, n)))
+    assert t[["ratio", "concurrency", "side by side", "most repeats of both", "repeats per session", "short"]].values.tolist() == [
+        [f"{e} / {n}", 4, 2, 2, "s25 3/2; s34 2/3", True],
+        [f"{p} / {n}", 16, 0, 0, "-", True]]
+    assert bench.ratio_repeats_sentence(t, what=" here") == (
+        f"0 of 2 ratios here have a GPU session with at least 3 completed repeats of both modes; short: {e} / {n} at "
+        f"1.86, concurrency 4 (s25 3/2; s34 2/3); {p} / {n} at 1.86, concurrency 16 (-).")
+    c = pd.concat([c, pd.DataFrame([cell(9, e, 4, 3), cell(9, n, 4, 4)])], ignore_index=True)
+    t = bench.ratio_repeats(c, pairs=((e, n),))
+    assert t["repeats per session"].tolist() == ["s9 3/4; s25 3/2; s34 2/3"] and not t["short"].any()
+    assert bench.ratio_repeats_sentence(t) == "1 of 1 ratios have a GPU session with at least 3 completed repeats of both modes."
