@@ -568,8 +568,10 @@ def session_for(cells_df, acceptance, session=None, modes=()) -> str:
     """The GPU session whose cells a view of one acceptance uses: ``session`` if given (it must have
     cells at that acceptance), else, among the labels that have a completed cell (at any concurrency) of every mode in
     ``modes`` (a view comparing two modes needs both in one session: s26 measured PIECEWISE and stock FULL but not fixed
-    FULL), or all labels where none has, the one with completed cells of the most modes, the latest of those (a
-    session that ran one mode only, like s30's stock repeats at 3.6, does not replace its acceptance's slice)."""
+    FULL), or all labels where none has, the one with the most completed cells (mode and concurrency), then of the
+    most modes, the latest of those: a session that ran one mode only, like s30's stock repeats at 3.6, or a few cells
+    of every mode, like s34's completion runs at 1.86 (five modes at 1-4 concurrencies each), does not replace its
+    acceptance's slice (every concurrency of three or four modes)."""
     from .analysis import session_key
 
     here = cells_df[cells_df["acceptance"] == acceptance]
@@ -581,9 +583,11 @@ def session_for(cells_df, acceptance, session=None, modes=()) -> str:
             raise LabError(f"GPU session {session!r} has no cells at acceptance {acceptance} (sessions: {have})")
         return session
     done = here[here["ok"] > 0]
+    cols = ["mode", "concurrency"] if "concurrency" in done else ["mode"]
+    n_cells = lambda s: len(done.loc[done["gpu_session"] == s, cols].drop_duplicates())
     n_modes = lambda s: len(set(done.loc[done["gpu_session"] == s, "mode"]))
     full = [s for s in have if set(modes) <= set(done.loc[done["gpu_session"] == s, "mode"])]
-    return max(full or have, key=lambda s: (n_modes(s), session_key(s)))
+    return max(full or have, key=lambda s: (n_cells(s), n_modes(s), session_key(s)))
 
 
 def one_session(cells_df, session=None, modes=()):

@@ -911,3 +911,19 @@ def test_ratio_repeats_takes_the_best_single_session_never_a_sum_and_skips_crash
     t = bench.ratio_repeats(c, pairs=((e, n),))
     assert t["repeats per session"].tolist() == ["s9 3/4; s25 3/2; s34 2/3"] and not t["short"].any()
     assert bench.ratio_repeats_sentence(t) == "1 of 1 ratios have a GPU session with at least 3 completed repeats of both modes."
+
+
+def test_a_view_keeps_the_slice_that_measured_every_concurrency_over_a_later_session_of_more_modes_and_fewer_cells():
+    """s34 ran all five modes at 1.86, but only the cells short of repeats (1-4 concurrencies each): the 1.86 view keeps
+    the slice session with every concurrency of its modes, here and in notebook 06's fixed FULL / no speculation view."""
+    import pandas as pd
+
+    fixed, nospec = "DFlash FULL (fixed)", "no speculation"
+    rows = [("2026-12-01-s25", m, k) for m in (fixed, nospec, "DFlash eager") for k in (1, 4, 8, 16, 32, 64)]
+    rows += [("2026-12-01-s34", m, k) for m, ks in ((nospec, (4, 16, 32, 64)), ("DFlash eager", (4, 16, 32, 64)),
+                                                    (fixed, (4, 16)), ("DFlash FULL (stock)", (16,)),
+                                                    ("DFlash PIECEWISE", (16,))) for k in ks]
+    c = pd.DataFrame([{"acceptance": 1.86, "gpu_session": s, "mode": m, "concurrency": k, "ok": 3} for s, m, k in rows])
+    assert bench.session_for(c, 1.86) == "2026-12-01-s25"
+    assert bench.session_for(c, 1.86, modes=(fixed, nospec)) == "2026-12-01-s25"
+    assert bench.session_for(c, 1.86, modes=("DFlash PIECEWISE",)) == "2026-12-01-s34"   # only s34 has it
