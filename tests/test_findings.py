@@ -78,13 +78,14 @@ def test_the_findings_count_the_benchmark_stock_server_crashes():
 
     text = findings._bench_stock_clause(".")
     assert "concurrency 8: 3/3 (1 a warm-up) crashed" in text and "concurrency 1: 0/9 (6 a warm-up) crashed" in text
-    assert "concurrency 16: 0/7 (4 a warm-up) crashed" in text and "concurrency 64: 1/1 crashed" in text
+    # 16: s26's and s31's 7 runs and s34's 4 (a full-length warm-up and 3 measured runs)
+    assert "concurrency 16: 0/11 (5 a warm-up) crashed" in text and "concurrency 64: 1/1 crashed" in text
     assert "112/112/112/368/368/336 scheduled tokens" in text and "device-side assert triggered" in text
     # one segment per acceptance: s30's stock runs at 3.6 and 6.0 crashed nowhere but lost tokens at 8 (and 32, 64)
     six = text[text.index("at synthetic acceptance 6 (s30"):]
     assert "concurrency 32: 0/6 crashed" in six and "concurrency 64: 0/3 crashed" in six
     assert "7 of its 29 completed runs counted below the schedule's 6: 5 at 8 (5.107, 5.108, 5.108, 5.320, 5.320)" in six
-    assert "at synthetic acceptance 1.86 (s26, s30, s31;" in text and "concurrency 32: 2/2 crashed" in text
+    assert "at synthetic acceptance 1.86 (s26, s30, s31, s34; 18 with core dump on;" in text and "concurrency 32: 2/2 crashed" in text
     three = text[text.index("at synthetic acceptance 3.6 (s30, s31"):text.index("at synthetic acceptance 6 (s30")]
     assert "8 of its 29 completed runs counted below the schedule's 3.6: 5 at 8 (2.685, 2.690, 2.718, 2.856, 2.909)" in three
 
