@@ -556,7 +556,7 @@ def _break_even_clause(cells_df, queued, mode: str = "DFlash FULL (fixed)") -> s
 
 def _holdout_clause(cells_df, mode: str) -> str:
     """Notebook 06's held-out check (its default: the largest acceptance held out, per acceptance the session with
-    ``mode`` beside no speculation that measured the most modes, the latest of those; each session that measured the
+    ``mode`` beside no speculation with the most completed cells, then modes, the latest of those; each session that measured the
     held-out acceptance checked in turn), or nothing while the data cannot make it."""
     from . import bench
 
