@@ -601,11 +601,15 @@ def one_session(cells_df, session=None, modes=()):
 
 def plot_vs_concurrency(cells_df, metric: str, modes=None, ylabel: str | None = None):
     """One panel per acceptance: ``metric`` vs concurrency, a line per mode, bars from the smallest to
-    the largest repeat; cells with a crash are marked with an x and their crashed/runs count."""
+    the largest repeat; cells with a crash are marked with an x and their crashed/runs count. A mode keeps its colour
+    in every panel, and the one legend names every mode drawn in any panel (panels of different sessions hold
+    different modes: s25's 1.86 has eager, s31's 3.6 PIECEWISE and stock FULL)."""
     import matplotlib.pyplot as plt
 
     accs = sorted(cells_df["acceptance"].unique())
     modes = [m for m in (modes or MODES) if m in set(cells_df["mode"])]
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {m: cycle[i % len(cycle)] for i, m in enumerate(modes)}
     fig, axes = plt.subplots(1, len(accs), figsize=(5.2 * len(accs), 4), squeeze=False, sharey=True)
     for ax, acc in zip(axes[0], accs):
         c = cells_df[cells_df["acceptance"] == acc]
@@ -615,7 +619,8 @@ def plot_vs_concurrency(cells_df, metric: str, modes=None, ylabel: str | None = 
             if len(ok):
                 lo = ok[metric] - ok[metric + "_min"]
                 hi = ok[metric + "_max"] - ok[metric]
-                ax.errorbar(ok["concurrency"], ok[metric], yerr=[lo, hi], marker="o", ms=4, capsize=3, label=m)
+                ax.errorbar(ok["concurrency"], ok[metric], yerr=[lo, hi], marker="o", ms=4, capsize=3, label=m,
+                            color=colour[m])
             for _, r in g[g["crashed"] > 0].iterrows():
                 # at the foot of the panel (x in data, y in axes fraction): a crash has no value to plot
                 ax.plot([r["concurrency"]], [0.04], "x", color="crimson", ms=9, mew=2, transform=ax.get_xaxis_transform())
@@ -626,7 +631,8 @@ def plot_vs_concurrency(cells_df, metric: str, modes=None, ylabel: str | None = 
         ax.set_xticks(sorted(c["concurrency"].unique()), labels=[str(x) for x in sorted(c["concurrency"].unique())])
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(ylabel or metric)
-    axes[0][-1].legend(fontsize=8)
+    drawn = {l: h for ax in axes[0] for h, l in zip(*ax.get_legend_handles_labels())}
+    axes[0][-1].legend([drawn[m] for m in modes if m in drawn], [m for m in modes if m in drawn], fontsize=8)
     fig.tight_layout()
     return fig
 

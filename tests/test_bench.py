@@ -927,3 +927,29 @@ def test_a_view_keeps_the_slice_that_measured_every_concurrency_over_a_later_ses
     assert bench.session_for(c, 1.86) == "2026-12-01-s25"
     assert bench.session_for(c, 1.86, modes=(fixed, nospec)) == "2026-12-01-s25"
     assert bench.session_for(c, 1.86, modes=("DFlash PIECEWISE",)) == "2026-12-01-s34"   # only s34 has it
+
+
+def test_throughput_figure_keeps_each_modes_colour_across_panels_and_its_legend_names_every_mode():
+    """Panels of different sessions hold different modes (s25's 1.86: fixed FULL, eager, no speculation; s30's 6.0:
+    fixed FULL, stock FULL, PIECEWISE, no speculation). Colours by panel order and a legend from the last panel alone
+    drew no speculation at 1.86 in the colour the legend gave PIECEWISE."""
+    import matplotlib
+    import pandas as pd
+
+    matplotlib.use("Agg")
+    panels = {1.86: ("DFlash FULL (fixed)", "DFlash eager", "no speculation"),
+              6.0: ("DFlash FULL (fixed)", "DFlash FULL (stock)", "DFlash PIECEWISE", "no speculation")}
+    rows = [{"gpu_session": "s", "acceptance": a, "mode": m, "concurrency": k, "crashed": 0, "crashed / runs": "0/3",
+             "output_throughput": 100.0 * (i + 1) * k, "output_throughput_min": 90.0 * (i + 1) * k,
+             "output_throughput_max": 110.0 * (i + 1) * k}
+            for a, ms in panels.items() for i, m in enumerate(ms) for k in (1, 4)]
+    fig = bench.plot_vs_concurrency(pd.DataFrame(rows), "output_throughput")
+    colour = {}
+    for ax, (acc, ms) in zip(fig.axes, panels.items()):
+        assert {c.get_label() for c in ax.containers} == set(ms)
+        for c in ax.containers:   # one ErrorbarContainer per mode: (data line, caps, bars)
+            colour.setdefault(c.get_label(), set()).add(matplotlib.colors.to_hex(c.lines[0].get_color()))
+    assert set(colour) == set(bench.MODES) and all(len(c) == 1 for c in colour.values())
+    assert len({next(iter(c)) for c in colour.values()}) == 5
+    legend = fig.axes[-1].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == list(bench.MODES)
