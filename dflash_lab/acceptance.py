@@ -259,6 +259,8 @@ def plot_counted_gap(runs_df, modes=None):
     import matplotlib.pyplot as plt
     import pandas as pd
 
+    from .nbutil import legend_all
+
     t = pd.concat([counted_against_schedule(runs_df, ("ok",)).assign(crashed=False),
                    counted_against_schedule(runs_df, ("crash",)).assign(crashed=True)], ignore_index=True)
     if t.empty:
@@ -292,13 +294,7 @@ def plot_counted_gap(runs_df, modes=None):
         ax.set_xticks(concs, labels=[str(x) for x in concs])
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("counted - schedule (tokens per request-step)")
-    handles, labels = [], []
-    for ax in axes[0]:
-        for h, l in zip(*ax.get_legend_handles_labels()):
-            if l not in labels:
-                handles.append(h)
-                labels.append(l)
-    axes[0][-1].legend(handles, labels, fontsize=7, loc="lower right")
+    legend_all(axes[0], fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
 

@@ -606,6 +606,8 @@ def plot_vs_concurrency(cells_df, metric: str, modes=None, ylabel: str | None = 
     different modes: s25's 1.86 has eager, s31's 3.6 PIECEWISE and stock FULL)."""
     import matplotlib.pyplot as plt
 
+    from .nbutil import legend_all
+
     accs = sorted(cells_df["acceptance"].unique())
     modes = [m for m in (modes or MODES) if m in set(cells_df["mode"])]
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -631,8 +633,7 @@ def plot_vs_concurrency(cells_df, metric: str, modes=None, ylabel: str | None = 
         ax.set_xticks(sorted(c["concurrency"].unique()), labels=[str(x) for x in sorted(c["concurrency"].unique())])
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(ylabel or metric)
-    drawn = {l: h for ax in axes[0] for h, l in zip(*ax.get_legend_handles_labels())}
-    axes[0][-1].legend([drawn[m] for m in modes if m in drawn], [m for m in modes if m in drawn], fontsize=8)
+    legend_all(axes[0], modes, fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -87,6 +87,17 @@ def save_fig(fig, notebook: str, name: str, figures_dir: str = "figures") -> str
     return path
 
 
+def legend_all(axes, order=None, **kwargs):
+    """One legend on the last of ``axes`` naming every label drawn in any of them, once each (panels of one figure can
+    hold different modes), in ``order`` where given (labels not in it are left out), else in the order first drawn."""
+    drawn = {}
+    for ax in axes:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            drawn.setdefault(l, h)
+    labels = [l for l in order if l in drawn] if order is not None else list(drawn)
+    return axes[-1].legend([drawn[l] for l in labels], labels, **kwargs)
+
+
 def show_table(df, caption: str | None = None):
     """Render a DataFrame as HTML with an optional caption (works in papermill output too)."""
     from IPython.display import HTML, display
