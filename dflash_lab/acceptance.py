@@ -313,6 +313,7 @@ def stock_prediction(runs_df, planned, k: int = 15):
     stock = runs_df[(runs_df["mode"] == BENCH_STOCK) & runs_df["outcome"].isin(["ok", "crash"])]
     counted = counted_against_schedule(stock, outcomes=("ok",))   # warm-ups included, as in the crash count
     accs = sorted(set(planned.loc[planned["mode"] == BENCH_STOCK, "acceptance"]) | set(stock["acceptance"]))
+    concs = lambda d: ", ".join(str(int(c)) for c in sorted(set(d["concurrency"])))
     rows = []
     for acc in accs:
         share = tokens_per_step(acc, k).get(1, 0.0)
@@ -324,9 +325,8 @@ def stock_prediction(runs_df, planned, k: int = 15):
                      "prediction": "no crash (no step rejects every draft)" if share == 0
                      else "crash possible (the precondition occurs)",
                      "stock runs": f"{len(crashed)}/{len(g)} crashed" if len(g) else "not run yet",
-                     "crashed at": ", ".join(str(int(c)) for c in sorted(set(crashed["concurrency"]))) or "-",
+                     "crashed at": concs(crashed) or "-",
                      "prediction holds": (None if not len(g) else (len(crashed) == 0) if share == 0 else None),
                      "completed runs counting below the schedule": (
-                         f"{len(low)} of {len(done)}" + (f" (at {', '.join(str(int(c)) for c in sorted(set(low['concurrency'])))})"
-                                                         if len(low) else "")) if len(done) else "-"})
+                         f"{len(low)} of {len(done)}" + (f" (at {concs(low)})" if len(low) else "")) if len(done) else "-"})
     return pd.DataFrame(rows)
