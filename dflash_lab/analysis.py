@@ -10,6 +10,7 @@ import functools
 import glob
 import gzip
 import json
+import lzma
 import math
 import numbers
 import os
@@ -41,9 +42,9 @@ def gpu_folder(r: dict, data_dir: str = "data") -> str:
 
 
 def read_text(path: str) -> str:
-    """A recorded text file, gzipped (``.gz``) or not."""
-    if path.endswith(".gz"):
-        with gzip.open(path, "rt", errors="replace") as fh:
+    """A recorded text file, compressed (``.gz``, ``.xz``) or not."""
+    if path.endswith((".gz", ".xz")):
+        with (gzip if path.endswith(".gz") else lzma).open(path, "rt", errors="replace") as fh:
             return fh.read()
     with open(path, errors="replace") as fh:
         return fh.read()

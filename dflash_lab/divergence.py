@@ -1,4 +1,4 @@
-"""Reading the step probe's logs (``data/gpu/<session>/<engine>.probe/probe-<pid>.jsonl[.gz]``).
+"""Reading the step probe's logs (``data/gpu/<session>/<engine>.probe/probe-<pid>.jsonl[.xz|.gz]``).
 
 The probe (:mod:`dflash_lab.probe`) writes, per target step, the canaries' violations and, on
 FULL-graph steps, a layer-by-layer comparison of the graph replay with a no-graph reference pass

@@ -20,7 +20,7 @@ existing NAME is refused, so nothing already recorded is lost or half-written.
 from __future__ import annotations
 
 import filecmp
-import gzip
+import lzma
 import json
 import os
 import shutil
@@ -32,7 +32,7 @@ from .errors import LabError
 from .runner import read_lines
 
 KEEP_SUFFIXES = (".log", ".json", ".jsonl", ".npz")
-GZIP_ABOVE = 1 << 20  # bytes: a JSONL log larger than this is stored gzipped
+XZ_ABOVE = 1 << 20  # bytes: a JSONL log larger than this is stored xz-compressed
 
 
 def _check_new(name: str, *dests: Path) -> None:
@@ -98,11 +98,13 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
                             continue  # the runner's temporary spec files
                         out = stage / "gpu" / rel
                         out.parent.mkdir(parents=True, exist_ok=True)
-                        if m.name.endswith(".jsonl") and m.size > GZIP_ABOVE:
-                            # large probe logs: kept gzipped (lossless; the readers take .gz)
-                            out = out.with_name(out.name + ".gz")
-                            rel = Path(str(rel) + ".gz")
-                            with tf.extractfile(m) as fsrc, gzip.open(out, "wb", compresslevel=9) as fdst:
+                        if m.name.endswith(".jsonl") and m.size > XZ_ABOVE:
+                            # large probe logs: kept xz-compressed (lossless; the readers take .xz and the
+                            # older .gz). xz, not gzip: a probe log repeats each step's layer table, which
+                            # gzip's 32 KiB window cannot reach (s35's 9.5 MB c64 log: gzip -9 3.1 MB, xz 54 kB)
+                            out = out.with_name(out.name + ".xz")
+                            rel = Path(str(rel) + ".xz")
+                            with tf.extractfile(m) as fsrc, lzma.open(out, "wb", preset=9 | lzma.PRESET_EXTREME) as fdst:
                                 shutil.copyfileobj(fsrc, fdst)
                         else:
                             with tf.extractfile(m) as fsrc, open(out, "wb") as fdst:

@@ -633,18 +633,20 @@ class _EventReader:
 
 
 def json_lines(path: str | os.PathLike):
-    """(line number, object) of each non-blank line of a JSONL file (``.gz`` read as gzip); a bad
-    line is an error naming it."""
+    """(line number, object) of each non-blank line of a JSONL file (``.gz`` read as gzip, ``.xz`` as
+    xz); a bad line is an error naming it."""
     p = Path(path)
     if not p.is_file():
         raise LabError(f"{path}: no such file")
-    if p.suffix == ".gz":
+    if p.suffix in (".gz", ".xz"):
         import gzip
+        import lzma
 
+        kind, unpack = ("gzip", gzip.decompress) if p.suffix == ".gz" else ("xz", lzma.decompress)
         try:
-            text = gzip.decompress(p.read_bytes()).decode()
-        except (OSError, EOFError, UnicodeDecodeError) as e:
-            raise LabError(f"{path}: not a readable gzip file ({e})") from None
+            text = unpack(p.read_bytes()).decode()
+        except (OSError, EOFError, UnicodeDecodeError, lzma.LZMAError) as e:
+            raise LabError(f"{path}: not a readable {kind} file ({e})") from None
     else:
         text = p.read_text()
     for i, line in enumerate(text.splitlines(), 1):

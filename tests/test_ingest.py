@@ -41,9 +41,9 @@ def test_corrupt_runs_write_nothing(tmp_path):
     assert list(data.iterdir()) == []
 
 
-def test_large_probe_log_kept_gzipped_and_readable(tmp_path):
+def test_large_probe_log_kept_xz_compressed_and_readable(tmp_path):
     from dflash_lab.divergence import load_probe
-    from dflash_lab.ingest import GZIP_ABOVE
+    from dflash_lab.ingest import XZ_ABOVE
 
     out = tmp_path / "OUT"
     out.mkdir()
@@ -51,16 +51,17 @@ def test_large_probe_log_kept_gzipped_and_readable(tmp_path):
     probe = tmp_path / "runlogs" / "e.a1.probe"
     probe.mkdir(parents=True)
     step = {"step": 1, "mode": "FULL", "pad": "x" * 2000}
-    n = GZIP_ABOVE // 2000 + 10
+    n = XZ_ABOVE // 2000 + 10
     (probe / "probe-7.jsonl").write_text("".join(json.dumps({**step, "step": i}) + "\n" for i in range(n)))
     with tarfile.open(out / "logs.tgz", "w:gz") as tf:
         tf.add(tmp_path / "runlogs", arcname="runlogs")
     data = tmp_path / "data"
     data.mkdir()
     meta = ingest(str(out), "s3", data_dir=str(data))
-    kept = data / "gpu" / "s3" / "e.a1.probe" / "probe-7.jsonl.gz"
-    assert kept.exists() and kept.stat().st_size < GZIP_ABOVE // 10
-    assert "e.a1.probe/probe-7.jsonl.gz" in meta["files"]
+    kept = data / "gpu" / "s3" / "e.a1.probe" / "probe-7.jsonl.xz"
+    assert kept.exists() and kept.stat().st_size < XZ_ABOVE // 10
+    assert not kept.with_suffix("").exists() and not kept.with_suffix(".gz").exists()
+    assert "e.a1.probe/probe-7.jsonl.xz" in meta["files"]
     assert meta["gpu_session"] == "S"  # taken from the lines
     assert [s["step"] for s in load_probe(str(kept))["steps"]] == list(range(n))
 
@@ -97,6 +98,23 @@ def test_corrupt_gzip_log_is_named(tmp_path):
     bad.write_bytes(b"\x1f\x8b not really gzip")
     with pytest.raises(LabError, match="probe-1.jsonl.gz: not a readable gzip"):
         list(json_lines(bad))
+    bad_xz = tmp_path / "probe-2.jsonl.xz"
+    bad_xz.write_bytes(b"\xfd7zXZ\x00 not really xz")
+    with pytest.raises(LabError, match="probe-2.jsonl.xz: not a readable xz"):
+        list(json_lines(bad_xz))
+
+
+def test_recorded_gzipped_probe_logs_still_read(tmp_path):
+    """Probe logs ingested before s35 are .gz: the readers keep taking them."""
+    import gzip
+
+    from dflash_lab.divergence import load_probe
+
+    lines = "".join(json.dumps({"step": i, "mode": "FULL"}) + "\n" for i in range(3))
+    gz = tmp_path / "s" / "e.a1.probe" / "probe-1.jsonl.gz"
+    gz.parent.mkdir(parents=True)
+    gz.write_bytes(gzip.compress(lines.encode()))
+    assert [s["step"] for s in load_probe(str(gz))["steps"]] == [0, 1, 2]
 
 
 def test_bench_ingest_needs_server_lines_and_a_session(tmp_path):
