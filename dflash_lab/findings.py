@@ -140,8 +140,8 @@ def write_findings(root: Path, out: Path) -> Path:
             f"{divergence.short(fd['first_layer_written_differently'])}: the output of attention layer 7 diverged."
             + (f" The first {nan['num_tokens']}-token replay (step {nan['step']}, {nan['num_reqs']} requests) is NaN in "
                f"{nan['rows_nonfinite_graph']} rows, the reference pass in {nan['rows_nonfinite_reference']}." if nan else "")
-            + (f" Stock probed at lower concurrency too ({len(low)} probe log(s), concurrency "
-               f"{', '.join(str(c) for c in sorted(verification.reached(low)))}): {int(low['FULL steps diverging'].sum())} "
+            + (f" Stock probed with fewer requests per FULL step too ({len(low)} probe log(s), concurrency "
+               f"{_concurrencies(low)}): {int(low['FULL steps diverging'].sum())} "
                f"of {int(low['FULL steps'].sum())} FULL steps diverge"
                + (f" (the other {int(low['FULL steps ended by an error'].sum())}: a crash step, whose pass ended in a CUDA "
                   "error before the comparison)" if int(low['FULL steps'].sum() - low['FULL steps diverging'].sum())
@@ -176,7 +176,8 @@ def write_findings(root: Path, out: Path) -> Path:
                      "with the fix "
                      + ", ".join(f"concurrency {c}: {v['fix_runs'][c] - v['fix_not_ok'][c]}/{v['fix_runs'][c]} completed"
                                  for c in (32, 16, 64))
-                     + (f"; the step probe with the fix (one engine, concurrency 2, 16, 32): the target's outputs on all "
+                     + (f"; the step probe with the fix ({len(fp)} engine(s), concurrency {_concurrencies(fp)}, up to "
+                        f"{int(fp['max requests in a FULL step'].max())} requests per FULL step): the target's outputs on all "
                         f"{int(fp['FULL steps'].sum())} FULL-graph steps identical to a no-graph pass of the same step with the "
                         f"same metadata ({int(fp['FULL steps diverging'].sum())} differ)" if len(fp) else "") + ".")
         p1 = pt[pt["fix"] == "part 1 only: FA3 schedule refresh"]
@@ -653,6 +654,11 @@ def _row0(path) -> str:
             + (f" until step {int(r0['step'].min())}, which put one in row 0"
                + (" (the crash step: the GDN kernel reads state column -1, before the index tensor in row 0)"
                   if int(r0["step"].min()) == last else "") if len(r0) else ", never in row 0"))
+
+
+def _concurrencies(rows) -> str:
+    """The concurrencies probe table rows asked for, merged and sorted ("2, 8, 16")."""
+    return ", ".join(str(c) for c in sorted({int(c) for x in rows["concurrencies"] for c in str(x).split(", ") if c}))
 
 
 def _low_nan(low) -> str:

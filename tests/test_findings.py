@@ -17,20 +17,25 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # low-concurrency stock probe whose engine name shares its prefix and whose file sorts first
     assert "First wrong value (step probe, one run at concurrency 32" in text
     assert "The first 480-token replay (step 273, 30 requests) is NaN in 480 rows, the reference pass in 0." in text
-    # s22 added stock probes at 8 and 12: the one at 8 wrote NaN on its first FULL step, and its crash step has no comparison
-    assert ("Stock probed at lower concurrency too (4 probe log(s), concurrency 2, 8, 12, 16): 1104 of 1105 FULL steps "
-            "diverge (the other 1: a crash step, whose pass ended in a CUDA error before the comparison), each log first at "
-            "L8 gdn; NaN in 1 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows graph / reference "
-            "32 / 0 (8 req, 128 tokens); then GDN accepted counts of 0 on 174 steps, in batch rows above 0 until step 273, which "
-            "put one in row 0 (the crash step: the GDN kernel reads state column -1, before the index tensor in row 0); at 2, "
-            "12, 16 finite on every FULL step.") in text
-    assert "986 of 986 FULL-graph steps identical to the no-graph pass" in text
+    # s22 added stock probes at 8 and 12: the one at 8 wrote NaN on its first FULL step, and its crash step has no
+    # comparison; s35 probed 8 again (the same steps) and 64 twice, whose FULL steps hold at most 30 requests
+    assert ("Stock probed with fewer requests per FULL step too (7 probe log(s), concurrency 2, 8, 12, 16, 64): 1385 of "
+            "1387 FULL steps diverge (the other 2: a crash step, whose pass ended in a CUDA error before the comparison), "
+            "each log first at L8 gdn; NaN in 4 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows "
+            "graph / reference 32 / 0 (8 req, 128 tokens); then GDN accepted counts of 0 on 174 steps, in batch rows above 0 "
+            "until step 273, which put one in row 0 (the crash step: the GDN kernel reads state column -1, before the index "
+            "tensor in row 0); at concurrency 8 (s35) from step 3") in text
+    assert ("at concurrency 64 (s35) from step 280 (its first FULL step), NaN rows graph / reference 480 / 0 (30 req, 480 "
+            "tokens)") in text and "at 2, 12, 16 finite on every FULL step." in text
+    assert "1265 of 1265 FULL-graph steps identical to the no-graph pass" in text
+    assert ("the step probe with the fix (4 engine(s), concurrency 2, 8, 16, 32, 64, up to 32 requests per FULL step): the "
+            "target's outputs on all 1676 FULL-graph steps identical") in text
     assert ("FULL_AND_PIECEWISE (FA3 splits 1 for the drafter only) at concurrency 32: 3 / 3 crashed (predicted: crash; "
             "core dump: copy_and_expand_dflash_inputs_kernel)") in text
     assert "Every decided prediction held" in text
     assert "4/4 requests identical to the PIECEWISE reference" in text and "not attributed" not in text
     # s19: the offline counts stay offline, the server path has its own line with what its clients saw
-    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 15/15 crashed" in text
+    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 16/16 crashed" in text
     # s20-s21: every other concurrency with its own count; s21's plain 16 joined the hooked runs
     assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 6/6 crashed" in text
     assert "16: 0/8 crashed (0/3 with core dump on (keep running); 0/3 with launch hook; 0/2 plain)" in text
@@ -110,7 +115,7 @@ def test_the_findings_state_tp2_beside_tp1_s27():
 
     df = analysis.load_runs()
     text = findings._tp2_clause(df, *_tp2_inputs(df))
-    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 15/15)" in text
+    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 16/16)" in text
     assert "(2 x NVIDIA H200; " in text
     assert "core dumps name copy_and_expand_dflash_inputs_kernel (1), triton_poi_fused_3 (3)" in text
     assert "in 4 of 4 every rank's core names the same kernel" in text

@@ -149,8 +149,11 @@ def test_counts_come_from_the_session_that_meets_them_not_the_latest(df):
     # s15 (tokens and throughput) has fix-2 runs at 32 only: it must not replace s14 as the counts session
     assert S15 in V.sessions_with_fix2(df) and not V.verdict(V.session_table(df, S15))["meets_counts"]
     # s22 (the fix at 8-28) is later still and has no run at 32: it does not replace s14 either
-    assert V.sessions_with_fix2(df)[-1] == "2026-11-30-s22"
+    assert "2026-11-30-s22" in V.sessions_with_fix2(df)
     assert not V.verdict(V.session_table(df, "2026-11-30-s22"))["meets_counts"]
+    # s35 (fix 2 under the step probe at 8 and 64, one run each) is the latest: it does not replace s14 either
+    assert V.sessions_with_fix2(df)[-1] == "2026-12-01-s35"
+    assert not V.verdict(V.session_table(df, "2026-12-01-s35"))["meets_counts"]
     assert V.counts_session(df) == SESSION
     # the stock run at concurrency 2 records outputs: the control is the crash configuration only
     v15 = V.verdict(V.session_table(df, S15))
