@@ -83,7 +83,7 @@ def test_zero_accepted_counts_at_8_reach_row_0_only_at_the_crash_step():
     with no valid token the step before) 33-45 times each, always in rows above 0, where the kernel's column -1 is the
     previous row's last slot; request 0 never does. The crash step is the first without request 0: request 7 moves to
     row 0 with a count of 0. At 12 no count is 0."""
-    c8 = [D.load_probe(f) for f in D.probe_files() if "/stock-probe-c8.a1.probe/" in f]
+    c8 = [D.load_probe(f) for f in D.probe_files() if "probe-c8-a-tp1/stock-probe-c8.a1.probe/" in f]
     c12 = [D.load_probe(f) for f in D.probe_files() if "/stock-probe-c12.a1.probe/" in f]
     assert len(c8) == 1 and len(c12) == 1
     z = D.zero_accepted(c8[0])
@@ -100,3 +100,60 @@ def test_zero_accepted_counts_at_8_reach_row_0_only_at_the_crash_step():
                        {"step": 3, "mode": "FULL", "reqs": [5], "gdn": {"gdn0": {"na": None}}}]}
     assert D.zero_accepted(probe).to_dict("records") == [{"step": 1, "mode": "FULL", "row": 1, "request": 5}]
     assert list(D.zero_accepted({"steps": []}).columns) == D.ZERO_ACCEPTED_COLUMNS
+
+
+def _probe_rows(pattern):
+    return [(f, D.load_probe(f)) for f in D.probe_files(pattern)]
+
+
+def test_s35_stock_probe_at_8_replays_s22_and_the_fix_removes_its_nan():
+    """s35 probed stock at 8 again (the session's own control) beside part 1 alone and fix 2: stock repeated s22 step
+    for step (NaN on the first FULL step, the same crash step); both fixes wrote every FULL step bit-identical to the
+    no-graph pass, without NaN."""
+    s22 = _probe_rows("data/gpu/2026-11-30_h200_probe-c8-a-tp1/stock-probe-c8.a1.probe/probe-*")
+    s35 = _probe_rows("data/gpu/2026-12-01_h200_probe-c8-fix-a-tp1/*.probe/probe-*")
+    assert len(s22) == 1 and len(s35) == 3
+    by_engine = {p["engine"]: p for _, p in s35}
+    stock, old = by_engine["stock-probe-c8.a1"], s22[0][1]
+    for p in (stock, old):
+        nan = D.nan_onset(p)
+        assert nan["step"] == 3 and nan["num_tokens"] == 128 and nan["rows_nonfinite_graph"] == 32
+        assert nan["rows_nonfinite_reference"] == 0
+    assert [s["step"] for s in stock["steps"]] == [s["step"] for s in old["steps"]]
+    for name in ("part1-probe-c8.a1", "fix2-probe-c8.a1"):
+        full = [s for s in by_engine[name]["steps"] if s["mode"] == "FULL"]
+        assert len(full) > 250 and D.nan_onset(by_engine[name]) is None and D.first_divergence(by_engine[name]) is None
+        assert all(s["diverge"]["outputs"]["hidden"]["max_abs"] == 0 for s in full)
+
+
+def test_s35_stock_probes_at_64_turn_nan_on_their_first_full_replay():
+    """At 64 the steps of 34-49 requests are above the 512-token largest graph: no FULL replay until step 280, which
+    replays the 464/480-token graph and writes NaN in every row (reference pass finite), first at GDN layer 8, with the
+    stale-schedule canary; fix 2 beside it has the same first FULL step and is bit-identical on all its FULL steps."""
+    stock = _probe_rows("data/gpu/2026-12-01_h200_probe-c64-*/stock-probe-c64.a1.probe/probe-*")
+    fixed = _probe_rows("data/gpu/2026-12-01_h200_probe-c64-*/fix2-probe-c64.a1.probe/probe-*")
+    assert len(stock) == 2 and len(fixed) == 2
+    for _, p in stock:
+        full = [s for s in p["steps"] if s["mode"] == "FULL"]
+        before = [s for s in p["steps"] if s["step"] < full[0]["step"]]
+        assert full[0]["step"] == 280 and all(s["num_tokens"] > 512 for s in before if s["mode"] == "NONE")
+        assert [s["mode"] for s in before].count("NONE") == 278
+        nan = D.nan_onset(p)
+        assert nan["step"] == 280 and nan["rows_nonfinite_graph"] == nan["num_tokens"] in (464, 480)
+        assert nan["rows_nonfinite_reference"] == 0 and nan["first_layer_with_nonfinite_writes"].endswith("layers.8.linear_attn")
+        assert "attn.scheduler_metadata" in {v["field"] for v in D.first_violations(p, 50) if v["step"] == 280}
+    for _, p in fixed:
+        full = [s for s in p["steps"] if s["mode"] == "FULL"]
+        assert full[0]["step"] == 280 and len(full) == 280 and D.first_divergence(p) is None and D.nan_onset(p) is None
+
+
+def test_s35_split_1_probe_completes_with_wrong_full_replays():
+    """FA3 splits 1 on both sides under the probe at 32 (s35): completed, but every FULL step with more than one
+    request diverged at GDN layer 8 (attention layer 7's output), and the canary named the stale schedule on each."""
+    (path, p), = _probe_rows("data/gpu/2026-12-01_h200_discriminate2-n-tp1/splits1-probe.a1.probe/probe-*")
+    full = [s for s in p["steps"] if s["mode"] == "FULL"]
+    same = [s for s in full if not s["diverge"]["diverged"]]
+    assert len(full) == 283 and len(same) == 2 and all(s["num_reqs"] == 1 for s in same)
+    assert all(s["diverge"]["first_layer"].endswith("layers.8.linear_attn") for s in full if s not in same)
+    assert D.nan_onset(p) is None
+    assert {v["field"] for v in D.first_violations(p, 10**6)} == {"attn.scheduler_metadata"}
