@@ -55,7 +55,7 @@ def write_findings(root: Path, out: Path) -> Path:
     faults = "; ".join(f"{e} x{each.count(e)} dumps" if each.count(e) > 1 else e for e in dict.fromkeys(each))
     pt = verification.probe_table(df)
     # stock's own configuration under the probe; the log that reached the most requests per FULL step (the
-    # concurrency-32 run that ends in NaN) is described, the others (lower concurrency) are summed up beside it
+    # concurrency-32 run that ends in NaN) is described, the others (fewer requests per FULL step) are summed up beside it
     sp = pt[pt["configuration"] == verification.STOCK_PROBE].sort_values("max requests in a FULL step", kind="stable")
     stock_probe = divergence.load_probe(sp.iloc[-1]["path"]) if len(sp) else None
     low = sp.iloc[:-1]
@@ -200,7 +200,7 @@ def write_findings(root: Path, out: Path) -> Path:
     else:
         fix_line += f" GPU runs with it: {len(fix2)}."
     summary.append(fix_line)
-    summary.append(_discriminating_line(df))
+    summary.append(_discriminating_line(df) + _splits1_probe_clause(pt))
     summary.append(
         "Ruled out as the cause: the report's buffer-vs-capture-size suspicion (no drafter batch pads for its "
         "configuration, notebook 01); the DFlash input kernel's unmasked last_pos load is a real out-of-bounds read "
@@ -687,6 +687,21 @@ def _first_position(runs) -> str:
     span = f"{min(first):.0%}" if min(first) == max(first) else f"{min(first):.0%}-{max(first):.0%}"
     return (f"; the first draft position was accepted in {span} of drafts"
             + (", so no step rejected every draft" if min(first) == 1.0 else ""))
+
+
+def _splits1_probe_clause(pt) -> str:
+    """FA3 splits 1 under the step probe: a completed run is not a right one (its FULL steps against the no-graph pass)."""
+    rows = pt[pt["configuration"].fillna("").str.contains("flash_attn_max_num_splits_for_cuda_graph=1, step probe")
+              & (pt["runs ok / runs"] == "1/1")]
+    if not len(rows):
+        return ""
+    full, div = int(rows["FULL steps"].sum()), int(rows["FULL steps diverging"].sum())
+    nan = rows["first NaN step"].notna().any()
+    return (f" Under the step probe, FA3 splits 1 on both sides completed ({len(rows)} run(s) at concurrency "
+            f"{_concurrencies(rows)}, {', '.join(_short(x) for x in rows['gpu_session'])}), but {div} of its {full} FULL steps "
+            f"diverged from the no-graph pass, first at {', '.join(sorted(set(rows['first layer written differently'].dropna())))}, "
+            + ("with NaN" if nan else "none with NaN")
+            + ": one split leaves the stale schedule's outputs wrong, not right.")
 
 
 def _discriminating_line(df) -> str:

@@ -28,6 +28,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert ("at concurrency 64 (s35) from step 280 (its first FULL step), NaN rows graph / reference 480 / 0 (30 req, 480 "
             "tokens)") in text and "at 2, 12, 16 finite on every FULL step." in text
     assert "1265 of 1265 FULL-graph steps identical to the no-graph pass" in text
+    # s35's split-1 probe completed: the page must not let "0 / 1 crashed" read as "right"
+    assert ("Under the step probe, FA3 splits 1 on both sides completed (1 run(s) at concurrency 32, s35), but 281 of its "
+            "283 FULL steps diverged from the no-graph pass, first at L8 gdn, none with NaN") in text
     assert ("the step probe with the fix (4 engine(s), concurrency 2, 8, 16, 32, 64, up to 32 requests per FULL step): the "
             "target's outputs on all 1676 FULL-graph steps identical") in text
     assert ("FULL_AND_PIECEWISE (FA3 splits 1 for the drafter only) at concurrency 32: 3 / 3 crashed (predicted: crash; "
