@@ -97,7 +97,7 @@ def write_findings(root: Path, out: Path) -> Path:
         f"Workaround today: cudagraph_mode=PIECEWISE (--compilation-config '{{\"cudagraph_mode\": \"PIECEWISE\"}}'): "
         f"{cell('dflash k=15, PIECEWISE', 32, exact=False)} runs crashed at concurrency 32, against "
         f"{int(stock[stock.concurrency == 32]['crashed'].sum())}/{len(stock[stock.concurrency == 32])} for the default "
-        f"FULL_AND_PIECEWISE." + _stock_loss_clause(bench_runs),
+        f"FULL_AND_PIECEWISE." + _splits1_warning(pt) + _stock_loss_clause(bench_runs),
         f"Reproduced: DFlash k=15 + FULL_AND_PIECEWISE graphs on the real-size Qwen3.6-35B-A3B architecture (dummy weights, "
         f"synthetic acceptance 1.86, TP=1, H200, offline engine) dies on a CUDA fault (cudaErrorIllegalAddress in the "
         f"runs without core dumps; with core dumps on, the driver ends the process after writing the core unless it keeps "
@@ -689,10 +689,25 @@ def _first_position(runs) -> str:
             + (", so no step rejected every draft" if min(first) == 1.0 else ""))
 
 
+def _splits1_rows(pt):
+    """The step-probe rows of FA3 splits 1 on both sides whose run completed."""
+    return pt[pt["configuration"].fillna("").str.contains("flash_attn_max_num_splits_for_cuda_graph=1, step probe")
+              & (pt["runs ok / runs"] == "1/1")]
+
+
+def _splits1_warning(pt) -> str:
+    """For the workaround paragraph: FA3 splits 1 completes, but is not one (its probe's FULL steps are wrong)."""
+    rows = _splits1_rows(pt)
+    if not len(rows):
+        return ""
+    return (" Not a workaround: FA3 with one split per graph (attention_config flash_attn_max_num_splits_for_cuda_graph=1) "
+            f"completes, but its FULL replays are wrong ({int(rows['FULL steps diverging'].sum())} of "
+            f"{int(rows['FULL steps'].sum())} FULL steps diverged from the no-graph pass in its step probe).")
+
+
 def _splits1_probe_clause(pt) -> str:
     """FA3 splits 1 under the step probe: a completed run is not a right one (its FULL steps against the no-graph pass)."""
-    rows = pt[pt["configuration"].fillna("").str.contains("flash_attn_max_num_splits_for_cuda_graph=1, step probe")
-              & (pt["runs ok / runs"] == "1/1")]
+    rows = _splits1_rows(pt)
     if not len(rows):
         return ""
     full, div = int(rows["FULL steps"].sum()), int(rows["FULL steps diverging"].sum())

@@ -29,6 +29,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "tokens)") in text and "at 2, 12, 16 finite on every FULL step." in text
     assert "1265 of 1265 FULL-graph steps identical to the no-graph pass" in text
     # s35's split-1 probe completed: the page must not let "0 / 1 crashed" read as "right"
+    assert ("Not a workaround: FA3 with one split per graph (attention_config flash_attn_max_num_splits_for_cuda_graph=1) "
+            "completes, but its FULL replays are wrong (281 of 283 FULL steps diverged") in text
     assert ("Under the step probe, FA3 splits 1 on both sides completed (1 run(s) at concurrency 32, s35), but 281 of its "
             "283 FULL steps diverged from the no-graph pass, first at L8 gdn, none with NaN") in text
     assert ("the step probe with the fix (4 engine(s), concurrency 2, 8, 16, 32, 64, up to 32 requests per FULL step): the "
