@@ -47,11 +47,11 @@ def break_even_tables(cells_df, mode: str, model: dict, k: int = 15):
     """(measured, per concurrency): the break-even acceptance of each measured cell
     (``bench.break_even_measured``), and per concurrency the model's beside the measured cells' mean. The model
     runs at the requests that actually ran where requests waited (``bench.running_by_concurrency``)."""
+    import pandas as pd
+
     bem = bench.break_even_measured(cells_df, mode)
     ran = bench.running_by_concurrency(cells_df, mode, k)
     concs = sorted(cells_df["concurrency"].unique())
-    import pandas as pd
-
     be = pd.DataFrame([{"concurrency": c, "requests running": ran.get(c, c),
                         "break-even acceptance length (model)": bench.break_even_acceptance(model["spec"], model["base"], c,
                                                                                            k, ran.get(c))}
