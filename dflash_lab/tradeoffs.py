@@ -21,11 +21,12 @@ def step_fits(cells_df, mode: str) -> dict:
     return {"mode": mode, "spec_pts": spec_pts, "base_pts": base_pts, "fits": fits}
 
 
-def fit_table(sf: dict, mode: str, model: str = "line"):
-    """Every measured cell's step time beside the fitted model's, and their ratio (``fitted / measured``)."""
+def fit_table(sf: dict, mode: str):
+    """Every measured cell's step time beside the straight line's fitted on all slices, and their ratio
+    (``fitted / measured``)."""
     import pandas as pd
 
-    m = sf["fits"][model]
+    m = sf["fits"]["line"]
     rows = [{"mode": name, "acceptance": p[2], "concurrency": p[3], "tokens per step": p[0], "step ms (measured)": p[1],
              "step ms (fitted line)": bench.step_ms(fitted, p[0])}
             for name, fitted, pts in ((mode, m["spec"], sf["spec_pts"]), (BASE, m["base"], sf["base_pts"])) for p in pts]
