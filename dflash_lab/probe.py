@@ -41,6 +41,17 @@ Checks (each a ``violation`` with ``step``, ``field``, ``row``, ``value``):
   schedule, which that group's captured graphs read, differs from the schedule the step's
   metadata carries (the root cause of the DFlash crash, :mod:`dflash_lab.patch` part 1);
 - ``state.nonfinite``: NaN/Inf in a GDN state or K/V written this step.
+
+``DFLASH_LAB_PROBE_TAPS`` (with ``DFLASH_LAB_PROBE``) adds what the writes above cannot show, because
+an attention layer's *output* is not state: the FlashAttention forward is wrapped (before any graph is
+captured, so the wrapper's copies are captured too) to copy each layer's output into a persistent
+buffer, and FULL steps compare those, layer by layer and request by request, between the reference
+pass and the graph replay (``taps`` in the step's line). ``=sentinel`` also fills each output with
+:data:`SENTINEL` before FlashAttention runs: rows still holding it afterwards are rows the kernel
+never wrote (``unwritten``). That changes what an unwritten row holds (the sentinel instead of
+whatever the buffer held), so a sentinel run shows *which* rows are left unwritten, a plain run
+*what* they then hold. With taps on, FULL steps also record every FA group's persistent schedule
+next to the step's (``schedules``), where they differ.
 """
 
 from __future__ import annotations
@@ -54,6 +65,9 @@ import time
 ENV_PROBE = "DFLASH_LAB_PROBE"
 ENV_CANARY = "DFLASH_LAB_CANARY"
 ENV_REF = "DFLASH_LAB_PROBE_REF"
+ENV_TAPS = "DFLASH_LAB_PROBE_TAPS"  # "1": attention-output taps; "sentinel": taps + sentinel pre-fill
+TAP_ROWS = 1024  # rows copied per layer: FULL graphs replay at most the largest capture size (512 here)
+SENTINEL = 8192.0  # exact in bf16/fp16/fp32; a softmax-weighted mean of V rows does not land on it by chance
 GDN_HEADS_FINGERPRINTED = 4  # recurrent-state heads summed per slot (all heads evolve from the same inputs)
 MAX_VIOLATIONS_PER_STEP = 20
 
@@ -359,13 +373,120 @@ def compare_outputs(ref: dict, run: dict, n: int, rel_tol: float) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- attention-output taps
+
+class AttnTaps:
+    """Persistent copies of each attention layer's output, written by a wrapped attention forward.
+
+    The copy is ordinary stream work, so a FULL graph captured with the wrapper in place replays it:
+    after a replay, ``buf[name]`` holds what the graph's attention wrote, which is otherwise gone.
+    """
+
+    def __init__(self, sentinel: bool, rows: int = TAP_ROWS):
+        self.sentinel = sentinel
+        self.rows = rows
+        self.buf: dict = {}
+
+    def wrap(self, forward):
+        taps = self
+
+        def tapped(impl, layer, query, key, value, kv_cache, attn_metadata, output=None, *a, **kw):
+            name = getattr(layer, "layer_name", None)
+            live = attn_metadata is not None and output is not None and name is not None
+            if live and taps.sentinel:
+                output.fill_(SENTINEL)
+            res = forward(impl, layer, query, key, value, kv_cache, attn_metadata, output, *a, **kw)
+            if live:
+                taps.copy(name, output)
+            return res
+
+        tapped._dflash_lab_taps = True
+        return tapped
+
+    def copy(self, name: str, output) -> None:
+        import torch
+
+        o = output.reshape(output.shape[0], -1)
+        n = min(o.shape[0], self.rows)
+        b = self.buf.get(name)
+        if b is None or b.shape[1] != o.shape[1] or b.dtype != o.dtype:
+            b = self.buf[name] = torch.full((self.rows, o.shape[1]), float("nan"), dtype=o.dtype, device=o.device)
+        b[:n].copy_(o[:n])
+
+    def snapshot(self, names) -> dict:
+        return {n: self.buf[n].clone() for n in names if n in self.buf}
+
+
+def _requests_of(rows, qsl) -> list[int]:
+    """Batch indices of the requests that own token ``rows`` (``qsl``: query start locations)."""
+    import numpy as np
+
+    if len(rows) == 0:
+        return []
+    r = np.searchsorted(np.asarray(qsl), np.asarray(rows), side="right") - 1
+    return sorted({int(x) for x in r})
+
+
+def compare_taps(ref: dict, run: dict, order: list[str], n: int, qsl, rel_tol: float,
+                 sentinel: bool) -> dict:
+    """Per attention layer: which tokens (and requests) the replay's output differs in, is NaN/Inf in,
+    or (sentinel runs) never wrote, against the reference pass of the same step."""
+    import torch
+
+    out = {}
+    for name in order:
+        a, b = ref.get(name), run.get(name)
+        if a is None or b is None:
+            continue
+        a2, b2 = a[:n].float(), b[:n].float()
+        d = (a2 - b2).abs()
+        d = torch.where(torch.isnan(a2) & torch.isnan(b2), torch.zeros_like(d), d)
+        d = torch.where(torch.isnan(d), torch.full_like(d, float("inf")), d)
+        row_max = d.max(dim=1).values if n else d.new_zeros(0)
+        scale = float(torch.nan_to_num(a2.abs(), nan=0.0, posinf=0.0).max()) + 1e-30 if n else 1.0
+        differ = torch.nonzero(row_max > rel_tol * scale).flatten().cpu().tolist()
+        bad_ref = torch.nonzero(~torch.isfinite(a2).all(dim=1)).flatten().cpu().tolist()
+        bad_run = torch.nonzero(~torch.isfinite(b2).all(dim=1)).flatten().cpu().tolist()
+        rec = {"max_abs": float(row_max.max()) if n else 0.0, "rows_differ": len(differ),
+               "req_differ": _requests_of(differ, qsl),
+               "nonfinite_ref": len(bad_ref), "nonfinite_run": len(bad_run),
+               "req_nonfinite_run": _requests_of(bad_run, qsl)}
+        if sentinel:
+            un_ref = torch.nonzero((a2 == SENTINEL).all(dim=1)).flatten().cpu().tolist()
+            un_run = torch.nonzero((b2 == SENTINEL).all(dim=1)).flatten().cpu().tolist()
+            rec.update({"unwritten_ref": len(un_ref), "unwritten_run": len(un_run),
+                        "req_unwritten_run": _requests_of(un_run, qsl)})
+        out[name] = rec
+    return out
+
+
+def graph_schedules(attn_groups, attn_metadata: dict) -> dict:
+    """Per FA group (FULL steps): the persistent schedule its graphs read, and the step's, where they differ."""
+    out = {}
+    for gid, ags in enumerate(attn_groups):
+        for ag in ags:
+            builder = ag.get_metadata_builder(0) if hasattr(ag, "get_metadata_builder") else ag.metadata_builders[0]
+            own = getattr(builder, "scheduler_metadata", None)
+            meta = attn_metadata.get(ag.layer_names[0]) if ag.layer_names else None
+            cur = getattr(meta, "scheduler_metadata", None)
+            if own is None or cur is None:
+                continue
+            n = int(cur.shape[0])
+            graph, step = own[:n].cpu().tolist(), cur.cpu().tolist()
+            out[str(gid)] = ({"n": n, "same": True} if graph == step else
+                             {"n": n, "same": False, "graph": graph, "step": step})
+    return out
+
+
 # ----------------------------------------------------------------------------- the probe
 
 class StepProbe:
     """Per-process state: step counter, request ids, output file."""
 
-    def __init__(self, outdir: str | None, raise_on_violation: bool, reference: bool, rel_tol: float = 1e-3):
+    def __init__(self, outdir: str | None, raise_on_violation: bool, reference: bool, rel_tol: float = 1e-3,
+                 taps: AttnTaps | None = None):
         self.outdir = outdir
+        self.taps = taps if reference else None
         self.raise_on_violation = raise_on_violation
         self.reference = reference and outdir is not None
         self.rel_tol = rel_tol
@@ -497,8 +618,14 @@ class StepProbe:
         violations += self.check_accepted_continuity(line)
         order = [name for name, _k, _m, _l in per_layer]
         # ---------------- the reference pass (FULL steps only)
-        ref_out = fp_ref = None
+        ref_out = fp_ref = ref_taps = None
+        attn_names = [name for name, _l, _s in step_attn]
         is_full = ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL
+        if self.taps is not None and is_full and hasattr(runner, "attn_groups"):
+            try:
+                line["schedules"] = graph_schedules(runner.attn_groups, ctx.attn_metadata)
+            except Exception as e:  # noqa: BLE001 - bookkeeping only
+                line["schedules_error"] = f"{type(e).__name__}: {e}"
         if self.reference and is_full and "probe_error" not in line:
             saved = None
             try:
@@ -509,6 +636,8 @@ class StepProbe:
                 ref_out = {key: t.clone() for key, t in outputs_of(out).items()}
                 _sync()
                 fp_ref = fingerprint(step_gdn, step_attn)
+                if self.taps is not None:
+                    ref_taps = self.taps.snapshot(attn_names)
             except Exception as e:  # noqa: BLE001
                 if is_cuda_error(e):
                     line["error"] = f"reference pass: {type(e).__name__}: {e}"[:2000]
@@ -558,6 +687,11 @@ class StepProbe:
                 line["diverge"] = {"diverged": diverged, "first_layer": cmp["first_layer"],
                                    "outputs": cmp["outputs"],
                                    "layers_worst": _worst_layers(cmp["layers"], 3)}
+                if ref_taps is not None:
+                    qsl = next(m.query_start_loc for _n, k_, m, _l in per_layer if k_ == "attn")
+                    qsl = qsl if n_reqs is None else qsl[: n_reqs + 1]
+                    line["taps"] = compare_taps(ref_taps, self.taps.snapshot(attn_names), attn_names, ntok,
+                                                qsl.cpu().numpy(), self.rel_tol, self.taps.sentinel)
                 if diverged:
                     line["diverge"]["layers"] = cmp["layers"]
                     if self.first_divergence is None:
@@ -682,14 +816,33 @@ def enabled() -> bool:
     return bool(os.environ.get(ENV_PROBE)) or os.environ.get(ENV_CANARY, "0") not in ("", "0")
 
 
+def taps_from_env() -> AttnTaps | None:
+    """``DFLASH_LAB_PROBE_TAPS``: unset/0 none, ``1`` taps, ``sentinel`` taps with the sentinel pre-fill."""
+    v = os.environ.get(ENV_TAPS, "").strip().lower()
+    if v in ("", "0"):
+        return None
+    if v not in ("1", "sentinel"):
+        raise ValueError(f"{ENV_TAPS}={v!r}: expected 0, 1 or sentinel")
+    if not os.environ.get(ENV_PROBE):
+        raise ValueError(f"{ENV_TAPS} needs {ENV_PROBE} (the taps are compared in the probe's reference pass)")
+    return AttnTaps(sentinel=v == "sentinel")
+
+
 def install() -> StepProbe:
     """Wrap ``GPUModelRunner._model_forward`` (and the DFlash proposer's ``propose``)."""
     if "probe" in _PROBE:
         return _PROBE["probe"]
+    taps = taps_from_env()
     probe = StepProbe(os.environ.get(ENV_PROBE) or None,
                       raise_on_violation=os.environ.get(ENV_CANARY, "0") not in ("", "0"),
-                      reference=os.environ.get(ENV_REF, "1") not in ("", "0"))
+                      reference=os.environ.get(ENV_REF, "1") not in ("", "0"), taps=taps)
     _PROBE["probe"] = probe
+    if probe.taps is not None:
+        from vllm.v1.attention.backends import flash_attn as fa
+
+        impl = fa.FlashAttentionImpl
+        if not getattr(impl.forward, "_dflash_lab_taps", False):
+            impl.forward = probe.taps.wrap(impl.forward)
     from vllm.v1.worker import gpu_model_runner as gmr
 
     R = gmr.GPUModelRunner

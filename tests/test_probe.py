@@ -291,3 +291,106 @@ def test_stale_graph_schedule_is_a_violation():
         ("attn.scheduler_metadata", 1, 0, 9, 4)]
     groups[1][0].get_metadata_builder(0).scheduler_metadata[:3] = meta.scheduler_metadata
     assert P.check_graph_schedules(groups, {"layers.3.attn": meta, "layers.7.attn": meta}) == []
+
+
+# ----------------------------------------------------------------------------- attention-output taps
+
+ATTN = "model.layers.3.self_attn.attn"
+
+
+class FakeImpl:
+    """FlashAttention-like forward: writes ``0.5 * query`` into ``output`` request by request; with
+    ``skip_in_full`` a FULL replay leaves the rows of requests >= 1 unwritten (a stale schedule's
+    skipped work), as the FA3 kernel would if its per-batch schedule said so."""
+
+    skip_in_full = False
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output=None, output_scale=None):
+        qsl = attn_metadata.query_start_loc
+        for b in range(len(qsl) - 1):
+            if self.skip_in_full and _CTX["ctx"].cudagraph_runtime_mode == Mode.FULL and b >= 1:
+                continue
+            output[int(qsl[b]):int(qsl[b + 1])] = query[int(qsl[b]):int(qsl[b + 1])] * 0.5
+        return output
+
+
+class TappedModel(FakeModel):
+    """FakeModel, then its attention layer's output through a (tapped) FlashAttention-like impl.
+
+    A FULL replay's output buffer is graph-pool memory, not the eager pass's: it starts out NaN."""
+
+    def __init__(self, impl_cls, n_tokens):
+        super().__init__()
+        self.impl = impl_cls()
+        self.buf = {Mode.FULL: torch.full((n_tokens, H), float("nan")), Mode.NONE: torch.zeros(n_tokens, H),
+                    Mode.PIECEWISE: torch.zeros(n_tokens, H)}
+
+    def __call__(self, x):
+        h, _ = super().__call__(x)
+        ctx = _CTX["ctx"]
+        meta, layer = ctx.attn_metadata[ATTN], ctx.no_compile_layers[ATTN]
+        out = self.buf[ctx.cudagraph_runtime_mode]
+        self.impl.forward(layer, h, h, h, layer.kv_cache, meta, output=out)
+        h = h + out
+        return h, [h * 2.0]
+
+
+def tapped_step(tmp_path, sentinel, skip):
+    taps = P.AttnTaps(sentinel=sentinel, rows=64)
+
+    class Impl(FakeImpl):
+        skip_in_full = skip
+
+    Impl.forward = taps.wrap(Impl.forward)
+    runner, layers, metas, slots, x = build()
+    layers[ATTN].layer_name = ATTN
+    model = TappedModel(Impl, x.shape[0])
+    pr = P.StepProbe(str(tmp_path), raise_on_violation=False, reference=True, taps=taps)
+    with context(layers, metas, slots, Mode.FULL):
+        pr.forward(runner, lambda r, *a, **k: model(*a), (x,), {})
+    return [l for l in map(__import__("json").loads, open(pr.path)) if "kind" not in l][-1]
+
+
+def test_sentinel_taps_name_the_requests_a_replay_leaves_unwritten(tmp_path):
+    t = tapped_step(tmp_path, sentinel=True, skip=True)["taps"][ATTN]
+    assert t["unwritten_ref"] == 0
+    assert t["unwritten_run"] == 2 * (K + 1) and t["req_unwritten_run"] == [1, 2]
+    assert t["req_differ"] == [1, 2] and t["nonfinite_run"] == 0  # the sentinel replaced what the rows held
+
+
+def test_plain_taps_show_what_unwritten_rows_hold(tmp_path):
+    line = tapped_step(tmp_path, sentinel=False, skip=True)
+    t = line["taps"][ATTN]
+    assert "unwritten_run" not in t
+    assert t["nonfinite_ref"] == 0 and t["nonfinite_run"] == 2 * (K + 1) and t["req_nonfinite_run"] == [1, 2]
+    assert line["diverge"]["outputs"]["hidden"]["nonfinite_run"] == 2 * (K + 1)
+
+
+def test_taps_of_a_faithful_replay_are_identical(tmp_path):
+    t = tapped_step(tmp_path, sentinel=True, skip=False)["taps"][ATTN]
+    assert (t["max_abs"], t["rows_differ"], t["unwritten_run"], t["nonfinite_run"]) == (0.0, 0, 0, 0)
+
+
+def test_taps_setting_is_checked(monkeypatch):
+    monkeypatch.delenv(P.ENV_TAPS, raising=False)
+    assert P.taps_from_env() is None
+    monkeypatch.setenv(P.ENV_TAPS, "yes")
+    with pytest.raises(ValueError, match="expected 0, 1 or sentinel"):
+        P.taps_from_env()
+    monkeypatch.setenv(P.ENV_TAPS, "sentinel")
+    monkeypatch.delenv(P.ENV_PROBE, raising=False)
+    with pytest.raises(ValueError, match="needs DFLASH_LAB_PROBE"):
+        P.taps_from_env()
+    monkeypatch.setenv(P.ENV_PROBE, "/tmp/x")
+    assert P.taps_from_env().sentinel is True
+
+
+def test_graph_schedules_record_both_sides_where_they_differ():
+    def group(name, v):
+        b = types.SimpleNamespace(scheduler_metadata=torch.tensor(v, dtype=torch.int32))
+        return types.SimpleNamespace(layer_names=[name], get_metadata_builder=lambda i: b)
+
+    meta = types.SimpleNamespace(scheduler_metadata=torch.tensor([4, 2, 4], dtype=torch.int32))
+    groups = [[group("a", [4, 2, 4, 0])], [group("b", [9, 9, 9, 1])]]
+    s = P.graph_schedules(groups, {"a": meta, "b": meta})
+    assert s == {"0": {"n": 3, "same": True}, "1": {"n": 3, "same": False, "graph": [9, 9, 9], "step": [4, 2, 4]}}

@@ -228,6 +228,27 @@ def test_a_one_sided_split_bound_reaches_the_engine_and_the_line(tmp_path, monke
     assert "DFLASH_LAB_FA_SPLITS=drafter:1\n" in env["ds"] and "DFLASH_LAB_FA_SPLITS=\n" in env["stock"]
 
 
+def test_probe_taps_reach_only_the_engine_that_asked(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    monkeypatch.setenv("DFLASH_LAB_PROBE_TAPS", "1")  # inherited: must not leak
+    lines, _ = run(tmp_path, [
+        {"id": "t", "probe": True, "probe_taps": "sentinel", "runs": [{"concurrency": 1}]},
+        {"id": "p", "probe": True, "runs": [{"concurrency": 1}]}], extra=("--logs", str(logs)))
+    by = {l["engine_id"]: l for l in lines}
+    assert by["t"]["probe_taps"] == "sentinel" and by["p"]["probe_taps"] is None
+    env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+    assert "DFLASH_LAB_PROBE_TAPS=sentinel\n" in env["t"] and "DFLASH_LAB_PROBE_TAPS=\n" in env["p"]
+
+
+@pytest.mark.parametrize("eng,msg", [
+    ({"probe_taps": "sentinel"}, "probe_taps needs probe: true"),
+    ({"probe": True, "probe_taps": 1}, "probe_taps must be '1' or 'sentinel'"),
+])
+def test_bad_probe_taps_are_refused(eng, msg):
+    with pytest.raises(LabError, match=msg):
+        validate_matrix({"engines": [{"id": "a", "runs": [{}], **eng}]}, "m.yaml")
+
+
 @pytest.mark.parametrize("runs,msg", [
     ([{"concurrency": 1, "warmup": "yes"}], "engine a: warmup must be true or false"),
     ([{"concurrency": 1}, {"concurrency": 4, "warmup": True}],
