@@ -135,6 +135,10 @@ def cell_label(r: dict) -> str:
         extra.append(f"capture sizes {min(sizes)}..{max(sizes)} ({len(sizes)})")
     if r.get("probe") is True:
         extra.append("step probe")
+    taps = r.get("probe_taps")
+    if isinstance(taps, str) and taps:
+        # the sentinel changes what FA3's unwritten output rows hold: a different computation, not an observer
+        extra.append("attention taps, sentinel pre-fill" if taps == "sentinel" else "attention taps")
     if r.get("canary") is True:
         extra.append("canaries raise")
     if r.get("async_scheduling") is False:

@@ -148,7 +148,8 @@ def write_findings(root: Path, out: Path) -> Path:
                   == int(low['FULL steps ended by an error'].sum()) > 0 else "")
                + ", each log first at "
                f"{', '.join(sorted(set(low['first layer written differently'].dropna())))}; "
-               + _low_nan(low) + "." if len(low) else ""))
+               + _low_nan(low) + "." if len(low) else "")
+            + _unwritten_clause(df, pt))
     can = verification.canary_table(df)
     stock_can = can[(can["fix"] == "stock") & (can["field"] == "attn.scheduler_metadata")]
     summary.append(
@@ -171,7 +172,7 @@ def write_findings(root: Path, out: Path) -> Path:
     if sessions:
         cs = verification.counts_session(df)
         v = verification.verdict(verification.session_table(df, cs))
-        fp = pt[pt["fix"].str.startswith("fix 2")]
+        fp = verification.untapped(pt[pt["fix"].str.startswith("fix 2")])
         fix_line += (f" GPU session {cs}, through the plugin: stock control crashed {v['stock_crashed']}/{v['stock_runs']}; "
                      "with the fix "
                      + ", ".join(f"concurrency {c}: {v['fix_runs'][c] - v['fix_not_ok'][c]}/{v['fix_runs'][c]} completed"
@@ -180,7 +181,7 @@ def write_findings(root: Path, out: Path) -> Path:
                         f"{int(fp['max requests in a FULL step'].max())} requests per FULL step): the target's outputs on all "
                         f"{int(fp['FULL steps'].sum())} FULL-graph steps identical to a no-graph pass of the same step with the "
                         f"same metadata ({int(fp['FULL steps diverging'].sum())} differ)" if len(fp) else "") + ".")
-        p1 = pt[pt["fix"] == "part 1 only: FA3 schedule refresh"]
+        p1 = verification.untapped(pt[pt["fix"] == "part 1 only: FA3 schedule refresh"])
         if len(p1):
             fix_line += (f" Part 1 alone (the schedule copy, no kernel edits, no k+1) under the step probe ({len(p1)} engine(s), "
                          f"up to {int(p1['max requests in a FULL step'].max())} requests per step): "
@@ -717,6 +718,43 @@ def _splits1_probe_clause(pt) -> str:
             f"diverged from the no-graph pass, first at {', '.join(sorted(set(rows['first layer written differently'].dropna())))}, "
             + ("with NaN" if nan else "none with NaN")
             + ": one split leaves the stale schedule's outputs wrong, not right.")
+
+
+def _unwritten_clause(df, pt) -> str:
+    """Why the stale schedule gives wrong values and, in some replays, NaN: the attention-output taps (probe.py) against
+    the rows FA3 leaves unwritten by the recorded schedule (fa3sched.py). Empty without tap probes."""
+    from . import divergence, fa3sched
+
+    probes = [p for p in (divergence.load_probe(x) for x in pt["path"]) if fa3sched.has_taps(p)]
+    if not probes:
+        return ""
+    fixes = dict(zip(pt["path"], pt["fix"]))
+    ut = fa3sched.unwritten_table([p for p in probes if fixes.get(p["path"]) == "stock"])
+    stale = fa3sched.stale_vectors(probes)
+    plain = [p for p in probes if fixes.get(p["path"]) == "stock" and not fa3sched.tap_summary(p)["sentinel"]]
+    orig = [o for o in (fa3sched.nan_origin(p) for p in plain) if o]
+    runs = df[df["probe_taps"].notna() & (df["fix"] != True)] if "probe_taps" in df else df.iloc[:0]
+    sent, pl = runs[runs["probe_taps"] == "sentinel"], runs[runs["probe_taps"] == "1"]
+    shared = sent[sent["concurrency"].isin(set(pl["concurrency"]))]
+    out = (f" Why (attention-output taps, {', '.join(sorted({_short(x) for x in runs['gpu_session'].dropna()}))}): "
+           + (f"a replay reads group 7's buffer as last written, {list(next(iter(stale)))} then zeros, a 1-request batch's "
+              "FA3 schedule (every stale read recorded), " if len(stale) == 1 else "")
+           + "so FA3 gives no split, and no tile, to every request from 9 requests on and to requests 1..b-1 below, and "
+           "never writes their attention output rows")
+    if len(ut):
+        out += (f"; with a sentinel written into each output first, the requests still holding it were those predicted "
+                f"from the recorded schedule in {int(ut['match'].sum())} of {len(ut)} comparisons "
+                f"({ut.groupby(['session', 'engine']).ngroups} engines, concurrency "
+                f"{', '.join(str(c) for c in sorted(set(sent['concurrency'])))})")
+    if orig:
+        out += (f"; with plain taps the first NaN the no-graph pass lacks was in a group-7 attention output, inside "
+                f"those requests, in {sum(o['within_unwritten'] for o in orig)} of {len(orig)} crashed runs: the rows "
+                "kept NaN the graph's memory held")
+    if len(shared) and len(pl):
+        out += (f"; with the sentinel instead, stock completed {int((shared['outcome'] == 'ok').sum())} of {len(shared)} "
+                f"where plain-tap stock crashed {int(pl['crashed'].sum())} of {len(pl)} (concurrency "
+                f"{', '.join(str(c) for c in sorted(set(pl['concurrency'])))}, one session), outputs still wrong")
+    return out + "."
 
 
 def _discriminating_line(df) -> str:

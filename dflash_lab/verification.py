@@ -69,7 +69,8 @@ def session_table(df, session: str, acceptance=analysis.CRASH_ACCEPTANCE):
     add("fix 2 (FULL_AND_PIECEWISE)", analysis.rows_where(nat, is_fix2))
     pw = nat[(nat["cudagraph_mode"] == "PIECEWISE") & (nat["fix"] != True) & (nat["spec_method"] == "dflash")]
     add("stock PIECEWISE (workaround)", pw)
-    return pd.DataFrame(rows)
+    # a session whose runs were all instrumented (probes, taps: s36) has no row, and still a table
+    return pd.DataFrame(rows, columns=["session", "what", "concurrency", "runs", "ok", "crashed", "other", "files"])
 
 
 def _offline_stock_and_fix(df, acceptance):
@@ -152,6 +153,12 @@ def verdict(table) -> dict:
 # the stock engine's configuration under the step probe (dflash_lab.discriminate.configuration): what "stock" means
 # where a probe is compared with the fix (a probe of another variant, e.g. FA3 splits 1, has no fix either)
 STOCK_PROBE = "dflash k=15, FULL_AND_PIECEWISE (step probe)"
+
+
+def untapped(probes):
+    """Probe-table rows without attention-output taps: the probe's own instrument only. The tap probes (s36) are
+    counted in their own section (notebook 03; a sentinel run changes what FA3's unwritten rows hold)."""
+    return probes[~probes["configuration"].fillna("").str.contains("attention taps", regex=False)]
 PROBE_COLUMNS = ["session", "engine", "path", "fix", "configuration", "gpu_session", "concurrencies", "reached",
                  "runs ok / runs", "steps", "FULL steps", "max requests in a FULL step", "FULL steps diverging",
                  "FULL steps ended by an error", "first FULL step",

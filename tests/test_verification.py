@@ -151,9 +151,12 @@ def test_counts_come_from_the_session_that_meets_them_not_the_latest(df):
     # s22 (the fix at 8-28) is later still and has no run at 32: it does not replace s14 either
     assert "2026-11-30-s22" in V.sessions_with_fix2(df)
     assert not V.verdict(V.session_table(df, "2026-11-30-s22"))["meets_counts"]
-    # s35 (fix 2 under the step probe at 8 and 64, one run each) is the latest: it does not replace s14 either
-    assert V.sessions_with_fix2(df)[-1] == "2026-12-01-s35"
+    # s35 (fix 2 under the step probe at 8 and 64, one run each): it does not replace s14 either
     assert not V.verdict(V.session_table(df, "2026-12-01-s35"))["meets_counts"]
+    # s36 is the latest, and every run of it was instrumented (attention taps): an empty table, and no verdict
+    assert V.sessions_with_fix2(df)[-1] == "2026-12-01-s36"
+    t36 = V.session_table(df, "2026-12-01-s36")
+    assert t36.empty and "what" in t36 and not V.verdict(t36)["meets_counts"]
     assert V.counts_session(df) == SESSION
     # the stock run at concurrency 2 records outputs: the control is the crash configuration only
     v15 = V.verdict(V.session_table(df, S15))

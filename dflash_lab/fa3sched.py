@@ -1,0 +1,194 @@
+"""FA3's precomputed schedule (the ``scheduler_metadata`` vLLM 0.22.1 passes to FlashAttention 3), decoded.
+
+Layout, from vllm-project/flash-attention at 5824e6e (the commit vLLM 0.22.1's ``flash_attn.py`` cites;
+``hopper/flash_api.cpp`` 554-700 builds it, ``mha_fwd`` 1043-1088 reads it back): for ``b`` requests and
+``b4 = round_up(b, 4)``, ``nvec`` vectors of ``b4`` int32 each, then one semaphore::
+
+    [0, b4)                 prepare_seqlen_q    query rows per request (tokens x query heads per KV head, GQA packed)
+    [b4, 2 b4)              num_splits_dynamic  KV splits per request        (present when num_splits > 1)
+    [(nvec-1) b4, nvec b4)  num_nheads_in_l2    heads kept in L2 together   (present for causal/local attention)
+    [nvec b4]               tile_count_semaphore
+
+A FULL CUDA graph captured for ``b`` requests reads those offsets of its builder's persistent buffer,
+whatever was last written there. What the forward does with one request's entries
+(``hopper/tile_scheduler.hpp`` 479-513, ``flash_fwd_combine_kernel.h`` 453-454):
+
+- 0 splits, or 0 query rows: the main kernel gives the request no tile, and the combine, which skips
+  requests with at most one split, does not write it either: its output rows are **never written** and
+  keep whatever the buffer held;
+- fewer query rows than the step has: only the first rows are computed (**partial**);
+- query rows but more than one split and nothing computed: the combine mixes split partials that were
+  never written this call (**combined from unwritten partials**).
+
+:func:`coverage` applies these rules to a recorded schedule; :func:`unwritten_table` compares them with
+what the step probe's sentinel taps measured on the GPU (:mod:`dflash_lab.probe`).
+"""
+
+from __future__ import annotations
+
+from .errors import LabError
+
+WRITTEN, UNWRITTEN, PARTIAL, COMBINED = "written", "unwritten", "partial", "combined from unwritten partials"
+
+
+def round_up4(b: int) -> int:
+    return (b + 3) // 4 * 4
+
+
+def decode(vec, b: int) -> dict:
+    """The vectors of a schedule of length ``n = 1 + round_up(b, 4) * nvec`` for ``b`` requests.
+
+    ``nvec`` is read off the length; 3 (query rows, splits, heads in L2) is what vLLM's FULL graphs use
+    (``num_splits`` 32, causal). Other lengths are refused: the offsets would be guesses.
+    """
+    vec = [int(x) for x in vec]
+    if b < 1:
+        raise LabError(f"FA3 schedule: {b} requests")
+    b4 = round_up4(b)
+    n = len(vec)
+    if n < 1 + b4 or (n - 1) % b4:
+        raise LabError(f"FA3 schedule: {n} entries do not fit 1 + {b4} x nvec for {b} requests")
+    nvec = (n - 1) // b4
+    if nvec != 3:
+        raise LabError(f"FA3 schedule: {nvec} vectors for {b} requests; only the 3-vector layout "
+                       "(splits > 1, causal) that vLLM's FULL graphs use is decoded")
+    return {"b": b, "b4": b4, "seqlen_q": vec[:b], "num_splits": vec[b4:b4 + b],
+            "nheads_l2": vec[2 * b4:2 * b4 + b], "semaphore": vec[3 * b4]}
+
+
+def coverage(graph_vec, step_vec, b: int) -> list[str]:
+    """Per request, what the FA3 forward of a replay reading ``graph_vec`` writes of the step's output.
+
+    ``step_vec`` is the step's own schedule (what vLLM computed for this batch): its query rows are the
+    rows the step has. A non-zero semaphore skips tiles in an order this model does not follow: refused.
+    """
+    g, s = decode(graph_vec, b), decode(step_vec, b)
+    if g["semaphore"] != 0:
+        raise LabError(f"FA3 schedule: semaphore {g['semaphore']} at entry: skipped tiles are not modelled")
+    out = []
+    for rows_g, splits_g, rows_s in zip(g["seqlen_q"], g["num_splits"], s["seqlen_q"]):
+        if splits_g <= 0 or rows_g <= 0:
+            out.append(COMBINED if splits_g > 1 and rows_s > 0 else UNWRITTEN)
+        elif rows_g < rows_s:
+            out.append(PARTIAL)
+        else:
+            out.append(WRITTEN)
+    return out
+
+
+def group_layers(layout: dict | None) -> dict[str, list[str]]:
+    """KV-cache group id (as the probe's ``schedules`` key it) -> its layer names, from the probe's layout line."""
+    if not layout or "kv_cache_groups" not in layout:
+        return {}
+    return {str(g["gid"]): list(g["layers"]) for g in layout["kv_cache_groups"]}
+
+
+def step_rows(probe: dict):
+    """Per FULL step with recorded schedules and taps, per FA group whose graphs read a stale schedule:
+    the requests :func:`coverage` predicts unwritten (or partial), and, per layer of that group, the requests
+    the taps found unwritten (sentinel runs) or non-finite (plain runs)."""
+    groups = group_layers(probe.get("layout"))
+    for st in probe["steps"]:
+        sched, taps = st.get("schedules"), st.get("taps")
+        if st.get("mode") != "FULL" or not sched or not taps:
+            continue
+        b = int(st["num_reqs"])
+        for gid, s in sorted(sched.items()):
+            if s.get("same", True):
+                continue
+            cov = coverage(s["graph"], s["step"], b)
+            predicted = [i for i, c in enumerate(cov) if c != WRITTEN]
+            for layer in groups.get(gid, []):
+                t = taps.get(layer)
+                if t is None:
+                    continue
+                yield {"step": st["step"], "num_reqs": b, "group": int(gid), "layer": layer,
+                       "predicted": predicted, "kinds": sorted(set(cov)),
+                       "unwritten": t.get("req_unwritten_run"), "nonfinite": t["req_nonfinite_run"],
+                       "nonfinite_ref": t["nonfinite_ref"], "differ": t["req_differ"]}
+
+
+def unwritten_table(probes: list[dict]):
+    """One row per (engine, FULL step, stale group layer) of the sentinel-tap probes: predicted unwritten
+    requests against the measured ones, and whether they match."""
+    import pandas as pd
+
+    rows = []
+    for p in probes:
+        for r in step_rows(p):
+            if r["unwritten"] is None:
+                continue  # a plain-tap run: no sentinel, nothing to say about unwritten rows
+            rows.append({"session": p["session"], "engine": p["engine"], **r,
+                         "match": r["predicted"] == r["unwritten"]})
+    return pd.DataFrame(rows)
+
+
+def nan_origin(probe: dict) -> dict | None:
+    """First FULL step whose taps show NaN/Inf in an attention output that the reference pass has finite:
+    the layer (model order), its requests, and whether they all lie among the requests :func:`coverage`
+    predicts unwritten for that layer's group."""
+    from .probe import layer_number
+
+    stale = {}
+    for r in step_rows(probe):
+        stale[(r["step"], r["layer"])] = r
+    for st in probe["steps"]:
+        taps = st.get("taps")
+        if st.get("mode") != "FULL" or not taps:
+            continue
+        bad = [(layer_number(n), n, t) for n, t in taps.items() if t["nonfinite_run"] > t["nonfinite_ref"]]
+        if not bad:
+            continue
+        _no, layer, t = min(bad)
+        r = stale.get((st["step"], layer))
+        return {"step": st["step"], "num_reqs": st["num_reqs"], "layer": layer, "rows": t["nonfinite_run"],
+                "requests": t["req_nonfinite_run"],
+                "predicted_unwritten": r["predicted"] if r else [],
+                "within_unwritten": bool(r) and set(t["req_nonfinite_run"]) <= set(r["predicted"])}
+    return None
+
+
+def has_taps(probe: dict) -> bool:
+    return any("taps" in st for st in probe["steps"])
+
+
+def tap_summary(probe: dict) -> dict:
+    """FULL steps with taps; of them, steps where some attention output differs from the reference pass, holds
+    NaN/Inf the reference lacks, or (sentinel runs) has rows FA3 never wrote."""
+    full = [st for st in probe["steps"] if st.get("mode") == "FULL" and st.get("taps")]
+
+    def any_(pred):
+        return sum(1 for st in full if any(pred(t) for t in st["taps"].values()))
+
+    return {"FULL steps with taps": len(full),
+            "steps differing": any_(lambda t: t["rows_differ"] > 0),
+            "steps with new NaN": any_(lambda t: t["nonfinite_run"] > t["nonfinite_ref"]),
+            "steps with unwritten rows": any_(lambda t: (t.get("unwritten_run") or 0) > 0),
+            "sentinel": any("unwritten_run" in t for st in full for t in st["taps"].values())}
+
+
+def stale_vectors(probes: list[dict]) -> dict[tuple, int]:
+    """Distinct persistent schedules the stale groups' graphs read (trailing zeros dropped) -> FULL steps seen."""
+    seen: dict[tuple, int] = {}
+    for p in probes:
+        for st in p["steps"]:
+            for s in (st.get("schedules") or {}).values():
+                if not s.get("same", True):
+                    v = list(s["graph"])
+                    while v and v[-1] == 0:
+                        v.pop()
+                    seen[tuple(v)] = seen.get(tuple(v), 0) + 1
+    return seen
+
+
+def replay_reads(buffer, b: int, rows_per_request: int = 128) -> dict:
+    """What a FULL replay for ``b`` requests reads from a persistent ``buffer`` (shorter buffers are zero-extended,
+    as vLLM zeroes the tail), and which requests it writes when each has ``rows_per_request`` query rows."""
+    b4 = round_up4(b)
+    n = 1 + 3 * b4
+    graph = (list(buffer) + [0] * n)[:n]
+    step = [rows_per_request] * b + [0] * (n - b)
+    d = decode(graph, b)
+    cov = coverage(graph, step, b)
+    return {"requests in the step": b, "query rows read": d["seqlen_q"], "splits read": d["num_splits"],
+            "requests written": [i for i, c in enumerate(cov) if c == WRITTEN]}

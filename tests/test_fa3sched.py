@@ -1,0 +1,109 @@
+"""fa3sched: FA3's precomputed schedule decoded, and which requests a replay reading a stale one leaves unwritten."""
+
+import pytest
+
+from dflash_lab import fa3sched as F
+from dflash_lab.errors import LabError
+
+# group 7's persistent buffer as the probe recorded it on every FULL step of s36 (a 1-request batch's schedule:
+# rows [128, pad, pad, pad], splits [1, pad..], heads-in-L2 [2, pad..], semaphore 0; the tail zeroed by vLLM)
+STALE = [128, 0, 31, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0] + [0] * 84
+
+
+def fresh(b, rows=128, splits=1, l2=2):
+    b4 = F.round_up4(b)
+    v = [0] * (1 + 3 * b4)
+    for i in range(b):
+        v[i], v[b4 + i], v[2 * b4 + i] = rows, splits, l2
+    return v
+
+
+def test_decode_reads_the_offsets_of_the_batch_size():
+    d = F.decode(STALE[:25], 8)
+    assert d["seqlen_q"] == [128, 0, 31, 0, 1, 0, 0, 0]
+    assert d["num_splits"] == [2, 0, 0, 0, 0, 0, 0, 0]  # request 0 reads the 1-request batch's heads-in-L2 entry
+    assert d["nheads_l2"] == [0] * 8 and d["semaphore"] == 0
+    assert F.decode(STALE[:13], 1) == {"b": 1, "b4": 4, "seqlen_q": [128], "num_splits": [1], "nheads_l2": [2],
+                                       "semaphore": 0}
+
+
+@pytest.mark.parametrize("n,b,msg", [(24, 8, "do not fit"), (17, 8, "only the 3-vector layout"), (5, 0, "0 requests")])
+def test_decode_refuses_what_it_cannot_place(n, b, msg):
+    with pytest.raises(LabError, match=msg):
+        F.decode([0] * n, b)
+
+
+def test_coverage_of_the_stale_schedule_by_batch_size():
+    U, W = F.UNWRITTEN, F.WRITTEN
+    assert F.coverage(STALE[:13], fresh(1), 1) == [W]
+    assert F.coverage(STALE[:13], fresh(3), 3) == [W, U, U]
+    assert F.coverage(STALE[:25], fresh(8), 8) == [W] + [U] * 7
+    assert F.coverage(STALE[:37], fresh(9), 9) == [U] * 9  # splits now read from the zeroed tail
+    assert F.coverage(STALE[:97], fresh(32), 32) == [U] * 32
+    assert F.coverage(fresh(8), fresh(8), 8) == [W] * 8
+
+
+def test_coverage_partial_and_combined_rows():
+    g = fresh(4)
+    g[1] = 64  # half the query rows
+    g[2], g[4 + 2] = 0, 4  # no rows, but 4 splits: the combine reads partials nobody wrote
+    assert F.coverage(g, fresh(4), 4) == [F.WRITTEN, F.PARTIAL, F.COMBINED, F.WRITTEN]
+    g[12] = 5
+    with pytest.raises(LabError, match="semaphore 5"):
+        F.coverage(g, fresh(4), 4)
+
+
+def probe(taps_by_step, stale=STALE[:25], b=8):
+    layout = {"kind": "layout", "kv_cache_groups": [
+        {"gid": 6, "layers": ["m.layers.3.attn"]}, {"gid": 7, "layers": ["m.layers.7.attn", "m.layers.15.attn"]}]}
+    steps = [{"step": 1, "mode": "PIECEWISE", "num_reqs": b}]
+    for s, taps in taps_by_step.items():
+        steps.append({"step": s, "mode": "FULL", "num_reqs": b, "taps": taps,
+                      "schedules": {"6": {"n": 25, "same": True},
+                                    "7": {"n": 25, "same": False, "graph": stale, "step": fresh(b)}}})
+    return {"steps": steps, "layout": layout, "session": "s", "engine": "e"}
+
+
+def tap(unwritten=None, nonfinite=(), ref=0):
+    t = {"req_nonfinite_run": list(nonfinite), "nonfinite_run": 16 * len(nonfinite), "nonfinite_ref": ref,
+         "req_differ": list(unwritten or []), "rows_differ": 16 * len(unwritten or [])}
+    if unwritten is not None:
+        t["req_unwritten_run"], t["unwritten_run"] = list(unwritten), 16 * len(unwritten)
+    return t
+
+
+def test_unwritten_table_compares_prediction_and_measurement_per_stale_layer():
+    ok = list(range(1, 8))
+    p = probe({2: {"m.layers.3.attn": tap([]), "m.layers.7.attn": tap(ok), "m.layers.15.attn": tap(ok[:-1])}})
+    t = F.unwritten_table([p])
+    assert list(t.layer) == ["m.layers.7.attn", "m.layers.15.attn"]  # group 6 reads its own, fresh schedule
+    assert list(t.match) == [True, False]
+    plain = probe({2: {"m.layers.7.attn": tap(None), "m.layers.15.attn": tap(None)}})
+    assert F.unwritten_table([plain]).empty  # no sentinel: nothing measured about unwritten rows
+
+
+def test_nan_origin_is_the_first_layer_with_nan_the_reference_lacks():
+    p = probe({2: {"m.layers.3.attn": tap(None, [1], ref=16), "m.layers.7.attn": tap(None),
+                   "m.layers.15.attn": tap(None, [1, 2])},
+               3: {"m.layers.7.attn": tap(None, [0])}})
+    o = F.nan_origin(p)
+    assert (o["step"], o["layer"], o["requests"], o["within_unwritten"]) == (2, "m.layers.15.attn", [1, 2], True)
+    p = probe({2: {"m.layers.7.attn": tap(None, [0])}})
+    assert F.nan_origin(p)["within_unwritten"] is False  # request 0 is written: NaN there would be FA's own
+    assert F.nan_origin(probe({2: {"m.layers.7.attn": tap(None)}})) is None
+
+
+def test_tap_summary_and_stale_vectors():
+    p = probe({2: {"m.layers.7.attn": tap(list(range(1, 8)), [1]), "m.layers.15.attn": tap([])},
+               3: {"m.layers.7.attn": tap([])}})
+    assert F.tap_summary(p) == {"FULL steps with taps": 2, "steps differing": 1, "steps with new NaN": 1,
+                                "steps with unwritten rows": 1, "sentinel": True}
+    assert F.stale_vectors([p]) == {(128, 0, 31, 0, 1, 0, 0, 0, 2): 2}
+    assert F.has_taps(p) and not F.has_taps({"steps": [{"step": 1, "mode": "FULL"}]})
+
+
+def test_replay_reads_zero_extends_the_buffer():
+    r = F.replay_reads([128, 0, 31, 0, 1, 0, 0, 0, 2], 3)
+    assert r == {"requests in the step": 3, "query rows read": [128, 0, 31], "splits read": [1, 0, 0],
+                 "requests written": [0]}
+    assert F.replay_reads([128, 0, 31, 0, 1, 0, 0, 0, 2], 16)["requests written"] == []
