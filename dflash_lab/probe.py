@@ -196,28 +196,36 @@ def check_attn_slots(slots, block_table, seq_lens, query_start_loc, num_slots: i
     return out
 
 
-def check_graph_schedules(attn_groups, attn_metadata: dict) -> list[dict]:
-    """Each FA builder's persistent schedule (what its FULL graphs read) vs the step's metadata."""
-    import torch
-
-    out = []
+def _fa_schedules(attn_groups, attn_metadata: dict):
+    """(group id, attention group, builder, its persistent schedule, the step's schedule) of every group whose builder
+    keeps a persistent FA3 schedule and whose step metadata carries one."""
     for gid, ags in enumerate(attn_groups):
         for ag in ags:
             builder = ag.get_metadata_builder(0) if hasattr(ag, "get_metadata_builder") else ag.metadata_builders[0]
             own = getattr(builder, "scheduler_metadata", None)
             meta = attn_metadata.get(ag.layer_names[0]) if ag.layer_names else None
             cur = getattr(meta, "scheduler_metadata", None)
-            if own is None or cur is None or not getattr(builder, "use_full_cuda_graph", False):
-                continue
-            n = cur.shape[0]
-            graph = own[:n]
-            if not torch.equal(graph, cur):
-                diff = torch.nonzero(graph != cur).flatten()
-                i = int(diff[0])
-                out.append({"field": "attn.scheduler_metadata", "group": gid, "row": i,
-                            "value": int(graph[i]), "expected": int(cur[i]), "entries_differ": int(diff.numel()),
-                            "why": f"KV-cache group {gid}'s FULL graphs read a stale FA3 schedule "
-                                   f"(layers {ag.layer_names[0]}...)"})
+            if own is not None and cur is not None:
+                yield gid, ag, builder, own, cur
+
+
+def check_graph_schedules(attn_groups, attn_metadata: dict) -> list[dict]:
+    """Each FA builder's persistent schedule (what its FULL graphs read) vs the step's metadata."""
+    import torch
+
+    out = []
+    for gid, ag, builder, own, cur in _fa_schedules(attn_groups, attn_metadata):
+        if not getattr(builder, "use_full_cuda_graph", False):
+            continue
+        n = cur.shape[0]
+        graph = own[:n]
+        if not torch.equal(graph, cur):
+            diff = torch.nonzero(graph != cur).flatten()
+            i = int(diff[0])
+            out.append({"field": "attn.scheduler_metadata", "group": gid, "row": i,
+                        "value": int(graph[i]), "expected": int(cur[i]), "entries_differ": int(diff.numel()),
+                        "why": f"KV-cache group {gid}'s FULL graphs read a stale FA3 schedule "
+                               f"(layers {ag.layer_names[0]}...)"})
     return out
 
 
@@ -463,18 +471,11 @@ def compare_taps(ref: dict, run: dict, order: list[str], n: int, qsl, rel_tol: f
 def graph_schedules(attn_groups, attn_metadata: dict) -> dict:
     """Per FA group (FULL steps): the persistent schedule its graphs read, and the step's, where they differ."""
     out = {}
-    for gid, ags in enumerate(attn_groups):
-        for ag in ags:
-            builder = ag.get_metadata_builder(0) if hasattr(ag, "get_metadata_builder") else ag.metadata_builders[0]
-            own = getattr(builder, "scheduler_metadata", None)
-            meta = attn_metadata.get(ag.layer_names[0]) if ag.layer_names else None
-            cur = getattr(meta, "scheduler_metadata", None)
-            if own is None or cur is None:
-                continue
-            n = int(cur.shape[0])
-            graph, step = own[:n].cpu().tolist(), cur.cpu().tolist()
-            out[str(gid)] = ({"n": n, "same": True} if graph == step else
-                             {"n": n, "same": False, "graph": graph, "step": step})
+    for gid, _ag, _builder, own, cur in _fa_schedules(attn_groups, attn_metadata):
+        n = int(cur.shape[0])
+        graph, step = own[:n].cpu().tolist(), cur.cpu().tolist()
+        out[str(gid)] = ({"n": n, "same": True} if graph == step else
+                         {"n": n, "same": False, "graph": graph, "step": step})
     return out
 
 
