@@ -137,8 +137,11 @@ def cell_label(r: dict) -> str:
         extra.append("step probe")
     taps = r.get("probe_taps")
     if isinstance(taps, str) and taps:
-        # the sentinel changes what FA3's unwritten output rows hold: a different computation, not an observer
-        extra.append("attention taps, sentinel pre-fill" if taps == "sentinel" else "attention taps")
+        # a pre-fill changes what FA3's unwritten output rows hold: a different computation, not an observer
+        fill = {"sentinel": "sentinel", "nan": "NaN", "zero": "zero"}.get(taps)
+        layers = r.get("probe_fill_layers")
+        where = f" in layers {', '.join(map(str, layers))}" if isinstance(layers, (list, tuple)) and layers else ""
+        extra.append(f"attention taps, {fill} pre-fill{where}" if fill else "attention taps")
     if r.get("canary") is True:
         extra.append("canaries raise")
     if r.get("async_scheduling") is False:

@@ -26,9 +26,15 @@ what the step probe's sentinel taps measured on the GPU (:mod:`dflash_lab.probe`
 
 from __future__ import annotations
 
+import re
+
 from .errors import LabError
 
 WRITTEN, UNWRITTEN, PARTIAL, COMBINED = "written", "unwritten", "partial", "combined from unwritten partials"
+# query rows per tile: hopper/tile_size.h tile_size_fwd_sm90 at 5824e6e gives kBlockM 128 for 2-byte elements and
+# head dim > 192 (Qwen3.6-35B-A3B's attention: 256); rows past the step's own inside a tile are masked, not written
+BLOCK_M = 128
+MAX_SPLITS = 32  # vLLM's flash_attn_max_num_splits_for_cuda_graph: what the graphs' split buffers are sized for
 
 
 def round_up4(b: int) -> int:
@@ -56,20 +62,30 @@ def decode(vec, b: int) -> dict:
             "nheads_l2": vec[2 * b4:2 * b4 + b], "semaphore": vec[3 * b4]}
 
 
-def coverage(graph_vec, step_vec, b: int) -> list[str]:
+def coverage(graph_vec, step_vec, b: int, block_m: int = BLOCK_M, max_splits: int = MAX_SPLITS) -> list[str]:
     """Per request, what the FA3 forward of a replay reading ``graph_vec`` writes of the step's output.
 
     ``step_vec`` is the step's own schedule (what vLLM computed for this batch): its query rows are the
-    rows the step has. A non-zero semaphore skips tiles in an order this model does not follow: refused.
+    rows the step has. The main kernel covers ``ceil(rows / block_m)`` tiles of the rows it reads; rows the
+    step has beyond them are not written (PARTIAL). Cases whose outcome this model cannot tell are refused:
+    a non-zero semaphore (tiles skipped in scheduler order), more splits than the graphs' split buffers hold
+    (writes out of bounds), one split with 0 heads in L2 (a division by zero in the head swizzle).
     """
     g, s = decode(graph_vec, b), decode(step_vec, b)
     if g["semaphore"] != 0:
         raise LabError(f"FA3 schedule: semaphore {g['semaphore']} at entry: skipped tiles are not modelled")
     out = []
-    for rows_g, splits_g, rows_s in zip(g["seqlen_q"], g["num_splits"], s["seqlen_q"]):
+    for i, (rows_g, splits_g, l2_g, rows_s) in enumerate(zip(g["seqlen_q"], g["num_splits"], g["nheads_l2"],
+                                                              s["seqlen_q"])):
+        if splits_g > max_splits:
+            raise LabError(f"FA3 schedule: request {i} reads {splits_g} splits, more than the {max_splits} the split "
+                           "buffers hold: out-of-bounds writes are not modelled")
+        if splits_g == 1 and rows_g > 0 and l2_g <= 0:
+            raise LabError(f"FA3 schedule: request {i} reads 1 split and {l2_g} heads in L2: the head swizzle divides "
+                           "by it; not modelled")
         if splits_g <= 0 or rows_g <= 0:
             out.append(COMBINED if splits_g > 1 and rows_s > 0 else UNWRITTEN)
-        elif rows_g < rows_s:
+        elif -(-rows_g // block_m) * block_m < rows_s:
             out.append(PARTIAL)
         else:
             out.append(WRITTEN)
@@ -83,6 +99,29 @@ def group_layers(layout: dict | None) -> dict[str, list[str]]:
     return {str(g["gid"]): list(g["layers"]) for g in layout["kv_cache_groups"]}
 
 
+def _prefix(name: str) -> str:
+    return name[: name.find("layers.")] if "layers." in name else ""
+
+
+def target_layers(layout: dict | None) -> set[str] | None:
+    """The target model's layer names: those named like its Gated-DeltaNet layers (``language_model.model.``); the
+    drafter's (``model.layers.40``.., numbered after the target's) are left out: they do not run in the target's
+    forward, so the taps recorded there (before the tap buffers were poisoned between passes) hold the drafter's
+    last values in both passes. None when the layout has no GDN group to tell them apart."""
+    if not layout or "kv_cache_groups" not in layout:
+        return None
+    gdn = {_prefix(n) for g in layout["kv_cache_groups"] if g.get("spec") == "MambaSpec" for n in g["layers"]}
+    if len(gdn) != 1:
+        return None
+    pre = next(iter(gdn))
+    return {n for g in layout["kv_cache_groups"] for n in g["layers"] if _prefix(n) == pre}
+
+
+def _target_taps(probe: dict, taps: dict) -> dict:
+    keep = target_layers(probe.get("layout"))
+    return taps if keep is None else {n: t for n, t in taps.items() if n in keep}
+
+
 def step_rows(probe: dict):
     """Per FULL step with recorded schedules and taps, per FA group whose graphs read a stale schedule:
     the requests :func:`coverage` predicts unwritten (or partial), and, per layer of that group, the requests
@@ -90,9 +129,12 @@ def step_rows(probe: dict):
     groups = group_layers(probe.get("layout"))
     for st in probe["steps"]:
         sched, taps = st.get("schedules"), st.get("taps")
-        if st.get("mode") != "FULL" or not sched or not taps:
+        if st.get("mode") != "FULL" or not sched or not taps or st.get("num_reqs") is None:
             continue
         b = int(st["num_reqs"])
+        m = re.search(r"num_reqs=(\d+)", str(st.get("desc") or ""))
+        if m and int(m.group(1)) != b:
+            continue  # the graph was captured for another batch size: its offsets are not the step's; not modelled
         for gid, s in sorted(sched.items()):
             if s.get("same", True):
                 continue
@@ -102,9 +144,10 @@ def step_rows(probe: dict):
                 t = taps.get(layer)
                 if t is None:
                     continue
-                yield {"step": st["step"], "num_reqs": b, "group": int(gid), "layer": layer,
-                       "predicted": predicted, "kinds": sorted(set(cov)),
-                       "unwritten": t.get("req_unwritten_run"), "nonfinite": t["req_nonfinite_run"],
+                yield {"step": st["step"], "num_reqs": b, "num_tokens": st.get("num_tokens"), "group": int(gid),
+                       "layer": layer, "predicted": predicted, "kinds": sorted(set(cov)),
+                       "unwritten": t.get("req_unwritten_run"), "unwritten_rows": t.get("unwritten_run"),
+                       "unwritten_ref": t.get("unwritten_ref"), "nonfinite": t["req_nonfinite_run"],
                        "nonfinite_ref": t["nonfinite_ref"], "differ": t["req_differ"]}
 
 
@@ -132,19 +175,22 @@ def nan_origin(probe: dict) -> dict | None:
     stale = {}
     for r in step_rows(probe):
         stale[(r["step"], r["layer"])] = r
-    for st in probe["steps"]:
-        taps = st.get("taps")
-        if st.get("mode") != "FULL" or not taps:
-            continue
+    full = [st for st in probe["steps"] if st.get("mode") == "FULL"]
+    for st in full:
+        taps = _target_taps(probe, st.get("taps") or {})
         bad = [(layer_number(n), n, t) for n, t in taps.items() if t["nonfinite_run"] > t["nonfinite_ref"]]
         if not bad:
             continue
-        _no, layer, t = min(bad)
+        no, layer, t = min(bad)
         r = stale.get((st["step"], layer))
-        return {"step": st["step"], "num_reqs": st["num_reqs"], "layer": layer, "rows": t["nonfinite_run"],
+        before = [v for n, v in (st.get("diverge", {}).get("layers") or {}).items() if layer_number(n) < no]
+        return {"step": st["step"], "first FULL step": full[0]["step"], "num_reqs": st["num_reqs"],
+                "num_tokens": st.get("num_tokens"), "layer": layer, "rows": t["nonfinite_run"],
                 "requests": t["req_nonfinite_run"],
                 "predicted_unwritten": r["predicted"] if r else [],
-                "within_unwritten": bool(r) and set(t["req_nonfinite_run"]) <= set(r["predicted"])}
+                "within_unwritten": bool(r) and set(t["req_nonfinite_run"]) <= set(r["predicted"]),
+                # every state and K/V the step wrote before that layer is finite (the probe's layer comparison)
+                "earlier_writes_finite": bool(before) and all(v["nonfinite_run"] == 0 for v in before)}
     return None
 
 
@@ -158,7 +204,7 @@ def tap_summary(probe: dict) -> dict:
     full = [st for st in probe["steps"] if st.get("mode") == "FULL" and st.get("taps")]
 
     def any_(pred):
-        return sum(1 for st in full if any(pred(t) for t in st["taps"].values()))
+        return sum(1 for st in full if any(pred(t) for t in _target_taps(probe, st["taps"]).values()))
 
     return {"FULL steps with taps": len(full),
             "steps differing": any_(lambda t: t["rows_differ"] > 0),
@@ -167,12 +213,15 @@ def tap_summary(probe: dict) -> dict:
             "sentinel": any("unwritten_run" in t for st in full for t in st["taps"].values())}
 
 
-def stale_vectors(probes: list[dict]) -> dict[tuple, int]:
-    """Distinct persistent schedules the stale groups' graphs read (trailing zeros dropped) -> FULL steps seen."""
+def stale_vectors(probes: list[dict], group: str | None = None) -> dict[tuple, int]:
+    """Distinct persistent schedules the stale groups' graphs read (trailing zeros dropped) -> FULL steps seen
+    (one group's only, with ``group``: its id as the probe's ``schedules`` key it)."""
     seen: dict[tuple, int] = {}
     for p in probes:
         for st in p["steps"]:
-            for s in (st.get("schedules") or {}).values():
+            for gid, s in (st.get("schedules") or {}).items():
+                if group is not None and gid != group:
+                    continue
                 if not s.get("same", True):
                     v = list(s["graph"])
                     while v and v[-1] == 0:

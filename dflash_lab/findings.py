@@ -725,35 +725,49 @@ def _unwritten_clause(df, pt) -> str:
     the rows FA3 leaves unwritten by the recorded schedule (fa3sched.py). Empty without tap probes."""
     from . import divergence, fa3sched
 
-    probes = [p for p in (divergence.load_probe(x) for x in pt["path"]) if fa3sched.has_taps(p)]
-    if not probes:
-        return ""
     fixes = dict(zip(pt["path"], pt["fix"]))
-    ut = fa3sched.unwritten_table([p for p in probes if fixes.get(p["path"]) == "stock"])
-    stale = fa3sched.stale_vectors(probes)
-    plain = [p for p in probes if fixes.get(p["path"]) == "stock" and not fa3sched.tap_summary(p)["sentinel"]]
-    orig = [o for o in (fa3sched.nan_origin(p) for p in plain) if o]
+    probes = [p for p in (divergence.load_probe(x) for x in pt["path"]) if fa3sched.has_taps(p)]
+    stock = [p for p in probes if fixes.get(p["path"]) == "stock"]
+    if not stock:
+        return ""
     runs = df[df["probe_taps"].notna() & (df["fix"] != True)] if "probe_taps" in df else df.iloc[:0]
+    sessions = sorted({_short(x) for x in runs["gpu_session"].dropna()})
+    stale = {gid: fa3sched.stale_vectors(stock, group=gid) for gid in
+             sorted({g for p in stock for st in p["steps"] for g, v in (st.get("schedules") or {}).items()
+                     if not v.get("same", True)})}
+    out = f" Why (attention-output taps, {', '.join(sessions)}):"
+    if len(stale) == 1 and len(vecs := next(iter(stale.values()))) == 1:
+        gid, vec = next(iter(stale)), list(next(iter(vecs)))
+        reads = {b: fa3sched.replay_reads(vec, b)["requests written"] for b in (2, 8, 9, 32)}
+        rule = reads[2] == [0] and reads[8] == [0] and reads[9] == [] and reads[32] == []
+        out += (f" group {gid}'s graphs read its buffer as last written, {vec} then zeros on every stale read recorded, "
+                "a 1-request batch's FA3 schedule"
+                + ("; decoded for b requests it gives no split, so no tile, to requests 1..b-1 up to 8 requests and to "
+                   "every request from 9 on, whose attention output rows FA3 then never writes" if rule else "") + ";")
+    else:
+        out += f" the stale schedules recorded differ between reads ({sum(len(v) for v in stale.values())} distinct);"
+    ut = fa3sched.unwritten_table(stock)
+    if len(ut):
+        steps = ut.groupby(["session", "engine", "step"]).ngroups
+        ok_steps = ut.groupby(["session", "engine", "step"])["match"].all().sum()
+        out += (f" with a sentinel pre-filled, the requests left unwritten were those predicted from the recorded schedule "
+                f"on {int(ok_steps)} of {steps} FULL steps ({ut.groupby(['session', 'engine']).ngroups} engines, "
+                f"concurrency {', '.join(str(c) for c in sorted(set(runs[runs['probe_taps'] == 'sentinel']['concurrency'])))})")
+    plain = [p for p in stock if not fa3sched.tap_summary(p)["sentinel"]]
+    orig = [o for o in (fa3sched.nan_origin(p) for p in plain) if o]
+    if orig:
+        out += (f"; with plain taps the first non-finite value the no-graph pass lacks was in an attention output of the "
+                f"stale group, inside those requests, in {sum(o['within_unwritten'] for o in orig)} of {len(plain)} probed "
+                "engines: those rows kept NaN the graph's memory held")
     sent, pl = runs[runs["probe_taps"] == "sentinel"], runs[runs["probe_taps"] == "1"]
     shared = sent[sent["concurrency"].isin(set(pl["concurrency"]))]
-    out = (f" Why (attention-output taps, {', '.join(sorted({_short(x) for x in runs['gpu_session'].dropna()}))}): "
-           + (f"a replay reads group 7's buffer as last written, {list(next(iter(stale)))} then zeros, a 1-request batch's "
-              "FA3 schedule (every stale read recorded), " if len(stale) == 1 else "")
-           + "so FA3 gives no split, and no tile, to every request from 9 requests on and to requests 1..b-1 below, and "
-           "never writes their attention output rows")
-    if len(ut):
-        out += (f"; with a sentinel written into each output first, the requests still holding it were those predicted "
-                f"from the recorded schedule in {int(ut['match'].sum())} of {len(ut)} comparisons "
-                f"({ut.groupby(['session', 'engine']).ngroups} engines, concurrency "
-                f"{', '.join(str(c) for c in sorted(set(sent['concurrency'])))})")
-    if orig:
-        out += (f"; with plain taps the first NaN the no-graph pass lacks was in a group-7 attention output, inside "
-                f"those requests, in {sum(o['within_unwritten'] for o in orig)} of {len(orig)} crashed runs: the rows "
-                "kept NaN the graph's memory held")
     if len(shared) and len(pl):
+        one = runs["gpu_session"].nunique() == 1
         out += (f"; with the sentinel instead, stock completed {int((shared['outcome'] == 'ok').sum())} of {len(shared)} "
                 f"where plain-tap stock crashed {int(pl['crashed'].sum())} of {len(pl)} (concurrency "
-                f"{', '.join(str(c) for c in sorted(set(pl['concurrency'])))}, one session), outputs still wrong")
+                f"{', '.join(str(c) for c in sorted(set(pl['concurrency'])))}{', one session' if one else ''}), outputs still "
+                "wrong: consistent with the crash needing that NaN, not decided (the sentinel filled every FlashAttention "
+                "output; matrices/probe-fill-tp1.yaml is the test)")
     return out + "."
 
 

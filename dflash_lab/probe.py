@@ -46,12 +46,15 @@ Checks (each a ``violation`` with ``step``, ``field``, ``row``, ``value``):
 an attention layer's *output* is not state: the FlashAttention forward is wrapped (before any graph is
 captured, so the wrapper's copies are captured too) to copy each layer's output into a persistent
 buffer, and FULL steps compare those, layer by layer and request by request, between the reference
-pass and the graph replay (``taps`` in the step's line). ``=sentinel`` also fills each output with
-:data:`SENTINEL` before FlashAttention runs: rows still holding it afterwards are rows the kernel
-never wrote (``unwritten``). That changes what an unwritten row holds (the sentinel instead of
-whatever the buffer held), so a sentinel run shows *which* rows are left unwritten, a plain run
-*what* they then hold. With taps on, FULL steps also record every FA group's persistent schedule
-next to the step's (``schedules``), where they differ.
+pass and the graph replay (``taps`` in the step's line). ``=sentinel`` (``=nan``, ``=zero``) also fills
+the step's rows of each output with :data:`SENTINEL` (NaN, 0) before FlashAttention runs, in the layers
+``DFLASH_LAB_PROBE_FILL_LAYERS`` names (all by default): rows still holding it afterwards are rows the
+kernel never wrote (``unwritten``). That changes what an unwritten row holds (the fill instead of
+whatever the buffer held), so a pre-filled run shows *which* rows are left unwritten, a plain run
+*what* they then hold. Every tap buffer is poisoned (:data:`TAP_POISON`) before each compared pass, so
+a layer the pass did not run is left out of the comparison instead of showing the previous pass's
+values. With taps on, FULL steps also record every FA group's persistent schedule next to the step's
+(``schedules``), where they differ.
 """
 
 from __future__ import annotations
@@ -65,9 +68,13 @@ import time
 ENV_PROBE = "DFLASH_LAB_PROBE"
 ENV_CANARY = "DFLASH_LAB_CANARY"
 ENV_REF = "DFLASH_LAB_PROBE_REF"
-ENV_TAPS = "DFLASH_LAB_PROBE_TAPS"  # "1": attention-output taps; "sentinel": taps + sentinel pre-fill
+ENV_TAPS = "DFLASH_LAB_PROBE_TAPS"  # "1": attention-output taps; "sentinel" / "nan" / "zero": taps + that pre-fill
+ENV_FILL_LAYERS = "DFLASH_LAB_PROBE_FILL_LAYERS"  # "7,15,23": pre-fill only these layer numbers (default: every one)
+FILLS = {"sentinel": 8192.0, "nan": float("nan"), "zero": 0.0}
 TAP_ROWS = 1024  # rows copied per layer: FULL graphs replay at most the largest capture size (512 here)
 SENTINEL = 8192.0  # exact in bf16/fp16/fp32; a softmax-weighted mean of V rows does not land on it by chance
+TAP_POISON = -4096.0  # written into every tap buffer before each compared pass: a tap still all poison was not copied
+SENTINEL_DTYPES = ("torch.bfloat16", "torch.float16", "torch.float32")  # 8192 overflows fp8 e4m3 to NaN
 GDN_HEADS_FINGERPRINTED = 4  # recurrent-state heads summed per slot (all heads evolve from the same inputs)
 MAX_VIOLATIONS_PER_STEP = 20
 
@@ -388,12 +395,24 @@ class AttnTaps:
 
     The copy is ordinary stream work, so a FULL graph captured with the wrapper in place replays it:
     after a replay, ``buf[name]`` holds what the graph's attention wrote, which is otherwise gone.
+    ``fill`` (a value, or None): written into the output before the attention runs, in the layers
+    ``fill_layers`` (layer numbers; None: all), so rows the kernel leaves unwritten hold it afterwards.
     """
 
-    def __init__(self, sentinel: bool, rows: int = TAP_ROWS):
-        self.sentinel = sentinel
+    def __init__(self, sentinel: bool = False, rows: int = TAP_ROWS, fill: float | None = None,
+                 fill_layers: set | None = None):
+        self.fill = SENTINEL if sentinel and fill is None else fill
+        self.fill_layers = fill_layers
         self.rows = rows
         self.buf: dict = {}
+
+    @property
+    def sentinel(self) -> bool:
+        """Whether unwritten rows can be counted: a fill is set (8192, NaN or 0)."""
+        return self.fill is not None
+
+    def fills(self, name: str) -> bool:
+        return self.fill is not None and (self.fill_layers is None or layer_number(name) in self.fill_layers)
 
     def wrap(self, forward):
         taps = self
@@ -401,8 +420,14 @@ class AttnTaps:
         def tapped(impl, layer, query, key, value, kv_cache, attn_metadata, output=None, *a, **kw):
             name = getattr(layer, "layer_name", None)
             live = attn_metadata is not None and output is not None and name is not None
-            if live and taps.sentinel:
-                output.fill_(SENTINEL)
+            if live and taps.fills(name):
+                if str(output.dtype) not in SENTINEL_DTYPES:
+                    raise ValueError(f"{ENV_TAPS}: attention output dtype {output.dtype} cannot hold the pre-fill "
+                                     f"{taps.fill} exactly (use {ENV_TAPS}=1)")
+                # the step's own rows only: padded rows (beyond num_actual_tokens) FA3 never writes by design
+                # (s36's sentinel runs, before this, filled whole buffers)
+                n = getattr(attn_metadata, "num_actual_tokens", None)
+                (output[:n] if isinstance(n, int) and n > 0 else output).fill_(taps.fill)
             res = forward(impl, layer, query, key, value, kv_cache, attn_metadata, output, *a, **kw)
             if live:
                 taps.copy(name, output)
@@ -424,6 +449,12 @@ class AttnTaps:
     def snapshot(self, names) -> dict:
         return {n: self.buf[n].clone() for n in names if n in self.buf}
 
+    def poison(self) -> None:
+        """Before a compared pass: a layer this pass does not run (or whose copy a graph lacks) keeps the poison,
+        instead of silently keeping the previous pass's values."""
+        for b in self.buf.values():
+            b.fill_(TAP_POISON)
+
 
 def _requests_of(rows, qsl) -> list[int]:
     """Batch indices of the requests that own token ``rows`` (``qsl``: query start locations)."""
@@ -436,10 +467,18 @@ def _requests_of(rows, qsl) -> list[int]:
 
 
 def compare_taps(ref: dict, run: dict, order: list[str], n: int, qsl, rel_tol: float,
-                 sentinel: bool) -> dict:
+                 sentinel: bool | float | None, filled=None) -> dict:
     """Per attention layer: which tokens (and requests) the replay's output differs in, is NaN/Inf in,
-    or (sentinel runs) never wrote, against the reference pass of the same step."""
+    or (pre-filled runs) never wrote, against the reference pass of the same step.
+
+    ``sentinel``: the pre-fill value (True: :data:`SENTINEL`; None/False: no pre-fill); ``filled(name)``: whether
+    that layer was pre-filled (default: every layer)."""
     import torch
+
+    fill = SENTINEL if sentinel is True else None if sentinel is False else sentinel
+
+    def is_fill(x):
+        return torch.isnan(x) if fill is not None and fill != fill else x == fill
 
     out = {}
     for name in order:
@@ -447,6 +486,8 @@ def compare_taps(ref: dict, run: dict, order: list[str], n: int, qsl, rel_tol: f
         if a is None or b is None:
             continue
         a2, b2 = a[:n].float(), b[:n].float()
+        if n == 0 or bool((a2 == TAP_POISON).all()) or bool((b2 == TAP_POISON).all()):
+            continue  # not copied in one of the passes (a drafter layer in the target's forward): nothing compared
         d = (a2 - b2).abs()
         d = torch.where(torch.isnan(a2) & torch.isnan(b2), torch.zeros_like(d), d)
         d = torch.where(torch.isnan(d), torch.full_like(d, float("inf")), d)
@@ -459,11 +500,12 @@ def compare_taps(ref: dict, run: dict, order: list[str], n: int, qsl, rel_tol: f
                "req_differ": _requests_of(differ, qsl),
                "nonfinite_ref": len(bad_ref), "nonfinite_run": len(bad_run),
                "req_nonfinite_run": _requests_of(bad_run, qsl)}
-        if sentinel:
-            un_ref = torch.nonzero((a2 == SENTINEL).all(dim=1)).flatten().cpu().tolist()
-            un_run = torch.nonzero((b2 == SENTINEL).all(dim=1)).flatten().cpu().tolist()
+        if fill is not None and (filled is None or filled(name)):
+            un_ref = torch.nonzero(is_fill(a2).all(dim=1)).flatten().cpu().tolist()
+            un_run = torch.nonzero(is_fill(b2).all(dim=1)).flatten().cpu().tolist()
+            part_run = int(is_fill(b2).any(dim=1).sum()) - len(un_run)
             rec.update({"unwritten_ref": len(un_ref), "unwritten_run": len(un_run),
-                        "req_unwritten_run": _requests_of(un_run, qsl)})
+                        "req_unwritten_run": _requests_of(un_run, qsl), "partly_unwritten_run": part_run})
         out[name] = rec
     return out
 
@@ -630,6 +672,8 @@ class StepProbe:
         if self.reference and is_full and "probe_error" not in line:
             saved = None
             try:
+                if self.taps is not None:
+                    self.taps.poison()
                 saved = snapshot(step_gdn)
                 ctx.cudagraph_runtime_mode = CUDAGraphMode.NONE
                 ctx.moe_layer_index = 0
@@ -654,6 +698,8 @@ class StepProbe:
             del saved
         # ---------------- the production pass
         try:
+            if ref_taps is not None:
+                self.taps.poison()
             out = orig(runner, *args, **kwargs)
             _sync()
         except Exception as e:
@@ -690,9 +736,11 @@ class StepProbe:
                                    "layers_worst": _worst_layers(cmp["layers"], 3)}
                 if ref_taps is not None:
                     qsl = next(m.query_start_loc for _n, k_, m, _l in per_layer if k_ == "attn")
-                    qsl = qsl if n_reqs is None else qsl[: n_reqs + 1]
-                    line["taps"] = compare_taps(ref_taps, self.taps.snapshot(attn_names), attn_names, ntok,
-                                                qsl.cpu().numpy(), self.rel_tol, self.taps.sentinel)
+                    qsl = (qsl if n_reqs is None else qsl[: n_reqs + 1]).cpu().numpy()
+                    # the rows of this group's requests only (ntok is the largest over all groups' metadata)
+                    line["taps"] = compare_taps(ref_taps, self.taps.snapshot(attn_names), attn_names,
+                                                min(ntok, int(qsl[-1])), qsl, self.rel_tol, self.taps.fill,
+                                                self.taps.fills)
                 if diverged:
                     line["diverge"]["layers"] = cmp["layers"]
                     if self.first_divergence is None:
@@ -818,15 +866,25 @@ def enabled() -> bool:
 
 
 def taps_from_env() -> AttnTaps | None:
-    """``DFLASH_LAB_PROBE_TAPS``: unset/0 none, ``1`` taps, ``sentinel`` taps with the sentinel pre-fill."""
+    """``DFLASH_LAB_PROBE_TAPS``: unset/0 none, ``1`` taps, ``sentinel`` / ``nan`` / ``zero`` taps with that pre-fill
+    (8192, NaN, 0), in the layers ``DFLASH_LAB_PROBE_FILL_LAYERS`` names (comma-separated layer numbers; unset: all)."""
     v = os.environ.get(ENV_TAPS, "").strip().lower()
     if v in ("", "0"):
         return None
-    if v not in ("1", "sentinel"):
-        raise ValueError(f"{ENV_TAPS}={v!r}: expected 0, 1 or sentinel")
+    if v != "1" and v not in FILLS:
+        raise ValueError(f"{ENV_TAPS}={v!r}: expected 0, 1, " + ", ".join(FILLS))
     if not os.environ.get(ENV_PROBE):
         raise ValueError(f"{ENV_TAPS} needs {ENV_PROBE} (the taps are compared in the probe's reference pass)")
-    return AttnTaps(sentinel=v == "sentinel")
+    raw = os.environ.get(ENV_FILL_LAYERS, "").strip()
+    layers = None
+    if raw:
+        if v == "1":
+            raise ValueError(f"{ENV_FILL_LAYERS} needs a pre-fill ({ENV_TAPS}=" + "|".join(FILLS) + ")")
+        try:
+            layers = {int(x) for x in raw.split(",") if x.strip()}
+        except ValueError:
+            raise ValueError(f"{ENV_FILL_LAYERS}={raw!r}: expected comma-separated layer numbers") from None
+    return AttnTaps(fill=FILLS.get(v), fill_layers=layers)
 
 
 def install() -> StepProbe:

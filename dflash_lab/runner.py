@@ -77,7 +77,8 @@ ENGINE_DEFAULTS = {
     "coredump": False,
     "control": False,  # a session's control: --skip-done leaves it out only for lines of the same GPU session
     "probe": False,
-    "probe_taps": None,  # with probe: "1" attention-output taps, "sentinel" taps + sentinel pre-fill (probe.py)
+    "probe_taps": None,  # with probe: "1" attention-output taps; "sentinel" / "nan" / "zero": taps + that pre-fill
+    "probe_fill_layers": None,  # with a pre-fill: only these layer numbers (probe.py DFLASH_LAB_PROBE_FILL_LAYERS)
     "canary": False,
     "acceptance": "natural",
     "engine_args": {},
@@ -166,8 +167,14 @@ def validate_matrix(m, where="matrix") -> dict:
                f"{where}: engine {e['id']}: coredump must be true, false or {coredump.KEEP_RUNNING!r}")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
-        _check(eng["probe_taps"] in (None, "1", "sentinel"),
-               f"{where}: engine {e['id']}: probe_taps must be '1' or 'sentinel' (or left out)")
+        _check(eng["probe_taps"] in (None, "1", "sentinel", "nan", "zero"),
+               f"{where}: engine {e['id']}: probe_taps must be '1', 'sentinel', 'nan' or 'zero' (or left out)")
+        fl = eng["probe_fill_layers"]
+        _check(fl is None or (isinstance(fl, list) and fl and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                   and x >= 0 for x in fl)),
+               f"{where}: engine {e['id']}: probe_fill_layers must be a non-empty list of layer numbers")
+        _check(fl is None or eng["probe_taps"] in ("sentinel", "nan", "zero"),
+               f"{where}: engine {e['id']}: probe_fill_layers needs a pre-fill (probe_taps sentinel, nan or zero)")
         _check(eng["probe_taps"] is None or eng["probe"],
                f"{where}: engine {e['id']}: probe_taps needs probe: true (the taps are compared in its reference pass)")
         fp = eng["fix_parts"]
@@ -323,7 +330,8 @@ class Runner:
             "max_num_batched_tokens": e["max_num_batched_tokens"], "mode": e["mode"], "fix": e["fix"],
             "fix_parts": ([p for p in FIX_PARTS if p in (e["fix_parts"] or FIX_PARTS)] if e["fix"] else None),
             "fa_splits": e["fa_splits"], "engine_args": e["engine_args"], "cudagraph_capture_sizes": e["cudagraph_capture_sizes"],
-            "probe": e["probe"], "probe_taps": e["probe_taps"], "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
+            "probe": e["probe"], "probe_taps": e["probe_taps"], "probe_fill_layers": e["probe_fill_layers"],
+            "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
             "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
             "rounds": run.rounds, "warmup": run.warmup, "outcome": outcome, "error": None, "requests_completed": 0,
@@ -424,7 +432,7 @@ class Runner:
         events_path.write_text("")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **NVLINK_OFF, **{k: str(v) for k, v in e["env"].items()})
         for var in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_PROBE", "DFLASH_LAB_CANARY",
-                    "DFLASH_LAB_PROBE_TAPS", splits.ENV):
+                    "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", splits.ENV):
             env.pop(var, None)
         core_dir = None
         if e["coredump"]:
@@ -435,6 +443,8 @@ class Runner:
             env["DFLASH_LAB_PROBE"] = str(self.logdir / f"{tag}.probe")
             if e["probe_taps"]:
                 env["DFLASH_LAB_PROBE_TAPS"] = e["probe_taps"]
+            if e["probe_fill_layers"]:
+                env["DFLASH_LAB_PROBE_FILL_LAYERS"] = ",".join(str(x) for x in e["probe_fill_layers"])
         if e["canary"]:
             env["DFLASH_LAB_CANARY"] = "1"
         if e["fix"]:

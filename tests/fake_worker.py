@@ -41,7 +41,8 @@ def main():
     print("fake engine starting", flush=True)
     print("fake engine env: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_FA_SPLITS")),
           flush=True)
-    print(f"fake engine probe: DFLASH_LAB_PROBE_TAPS={os.environ.get('DFLASH_LAB_PROBE_TAPS', '')}", flush=True)
+    print(f"fake engine probe: DFLASH_LAB_PROBE_TAPS={os.environ.get('DFLASH_LAB_PROBE_TAPS', '')} "
+          f"DFLASH_LAB_PROBE_FILL_LAYERS={os.environ.get('DFLASH_LAB_PROBE_FILL_LAYERS', '')}", flush=True)
     print(f"fake engine core dumps: CUDA_COREDUMP_GENERATION_FLAGS={os.environ.get('CUDA_COREDUMP_GENERATION_FLAGS', '')}",
           flush=True)
     if startup == "error":

@@ -44,13 +44,24 @@ def test_coverage_of_the_stale_schedule_by_batch_size():
 
 
 def test_coverage_partial_and_combined_rows():
-    g = fresh(4)
-    g[1] = 64  # half the query rows
+    g = fresh(4, rows=256)
+    g[0] = 64  # one 128-row tile of the request's two: the second tile is never computed
+    g[1] = 200  # two tiles: every row of the request (the rows past 256 would be masked)
     g[2], g[4 + 2] = 0, 4  # no rows, but 4 splits: the combine reads partials nobody wrote
-    assert F.coverage(g, fresh(4), 4) == [F.WRITTEN, F.PARTIAL, F.COMBINED, F.WRITTEN]
+    assert F.coverage(g, fresh(4, rows=256), 4) == [F.PARTIAL, F.WRITTEN, F.COMBINED, F.WRITTEN]
+    g1 = fresh(1)
+    g1[0] = 31  # fewer rows than the step's 128, but inside the one tile FA3 computes: all written
+    assert F.coverage(g1, fresh(1), 1) == [F.WRITTEN]
     g[12] = 5
     with pytest.raises(LabError, match="semaphore 5"):
-        F.coverage(g, fresh(4), 4)
+        F.coverage(g, fresh(4, rows=256), 4)
+
+
+@pytest.mark.parametrize("splits,l2,msg", [(33, 2, "more than the 32"), (1, 0, "divides by it")])
+def test_coverage_refuses_what_it_cannot_tell(splits, l2, msg):
+    g = fresh(1, splits=splits, l2=l2)
+    with pytest.raises(LabError, match=msg):
+        F.coverage(g, fresh(1), 1)
 
 
 def probe(taps_by_step, stale=STALE[:25], b=8):
@@ -107,3 +118,12 @@ def test_replay_reads_zero_extends_the_buffer():
     assert r == {"requests in the step": 3, "query rows read": [128, 0, 31], "splits read": [1, 0, 0],
                  "requests written": [0]}
     assert F.replay_reads([128, 0, 31, 0, 1, 0, 0, 0, 2], 16)["requests written"] == []
+
+
+def test_a_step_replaying_a_graph_of_another_batch_size_is_not_compared():
+    ok = list(range(1, 8))
+    p = probe({2: {"m.layers.7.attn": tap(ok)}})
+    p["steps"][1]["desc"] = "BatchDescriptor(num_tokens=128, num_reqs=8, uniform=True)"
+    assert len(F.unwritten_table([p])) == 1
+    p["steps"][1]["desc"] = "BatchDescriptor(num_tokens=160, num_reqs=10, uniform=True)"
+    assert F.unwritten_table([p]).empty

@@ -29,10 +29,14 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "tokens)") in text and "at 2, 12, 16 finite on every FULL step." in text
     assert "1265 of 1265 FULL-graph steps identical to the no-graph pass" in text
     # s36's attention-output taps: why the replays are wrong and some turn NaN (the tap probes are counted apart)
-    assert ("Why (attention-output taps, s36): a replay reads group 7's buffer as last written, [128, 0, 31, 0, 1, 0, 0, 0, "
-            "2] then zeros, a 1-request batch's FA3 schedule") in text
-    assert "were those predicted from the recorded schedule in 6990 of 6990 comparisons (5 engines, concurrency 8, 16, 32)" in text
-    assert "stock completed 3 of 3 where plain-tap stock crashed 3 of 3 (concurrency 8, 32, one session)" in text
+    assert ("Why (attention-output taps, s36): group 7's graphs read its buffer as last written, [128, 0, 31, 0, 1, 0, 0, "
+            "0, 2] then zeros on every stale read recorded, a 1-request batch's FA3 schedule; decoded for b requests it "
+            "gives no split") in text
+    assert ("the requests left unwritten were those predicted from the recorded schedule on 1398 of 1398 FULL steps (5 "
+            "engines, concurrency 8, 16, 32)") in text
+    assert "in 3 of 3 probed engines: those rows kept NaN" in text
+    assert ("stock completed 3 of 3 where plain-tap stock crashed 3 of 3 (concurrency 8, 32, one session), outputs still "
+            "wrong: consistent with the crash needing that NaN, not decided") in text
     # s35's split-1 probe completed: the page must not let "0 / 1 crashed" read as "right"
     assert ("Not a workaround: FA3 with one split per graph (attention_config flash_attn_max_num_splits_for_cuda_graph=1) "
             "completes, but its FULL replays are wrong (281 of 283 FULL steps diverged") in text

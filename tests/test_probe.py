@@ -319,9 +319,10 @@ class TappedModel(FakeModel):
 
     A FULL replay's output buffer is graph-pool memory, not the eager pass's: it starts out NaN."""
 
-    def __init__(self, impl_cls, n_tokens):
+    def __init__(self, impl_cls, n_tokens, copy_in_full=True):
         super().__init__()
         self.impl = impl_cls()
+        self.copy_in_full = copy_in_full  # False: the replay runs the forward without the tap's copy
         self.buf = {Mode.FULL: torch.full((n_tokens, H), float("nan")), Mode.NONE: torch.zeros(n_tokens, H),
                     Mode.PIECEWISE: torch.zeros(n_tokens, H)}
 
@@ -330,13 +331,16 @@ class TappedModel(FakeModel):
         ctx = _CTX["ctx"]
         meta, layer = ctx.attn_metadata[ATTN], ctx.no_compile_layers[ATTN]
         out = self.buf[ctx.cudagraph_runtime_mode]
-        self.impl.forward(layer, h, h, h, layer.kv_cache, meta, output=out)
+        if self.copy_in_full or ctx.cudagraph_runtime_mode != Mode.FULL:
+            self.impl.forward(layer, h, h, h, layer.kv_cache, meta, output=out)
+        else:
+            FakeImpl.forward(self.impl, layer, h, h, h, layer.kv_cache, meta, output=out)
         h = h + out
         return h, [h * 2.0]
 
 
-def tapped_step(tmp_path, sentinel, skip):
-    taps = P.AttnTaps(sentinel=sentinel, rows=64)
+def tapped_step(tmp_path, sentinel, skip, copy_in_full=True, taps=None):
+    taps = taps or P.AttnTaps(sentinel=sentinel, rows=64)
 
     class Impl(FakeImpl):
         skip_in_full = skip
@@ -344,7 +348,7 @@ def tapped_step(tmp_path, sentinel, skip):
     Impl.forward = taps.wrap(Impl.forward)
     runner, layers, metas, slots, x = build()
     layers[ATTN].layer_name = ATTN
-    model = TappedModel(Impl, x.shape[0])
+    model = TappedModel(Impl, x.shape[0], copy_in_full)
     pr = P.StepProbe(str(tmp_path), raise_on_violation=False, reference=True, taps=taps)
     with context(layers, metas, slots, Mode.FULL):
         pr.forward(runner, lambda r, *a, **k: model(*a), (x,), {})
@@ -354,7 +358,7 @@ def tapped_step(tmp_path, sentinel, skip):
 def test_sentinel_taps_name_the_requests_a_replay_leaves_unwritten(tmp_path):
     t = tapped_step(tmp_path, sentinel=True, skip=True)["taps"][ATTN]
     assert t["unwritten_ref"] == 0
-    assert t["unwritten_run"] == 2 * (K + 1) and t["req_unwritten_run"] == [1, 2]
+    assert t["unwritten_run"] == 2 * (K + 1) and t["req_unwritten_run"] == [1, 2] and t["partly_unwritten_run"] == 0
     assert t["req_differ"] == [1, 2] and t["nonfinite_run"] == 0  # the sentinel replaced what the rows held
 
 
@@ -371,18 +375,36 @@ def test_taps_of_a_faithful_replay_are_identical(tmp_path):
     assert (t["max_abs"], t["rows_differ"], t["unwritten_run"], t["nonfinite_run"]) == (0.0, 0, 0, 0)
 
 
+def test_a_layer_whose_copy_the_replay_lacks_is_not_reported_identical(tmp_path):
+    # the tap buffers persist: without the poison before each pass, the replay would "show" the reference's values
+    line = tapped_step(tmp_path, sentinel=True, skip=True, copy_in_full=False)
+    assert ATTN not in line["taps"]
+
+
 def test_taps_setting_is_checked(monkeypatch):
     monkeypatch.delenv(P.ENV_TAPS, raising=False)
     assert P.taps_from_env() is None
     monkeypatch.setenv(P.ENV_TAPS, "yes")
-    with pytest.raises(ValueError, match="expected 0, 1 or sentinel"):
+    with pytest.raises(ValueError, match="expected 0, 1, sentinel, nan, zero"):
         P.taps_from_env()
     monkeypatch.setenv(P.ENV_TAPS, "sentinel")
     monkeypatch.delenv(P.ENV_PROBE, raising=False)
     with pytest.raises(ValueError, match="needs DFLASH_LAB_PROBE"):
         P.taps_from_env()
     monkeypatch.setenv(P.ENV_PROBE, "/tmp/x")
-    assert P.taps_from_env().sentinel is True
+    assert P.taps_from_env().sentinel is True and P.taps_from_env().fill == P.SENTINEL
+    monkeypatch.setenv(P.ENV_TAPS, "nan")
+    monkeypatch.setenv(P.ENV_FILL_LAYERS, "7, 15")
+    t = P.taps_from_env()
+    assert t.fill != t.fill and t.fill_layers == {7, 15}
+    assert t.fills("m.layers.15.self_attn.attn") and not t.fills("m.layers.3.self_attn.attn")
+    monkeypatch.setenv(P.ENV_FILL_LAYERS, "7,x")
+    with pytest.raises(ValueError, match="comma-separated layer numbers"):
+        P.taps_from_env()
+    monkeypatch.setenv(P.ENV_TAPS, "1")
+    monkeypatch.setenv(P.ENV_FILL_LAYERS, "7")
+    with pytest.raises(ValueError, match="needs a pre-fill"):
+        P.taps_from_env()
 
 
 def test_graph_schedules_record_both_sides_where_they_differ():
@@ -394,3 +416,12 @@ def test_graph_schedules_record_both_sides_where_they_differ():
     groups = [[group("a", [4, 2, 4, 0])], [group("b", [9, 9, 9, 1])]]
     s = P.graph_schedules(groups, {"a": meta, "b": meta})
     assert s == {"0": {"n": 3, "same": True}, "1": {"n": 3, "same": False, "graph": [9, 9, 9], "step": [4, 2, 4]}}
+
+
+def test_a_nan_prefill_counts_unwritten_rows_only_in_the_layers_it_fills(tmp_path):
+    t = tapped_step(tmp_path, None, skip=True, taps=P.AttnTaps(fill=float("nan"), fill_layers={3}, rows=64))["taps"][ATTN]
+    assert t["unwritten_run"] == 2 * (K + 1) and t["req_unwritten_run"] == [1, 2] and t["unwritten_ref"] == 0
+    assert t["nonfinite_run"] == 2 * (K + 1)  # the NaN pre-fill is what the unwritten rows hold
+    t = tapped_step(tmp_path, None, skip=True, taps=P.AttnTaps(fill=0.0, fill_layers={7}, rows=64))["taps"][ATTN]
+    assert "unwritten_run" not in t  # layer 3 was not pre-filled: its rows hold what the buffer held (NaN here)
+    assert t["req_nonfinite_run"] == [1, 2]

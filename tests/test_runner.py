@@ -231,18 +231,27 @@ def test_a_one_sided_split_bound_reaches_the_engine_and_the_line(tmp_path, monke
 def test_probe_taps_reach_only_the_engine_that_asked(tmp_path, monkeypatch):
     logs = tmp_path / "logs"
     monkeypatch.setenv("DFLASH_LAB_PROBE_TAPS", "1")  # inherited: must not leak
+    monkeypatch.setenv("DFLASH_LAB_PROBE_FILL_LAYERS", "3")
     lines, _ = run(tmp_path, [
         {"id": "t", "probe": True, "probe_taps": "sentinel", "runs": [{"concurrency": 1}]},
+        {"id": "n", "probe": True, "probe_taps": "nan", "probe_fill_layers": [7, 15], "runs": [{"concurrency": 1}]},
         {"id": "p", "probe": True, "runs": [{"concurrency": 1}]}], extra=("--logs", str(logs)))
     by = {l["engine_id"]: l for l in lines}
     assert by["t"]["probe_taps"] == "sentinel" and by["p"]["probe_taps"] is None
+    assert by["n"]["probe_fill_layers"] == [7, 15] and by["t"]["probe_fill_layers"] is None
+    from dflash_lab import analysis
+    assert "(step probe, attention taps, NaN pre-fill in layers 7, 15" in analysis.cell_label(by["n"])
     env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
-    assert "DFLASH_LAB_PROBE_TAPS=sentinel\n" in env["t"] and "DFLASH_LAB_PROBE_TAPS=\n" in env["p"]
+    assert "DFLASH_LAB_PROBE_TAPS=sentinel DFLASH_LAB_PROBE_FILL_LAYERS=\n" in env["t"]
+    assert "DFLASH_LAB_PROBE_TAPS=nan DFLASH_LAB_PROBE_FILL_LAYERS=7,15\n" in env["n"]
+    assert "DFLASH_LAB_PROBE_TAPS= DFLASH_LAB_PROBE_FILL_LAYERS=\n" in env["p"]
 
 
 @pytest.mark.parametrize("eng,msg", [
     ({"probe_taps": "sentinel"}, "probe_taps needs probe: true"),
-    ({"probe": True, "probe_taps": 1}, "probe_taps must be '1' or 'sentinel'"),
+    ({"probe": True, "probe_taps": 1}, "probe_taps must be '1', 'sentinel', 'nan' or 'zero'"),
+    ({"probe": True, "probe_taps": "1", "probe_fill_layers": [7]}, "probe_fill_layers needs a pre-fill"),
+    ({"probe": True, "probe_taps": "nan", "probe_fill_layers": []}, "must be a non-empty list of layer numbers"),
 ])
 def test_bad_probe_taps_are_refused(eng, msg):
     with pytest.raises(LabError, match=msg):
