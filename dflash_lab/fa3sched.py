@@ -16,7 +16,8 @@ whatever was last written there. What the forward does with one request's entrie
 - 0 splits, or 0 query rows: the main kernel gives the request no tile, and the combine, which skips
   requests with at most one split, does not write it either: its output rows are **never written** and
   keep whatever the buffer held;
-- fewer query rows than the step has: only the first rows are computed (**partial**);
+- fewer query rows than the step has, by more than the last 128-row tile covers: only the tiles covering the
+  rows it reads are computed (**partial**);
 - query rows but more than one split and nothing computed: the combine mixes split partials that were
   never written this call (**combined from unwritten partials**).
 
@@ -210,7 +211,7 @@ def tap_summary(probe: dict) -> dict:
             "steps differing": any_(lambda t: t["rows_differ"] > 0),
             "steps with new NaN": any_(lambda t: t["nonfinite_run"] > t["nonfinite_ref"]),
             "steps with unwritten rows": any_(lambda t: (t.get("unwritten_run") or 0) > 0),
-            "sentinel": any("unwritten_run" in t for st in full for t in st["taps"].values())}
+            "pre-filled": any("unwritten_run" in t for st in full for t in st["taps"].values())}
 
 
 def stale_vectors(probes: list[dict], group: str | None = None) -> dict[tuple, int]:

@@ -753,7 +753,7 @@ def _unwritten_clause(df, pt) -> str:
         out += (f" with a sentinel pre-filled, the requests left unwritten were those predicted from the recorded schedule "
                 f"on {int(ok_steps)} of {steps} FULL steps ({ut.groupby(['session', 'engine']).ngroups} engines, "
                 f"concurrency {', '.join(str(c) for c in sorted(set(runs[runs['probe_taps'] == 'sentinel']['concurrency'])))})")
-    plain = [p for p in stock if not fa3sched.tap_summary(p)["sentinel"]]
+    plain = [p for p in stock if not fa3sched.tap_summary(p)["pre-filled"]]
     orig = [o for o in (fa3sched.nan_origin(p) for p in plain) if o]
     if orig:
         out += (f"; with plain taps the first non-finite value the no-graph pass lacks was in an attention output of the "

@@ -399,17 +399,11 @@ class AttnTaps:
     ``fill_layers`` (layer numbers; None: all), so rows the kernel leaves unwritten hold it afterwards.
     """
 
-    def __init__(self, sentinel: bool = False, rows: int = TAP_ROWS, fill: float | None = None,
-                 fill_layers: set | None = None):
-        self.fill = SENTINEL if sentinel and fill is None else fill
+    def __init__(self, fill: float | None = None, fill_layers: set | None = None, rows: int = TAP_ROWS):
+        self.fill = fill
         self.fill_layers = fill_layers
         self.rows = rows
         self.buf: dict = {}
-
-    @property
-    def sentinel(self) -> bool:
-        """Whether unwritten rows can be counted: a fill is set (8192, NaN or 0)."""
-        return self.fill is not None
 
     def fills(self, name: str) -> bool:
         return self.fill is not None and (self.fill_layers is None or layer_number(name) in self.fill_layers)
@@ -467,15 +461,13 @@ def _requests_of(rows, qsl) -> list[int]:
 
 
 def compare_taps(ref: dict, run: dict, order: list[str], n: int, qsl, rel_tol: float,
-                 sentinel: bool | float | None, filled=None) -> dict:
+                 fill: float | None = None, filled=None) -> dict:
     """Per attention layer: which tokens (and requests) the replay's output differs in, is NaN/Inf in,
     or (pre-filled runs) never wrote, against the reference pass of the same step.
 
-    ``sentinel``: the pre-fill value (True: :data:`SENTINEL`; None/False: no pre-fill); ``filled(name)``: whether
-    that layer was pre-filled (default: every layer)."""
+    ``fill``: the pre-fill value (None: no pre-fill); ``filled(name)``: whether that layer was pre-filled
+    (default: every layer)."""
     import torch
-
-    fill = SENTINEL if sentinel is True else None if sentinel is False else sentinel
 
     def is_fill(x):
         return torch.isnan(x) if fill is not None and fill != fill else x == fill

@@ -108,7 +108,7 @@ def test_tap_summary_and_stale_vectors():
     p = probe({2: {"m.layers.7.attn": tap(list(range(1, 8)), [1]), "m.layers.15.attn": tap([])},
                3: {"m.layers.7.attn": tap([])}})
     assert F.tap_summary(p) == {"FULL steps with taps": 2, "steps differing": 1, "steps with new NaN": 1,
-                                "steps with unwritten rows": 1, "sentinel": True}
+                                "steps with unwritten rows": 1, "pre-filled": True}
     assert F.stale_vectors([p]) == {(128, 0, 31, 0, 1, 0, 0, 0, 2): 2}
     assert F.has_taps(p) and not F.has_taps({"steps": [{"step": 1, "mode": "FULL"}]})
 

@@ -340,7 +340,7 @@ class TappedModel(FakeModel):
 
 
 def tapped_step(tmp_path, sentinel, skip, copy_in_full=True, taps=None):
-    taps = taps or P.AttnTaps(sentinel=sentinel, rows=64)
+    taps = taps or P.AttnTaps(fill=P.SENTINEL if sentinel else None, rows=64)
 
     class Impl(FakeImpl):
         skip_in_full = skip
@@ -392,7 +392,7 @@ def test_taps_setting_is_checked(monkeypatch):
     with pytest.raises(ValueError, match="needs DFLASH_LAB_PROBE"):
         P.taps_from_env()
     monkeypatch.setenv(P.ENV_PROBE, "/tmp/x")
-    assert P.taps_from_env().sentinel is True and P.taps_from_env().fill == P.SENTINEL
+    assert P.taps_from_env().fill == P.SENTINEL and P.taps_from_env().fill_layers is None
     monkeypatch.setenv(P.ENV_TAPS, "nan")
     monkeypatch.setenv(P.ENV_FILL_LAYERS, "7, 15")
     t = P.taps_from_env()
@@ -419,9 +419,9 @@ def test_graph_schedules_record_both_sides_where_they_differ():
 
 
 def test_a_nan_prefill_counts_unwritten_rows_only_in_the_layers_it_fills(tmp_path):
-    t = tapped_step(tmp_path, None, skip=True, taps=P.AttnTaps(fill=float("nan"), fill_layers={3}, rows=64))["taps"][ATTN]
+    t = tapped_step(tmp_path, None, skip=True, taps=P.AttnTaps(float("nan"), {3}, rows=64))["taps"][ATTN]
     assert t["unwritten_run"] == 2 * (K + 1) and t["req_unwritten_run"] == [1, 2] and t["unwritten_ref"] == 0
     assert t["nonfinite_run"] == 2 * (K + 1)  # the NaN pre-fill is what the unwritten rows hold
-    t = tapped_step(tmp_path, None, skip=True, taps=P.AttnTaps(fill=0.0, fill_layers={7}, rows=64))["taps"][ATTN]
+    t = tapped_step(tmp_path, None, skip=True, taps=P.AttnTaps(0.0, {7}, rows=64))["taps"][ATTN]
     assert "unwritten_run" not in t  # layer 3 was not pre-filled: its rows hold what the buffer held (NaN here)
     assert t["req_nonfinite_run"] == [1, 2]
