@@ -11,13 +11,31 @@ guessed. A mode that crashed at a concurrency adds, per planned run there, its r
 acceptance where measured runs were recorded at the concurrency, else at any acceptance) times a restart (its shortest start-up) and the core-dump wait; where those crashes were recorded at other
 acceptances only, the summary says so (stock FULL's crashes are all at 1.86, and vLLM's synthetic schedule never
 rejects every draft at 3.6 or 6.0, the precondition of the crash states notebook 05 names: there the restarts are
-likely an overestimate).
+likely an overestimate). A fresh host's first engine starts slower than the same mode's shortest recorded start
+even on carried caches (s30-s36: 148-186 s against 50-70 s): the warm total adds, once, the median over recorded GPU
+sessions of (the session's first engine start - its mode's shortest recorded start).
 Estimates, from data, of a future run: not measurements.
 """
 
 from __future__ import annotations
 
 from .errors import LabError
+
+
+def first_start_penalty(runs_df) -> tuple[float, int]:
+    """(median over GPU sessions of the session's first engine start minus the shortest recorded start of that engine's
+    mode, how many sessions): what a fresh host's first engine costs beyond a warm start. (0, 0) without ordered starts."""
+    import statistics
+
+    if "run_start_t" not in runs_df:
+        return 0.0, 0
+    st = (runs_df.dropna(subset=["startup_s", "run_start_t", "gpu_session"]).sort_values("run_start_t", kind="stable")
+          .drop_duplicates(["file", "gpu_session", "engine_id", "attempt"]))
+    if st.empty:
+        return 0.0, 0
+    shortest = st.groupby("mode")["startup_s"].min()
+    extra = [float(g["startup_s"].iloc[0] - shortest[g["mode"].iloc[0]]) for _, g in st.groupby("gpu_session")]
+    return float(statistics.median(extra)), len(extra)
 
 
 def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: float = 90.0) -> dict:
@@ -32,7 +50,7 @@ def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: flo
         e = eng["engine"]
         mode = bench.engine_mode(e)
         rec = done[done["mode"] == mode]
-        starts = rec.drop_duplicates(["file", "engine_id", "attempt"])["startup_s"].dropna()
+        starts = rec.drop_duplicates(["file", "gpu_session", "engine_id", "attempt"])["startup_s"].dropna()
         warm_s, runs_s, crash_s, scaled, n_unknown, crash_accs = 0.0, 0.0, 0.0, 0, 0, set()
         for r in eng["runs"]:
             same = rec[(rec["concurrency"] == r.concurrency) & (rec["max_tokens"] == r.max_tokens)
@@ -73,7 +91,8 @@ def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: flo
         raise LabError(f"{matrix_path}: no recorded start-up for {missing}: cannot estimate its device time")
     work = sum(r["_work"] for r in rows)   # the rows show rounded seconds; the totals add the exact ones
     cold = staging_s + work + sum(r["_cold"] for r in rows)
-    warm = staging_s + work + sum(r["_warm"] for r in rows)
+    first_s, first_n = first_start_penalty(runs_df)
+    warm = staging_s + work + sum(r["_warm"] for r in rows) + first_s
     elsewhere, borrowed_s = [], 0.0   # engines whose crash restarts come from crashes at other acceptances only
     for r in rows:
         r.pop("_cold"), r.pop("_warm"), r.pop("_work")
@@ -83,14 +102,18 @@ def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: flo
             borrowed_s += crash_s
     return {"engines": rows, "crash_rates_elsewhere": elsewhere, "borrowed_crash_s": round(borrowed_s, 1),
             "total_cold_s": round(cold, 1), "total_warm_s": round(warm, 1), "budget_s": budget_s,
-            "staging_s": staging_s, "fits_cold": cold <= budget_s, "fits_warm": warm <= budget_s, "unknown": unknown}
+            "staging_s": staging_s, "fits_cold": cold <= budget_s, "fits_warm": warm <= budget_s, "unknown": unknown,
+            "first_start_s": round(first_s, 1), "first_start_sessions": first_n}
 
 
 def summary_line(est: dict, matrix_path: str) -> str:
     """One line: the estimate against the budget."""
     u = est["unknown"]
     return (f"{matrix_path}: about {est['total_cold_s']:.0f} s of device time with every engine starting cold, "
-            f"{est['total_warm_s']:.0f} s on warm caches (staging {est['staging_s']:.0f} s included), against "
+            f"{est['total_warm_s']:.0f} s on warm caches (staging {est['staging_s']:.0f} s included"
+            + (f"; a fresh host's first engine +{est['first_start_s']:.0f} s, the median over "
+               f"{est['first_start_sessions']} recorded sessions" if est.get("first_start_sessions") else "")
+            + f"), against "
             f"{est['budget_s']:.0f} s: {'fits' if est['fits_cold'] else 'does not fit'} cold, "
             f"{'fits' if est['fits_warm'] else 'does not fit'} warm"
             + (f"; {len(u)} run(s) with no record to estimate from: {', '.join(u[:6])}{'...' if len(u) > 6 else ''}"

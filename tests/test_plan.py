@@ -99,9 +99,28 @@ def test_a_crash_prone_mode_adds_restarts_and_a_mode_never_started_is_one_clear_
         plan.estimate(m, _runs(tmp_path, lines))
 
 
+def test_a_fresh_hosts_first_engine_start_is_added_once_to_the_warm_total(tmp_path):
+    # session A starts fixed FULL first (300 s; its shortest recorded start is 100), session B no speculation (150,
+    # its shortest): the first engine of a host costs the median of 200 and 0 beyond a warm start
+    lines = [dict(_line("f", "fixed", 1, 2.0, 3.6, L=3.6, startup=300), gpu_session="A", run_start_t=10.0),
+             dict(_line("n", "nospec", 1, 2.0, 3.6, startup=160), gpu_session="A", run_start_t=20.0),
+             dict(_line("n", "nospec", 1, 2.0, 3.6, startup=150), gpu_session="B", run_start_t=30.0, run_id="n/c1/r1"),
+             dict(_line("f", "fixed", 1, 2.0, 3.6, L=3.6, startup=100), gpu_session="B", run_start_t=40.0, run_id="f/c1/r1")]
+    runs = _runs(tmp_path, lines)
+    assert plan.first_start_penalty(runs) == (100.0, 2)
+    m = _matrix(tmp_path, [{"id": "full-fixed", "fix": True, "runs": [{"concurrency": 1}]}])
+    est = plan.estimate(m, runs, staging_s=90)
+    assert est["total_warm_s"] == pytest.approx(90 + 2.0 + 100 + 100)   # run, shortest start, first-start penalty
+    assert est["total_cold_s"] == pytest.approx(90 + 2.0 + 300)
+    assert "a fresh host's first engine +100 s, the median over 2 recorded sessions" in plan.summary_line(est, "m.yaml")
+    # lines without run start times cannot be ordered: nothing is added, and nothing said
+    assert plan.first_start_penalty(_runs(tmp_path, [_line("f", "fixed", 1, 2.0, 3.6, L=3.6)])) == (0.0, 0)
+
+
 def test_the_plan_command_on_the_recorded_data():
     r = run_cli("dflash_lab", "plan", "matrices/bench-acc3.6-s1-tp1.yaml")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("matrices/bench-acc3.6-s1-tp1.yaml: about ") and "full-fixed" in r.stdout
+    assert "a fresh host's first engine +" in r.stdout   # the bench lines record their run start times
     r = run_cli("dflash_lab", "plan", "matrices/none.yaml")
     assert r.returncode == 2 and "no such matrix file" in r.stderr
