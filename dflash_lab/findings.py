@@ -723,10 +723,11 @@ def _splits1_probe_clause(pt) -> str:
 def _unwritten_clause(df, pt) -> str:
     """Why the stale schedule gives wrong values and, in some replays, NaN: the attention-output taps (probe.py) against
     the rows FA3 leaves unwritten by the recorded schedule (fa3sched.py). Empty without tap probes."""
-    from . import divergence, fa3sched
+    from . import divergence, fa3sched, verification
 
     fixes = dict(zip(pt["path"], pt["fix"]))
-    probes = [p for p in (divergence.load_probe(x) for x in pt["path"]) if fa3sched.has_taps(p)]
+    # only the tap probes' logs: the others (the c64 ones decompress to ~10 MB each) hold no taps
+    probes = [p for p in (divergence.load_probe(x) for x in verification.tapped(pt)["path"]) if fa3sched.has_taps(p)]
     stock = [p for p in probes if fixes.get(p["path"]) == "stock"]
     if not stock:
         return ""

@@ -483,12 +483,11 @@ def compare_taps(ref: dict, run: dict, order: list[str], n: int, qsl, rel_tol: f
         d = (a2 - b2).abs()
         d = torch.where(torch.isnan(a2) & torch.isnan(b2), torch.zeros_like(d), d)
         d = torch.where(torch.isnan(d), torch.full_like(d, float("inf")), d)
-        row_max = d.max(dim=1).values if n else d.new_zeros(0)
-        scale = float(torch.nan_to_num(a2.abs(), nan=0.0, posinf=0.0).max()) + 1e-30 if n else 1.0
+        row_max = d.max(dim=1).values
+        scale = float(torch.nan_to_num(a2.abs(), nan=0.0, posinf=0.0).max()) + 1e-30
         differ = torch.nonzero(row_max > rel_tol * scale).flatten().cpu().tolist()
-        bad_ref = torch.nonzero(~torch.isfinite(a2).all(dim=1)).flatten().cpu().tolist()
-        bad_run = torch.nonzero(~torch.isfinite(b2).all(dim=1)).flatten().cpu().tolist()
-        rec = {"max_abs": float(row_max.max()) if n else 0.0, "rows_differ": len(differ),
+        bad_ref, bad_run = nonfinite_rows(a2, n), nonfinite_rows(b2, n)
+        rec = {"max_abs": float(row_max.max()), "rows_differ": len(differ),
                "req_differ": _requests_of(differ, qsl),
                "nonfinite_ref": len(bad_ref), "nonfinite_run": len(bad_run),
                "req_nonfinite_run": _requests_of(bad_run, qsl)}

@@ -155,10 +155,20 @@ def verdict(table) -> dict:
 STOCK_PROBE = "dflash k=15, FULL_AND_PIECEWISE (step probe)"
 
 
+def _tapped(probes):
+    return probes["configuration"].fillna("").str.contains("attention taps", regex=False)
+
+
 def untapped(probes):
     """Probe-table rows without attention-output taps: the probe's own instrument only. The tap probes (s36) are
     counted in their own section (notebook 03; a sentinel run changes what FA3's unwritten rows hold)."""
-    return probes[~probes["configuration"].fillna("").str.contains("attention taps", regex=False)]
+    return probes[~_tapped(probes)]
+
+
+def tapped(probes):
+    """Probe-table rows with attention-output taps (their logs are the only ones holding ``taps``)."""
+    return probes[_tapped(probes)]
+
 PROBE_COLUMNS = ["session", "engine", "path", "fix", "configuration", "gpu_session", "concurrencies", "reached",
                  "runs ok / runs", "steps", "FULL steps", "max requests in a FULL step", "FULL steps diverging",
                  "FULL steps ended by an error", "first FULL step",
