@@ -242,3 +242,56 @@ def replay_reads(buffer, b: int, rows_per_request: int = 128) -> dict:
     cov = coverage(graph, step, b)
     return {"requests in the step": b, "query rows read": d["seqlen_q"], "splits read": d["num_splits"],
             "requests written": [i for i, c in enumerate(cov) if c == WRITTEN]}
+
+
+FILLS = ("nan", "zero", "sentinel")  # what probe.py's pre-fills write: NaN, 0, 8192
+
+
+def predicted_outcome(fix: bool, fill: str | None, unfilled: str | None = None) -> str | None:
+    """What a run's outcome should be if a stock FULL replay crashes exactly when the attention output rows FA3 leaves
+    unwritten (group 7's, at 2 and more requests) hold non-finite values, and for no other reason.
+
+    ``fix``: the schedule is refreshed, every row is written over any pre-fill: ``"ok"``. Stock with ``fill`` in the
+    stale group's layers: ``"nan"`` -> ``"crash"``, ``"zero"`` / ``"sentinel"`` -> ``"ok"``. No pre-fill: the rows hold
+    whatever the graph's memory held, which the hypothesis does not say: ``unfilled`` (what untapped stock did at that
+    concurrency, or None when that is not one outcome)."""
+    if fill is not None and fill not in FILLS:
+        raise LabError(f"pre-fill {fill!r}: expected one of {', '.join(FILLS)} or none")
+    if fix:
+        return "ok"
+    if fill is None:
+        return unfilled
+    return "crash" if fill == "nan" else "ok"
+
+
+def fill_summary(probe: dict) -> dict:
+    """One probed engine of a pre-fill matrix: its FULL steps against the reference pass (:func:`tap_summary`), how
+    many of the stale group's layer-steps left unwritten exactly the requests the recorded schedule predicts (pre-filled
+    runs; a step with one request has none to leave), and where the first NaN the reference lacks appeared
+    (:func:`nan_origin`)."""
+    s = tap_summary(probe)
+    rows = list(step_rows(probe))
+    measured = [r for r in rows if r["unwritten"] is not None]
+    full = [st for st in probe["steps"] if st.get("mode") == "FULL"]
+    o = nan_origin(probe)
+    return {**s, "first FULL step": full[0]["step"] if full else None,
+            "last step": probe["steps"][-1]["step"] if probe["steps"] else None,
+            "stale layer-steps": len(rows),
+            "unwritten as predicted": sum(r["predicted"] == r["unwritten"] for r in measured) if measured else None,
+            "unwritten measured": len(measured),
+            "first NaN step": o["step"] if o else None, "first NaN layer": o["layer"] if o else None,
+            "NaN requests": o["requests"] if o else None,
+            "NaN only in unwritten requests": o["within_unwritten"] if o else None,
+            "earlier writes finite": o["earlier_writes_finite"] if o else None}
+
+
+def exact_one_sided(events_in: int, runs_in: int, events: int, runs: int) -> float:
+    """Fisher's exact test, one-sided: the chance, if a run's outcome did not depend on its condition, that at least
+    ``events_in`` of the ``events`` (crashes) among ``runs`` runs fall on the ``runs_in`` runs of the condition."""
+    from math import comb
+
+    if not (0 <= events_in <= min(events, runs_in) and 0 <= events <= runs and 0 <= runs_in <= runs
+            and events - events_in <= runs - runs_in):
+        raise LabError(f"{events_in} of {events} events in {runs_in} of {runs} runs: not a 2x2 table")
+    top = min(events, runs_in)
+    return sum(comb(runs_in, x) * comb(runs - runs_in, events - x) for x in range(events_in, top + 1)) / comb(runs, events)

@@ -442,3 +442,62 @@ def token_divergence(df, session: str, reference: str = "PIECEWISE", data_dir: s
                          "FULL's output occurs in the reference run": x in b,
                          "reference requests with FULL's output": sum(q == x for q in b)})
     return pd.DataFrame(rows)
+
+
+def of_matrix(probes, df, matrix: str):
+    """Probe-table rows whose run lines come from ``matrix`` (a probe's session is its run file's name)."""
+    files = set(df[df["matrix"] == matrix]["file"]) if len(df) and "matrix" in df else set()
+    return probes[(probes["session"] + ".jsonl").isin(files)]
+
+
+def untapped_outcome(df, concurrency: int) -> str | None:
+    """What untapped stock FULL_AND_PIECEWISE did offline at TP=1 and ``concurrency`` (synthetic acceptance 1.86):
+    ``"ok"`` or ``"crash"`` when every run recorded there did that, else None (none recorded, or mixed)."""
+    s = analysis.stock_full(df)
+    s = s[(s["mode"].fillna("offline") == "offline") & (s["tensor_parallel_size"] == 1) & (s["concurrency"] == concurrency)]
+    if not len(s):
+        return None
+    return "crash" if s["crashed"].all() else "ok" if not s["crashed"].any() else None
+
+
+FILL_COLUMNS = ["probe", "gpu_session", "engine", "fix", "pre-fill", "fill layers", "concurrency", "predicted", "outcome",
+                "error", "acceptance", "FULL steps with taps", "steps differing", "steps with new NaN",
+                "steps with unwritten rows", "unwritten as predicted", "unwritten measured", "first FULL step", "first NaN step", "first NaN layer",
+                "NaN only in unwritten requests", "earlier writes finite", "last step"]
+
+
+def fill_table(df, probes: list[dict]):
+    """One row per probed engine of a pre-fill matrix (``probe-fill-tp1``): its run line's outcome beside the outcome
+    :func:`fa3sched.predicted_outcome` gives it (unfilled stock: what untapped stock did at that concurrency), and
+    what its taps measured (:func:`fa3sched.fill_summary`). A probe with no run line is an error: its outcome would
+    be unknown."""
+    import pandas as pd
+
+    from . import fa3sched
+    from .errors import LabError
+
+    rows = []
+    for p in probes:
+        r = df[(df["file"] == f"{p['session']}.jsonl") & ((df["engine_id"] + ".a" + df["attempt"].astype(str)) == p["engine"])]
+        if len(r) != 1:
+            raise LabError(f"{p['session']}/{p['engine']}: {len(r)} run lines match this probe log (expected 1)")
+        r = r.iloc[0]
+        fill = r["probe_taps"] if r["probe_taps"] in fa3sched.FILLS else None
+        fix = bool(r["fix"] == True)  # noqa: E712 (None, NaN and numpy booleans alike)
+        layers = r.get("probe_fill_layers")
+        m = r["spec_decode_metrics"]
+        s = fa3sched.fill_summary(p)
+        rows.append({"probe": f"{p['session']}/{p['engine']}", "gpu_session": r["gpu_session"], "engine": r["engine_id"],
+                     "fix": fix, "pre-fill": fill or "none",
+                     "fill layers": ", ".join(map(str, layers)) if isinstance(layers, (list, tuple)) and fill else
+                     ("all" if fill else ""),
+                     "concurrency": int(r["concurrency"]),
+                     "predicted": fa3sched.predicted_outcome(fix, fill, untapped_outcome(df, int(r["concurrency"]))),
+                     "outcome": "crash" if r["crashed"] else r["outcome"],
+                     "error": r["error"] if isinstance(r["error"], str) else "",
+                     "acceptance": round(m["acceptance_length"], 2) if isinstance(m, dict) and m.get("acceptance_length") else None,
+                     **{k: s[k] for k in FILL_COLUMNS if k in s}})
+    t = pd.DataFrame(rows, columns=FILL_COLUMNS)
+    for c in ("unwritten as predicted", "first NaN step"):
+        t[c] = t[c].astype("Int64")
+    return t

@@ -127,3 +127,33 @@ def test_a_step_replaying_a_graph_of_another_batch_size_is_not_compared():
     assert len(F.unwritten_table([p])) == 1
     p["steps"][1]["desc"] = "BatchDescriptor(num_tokens=160, num_reqs=10, uniform=True)"
     assert F.unwritten_table([p]).empty
+
+
+def test_predicted_outcome_follows_what_the_unwritten_rows_hold():
+    assert F.predicted_outcome(False, "nan") == "crash"
+    assert F.predicted_outcome(False, "zero") == F.predicted_outcome(False, "sentinel") == "ok"
+    assert F.predicted_outcome(True, "nan") == "ok"  # the fix writes every row over the pre-fill
+    assert F.predicted_outcome(False, None, "crash") == "crash" and F.predicted_outcome(False, None) is None
+    with pytest.raises(LabError, match="pre-fill 'inf'"):
+        F.predicted_outcome(False, "inf")
+
+
+def test_fill_summary_counts_predicted_unwritten_and_the_first_nan():
+    ok = list(range(1, 8))
+    p = probe({2: {"m.layers.7.attn": tap(ok, ok), "m.layers.15.attn": tap(ok[:-1], ok)},
+               3: {"m.layers.7.attn": tap(ok, ok), "m.layers.15.attn": tap(ok, ok)}})
+    s = F.fill_summary(p)
+    assert (s["stale layer-steps"], s["unwritten measured"], s["unwritten as predicted"]) == (4, 4, 3)
+    assert (s["first FULL step"], s["last step"], s["first NaN step"]) == (2, 3, 2)
+    assert s["first NaN layer"] == "m.layers.7.attn" and s["NaN only in unwritten requests"] is True
+    plain = F.fill_summary(probe({2: {"m.layers.7.attn": tap(None)}}))
+    assert plain["unwritten as predicted"] is None and plain["first NaN step"] is None and not plain["pre-filled"]
+
+
+def test_exact_one_sided():
+    assert F.exact_one_sided(4, 4, 4, 11) == pytest.approx(1 / 330)  # 4 crashes, all on the 4 runs of the condition
+    assert F.exact_one_sided(2, 2, 2, 6) == pytest.approx(1 / 15)
+    assert F.exact_one_sided(0, 3, 2, 6) == pytest.approx(1.0)
+    assert F.exact_one_sided(1, 2, 2, 6) == pytest.approx(1 - 6 / 15)  # P(X >= 1) = 1 - C(4,2)/C(6,2)
+    with pytest.raises(LabError, match="not a 2x2 table"):
+        F.exact_one_sided(3, 2, 3, 6)

@@ -153,10 +153,11 @@ def test_counts_come_from_the_session_that_meets_them_not_the_latest(df):
     assert not V.verdict(V.session_table(df, "2026-11-30-s22"))["meets_counts"]
     # s35 (fix 2 under the step probe at 8 and 64, one run each): it does not replace s14 either
     assert not V.verdict(V.session_table(df, "2026-12-01-s35"))["meets_counts"]
-    # s36 is the latest, and every run of it was instrumented (attention taps): an empty table, and no verdict
-    assert V.sessions_with_fix2(df)[-1] == "2026-12-01-s36"
-    t36 = V.session_table(df, "2026-12-01-s36")
-    assert t36.empty and "what" in t36 and not V.verdict(t36)["meets_counts"]
+    # s36 and s37 are the latest, and every run of them was instrumented (attention taps): empty tables, no verdict
+    assert V.sessions_with_fix2(df)[-2:] == ["2026-12-01-s36", "2026-12-01-s37"]
+    for x in ("2026-12-01-s36", "2026-12-01-s37"):
+        t = V.session_table(df, x)
+        assert t.empty and "what" in t and not V.verdict(t)["meets_counts"]
     assert V.counts_session(df) == SESSION
     # the stock run at concurrency 2 records outputs: the control is the crash configuration only
     v15 = V.verdict(V.session_table(df, S15))
@@ -313,3 +314,42 @@ def test_rows_where_keeps_the_columns_of_an_empty_frame():
     empty = analysis.rows_where(df.iloc[:0], lambda r: True)
     assert len(empty) == 0 and list(empty.columns) == list(df.columns)
     assert len(analysis.rows_where(df, lambda r: False)) == 0
+
+
+def _fill_line(file, engine, c, taps, fix=False, crashed=False):
+    return {"file": file, "matrix": "probe-fill-tp1", "engine_id": engine, "attempt": 1, "concurrency": c,
+            "probe_taps": taps, "probe_fill_layers": [7] if taps in ("nan", "zero") else None, "fix": fix,
+            "crashed": crashed, "outcome": "crash" if crashed else "ok", "error": "CUDA error" if crashed else None,
+            "gpu_session": "s", "spec_decode_metrics": None if crashed else {"acceptance_length": 1.864}}
+
+
+def test_fill_table_puts_each_outcome_beside_its_prediction():
+    from tests.test_fa3sched import probe, tap
+
+    ok = list(range(1, 8))
+    df = pd.DataFrame([_fill_line("f.jsonl", "nan8", 8, "nan", crashed=True), _fill_line("f.jsonl", "zero8", 8, "zero"),
+                       _fill_line("f.jsonl", "fixnan8", 8, "nan", fix=True), _fill_line("g.jsonl", "x", 8, "1")])
+    probes = []
+    for eng, t in (("nan8", tap(ok, ok)), ("zero8", tap(ok)), ("fixnan8", tap([]))):
+        p = probe({2: {"m.layers.7.attn": t}})
+        p.update(session="f", engine=f"{eng}.a1")
+        probes.append(p)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(V, "untapped_outcome", lambda df, c: "crash")
+        t = V.fill_table(df, probes).set_index("engine")
+    assert list(t["predicted"]) == ["crash", "ok", "ok"] and list(t["outcome"]) == ["crash", "ok", "ok"]
+    assert t.loc["nan8", "first NaN step"] == 2 and t.loc["zero8", "unwritten as predicted"] == 1
+    assert t.loc["zero8", "fill layers"] == "7" and t.loc["zero8", "acceptance"] == 1.86
+    assert bool(t.loc["fixnan8", "fix"]) and t.loc["fixnan8", "pre-fill"] == "nan"
+    pt = pd.DataFrame({"session": ["f", "g", "h"]})
+    assert list(V.of_matrix(pt, df, "probe-fill-tp1")["session"]) == ["f", "g"]
+    orphan = probe({2: {"m.layers.7.attn": tap(ok)}})
+    orphan.update(session="f", engine="gone.a1")
+    from dflash_lab.errors import LabError
+    with pytest.raises(LabError, match="0 run lines match"):
+        V.fill_table(df, [orphan])
+
+
+def test_untapped_outcome_on_the_recorded_runs(df):
+    assert V.untapped_outcome(df, 32) == "crash" and V.untapped_outcome(df, 16) == "ok"
+    assert V.untapped_outcome(df, 3) is None  # never run there
