@@ -726,12 +726,15 @@ def _unwritten_clause(df, pt) -> str:
     from . import divergence, fa3sched, verification
 
     fixes = dict(zip(pt["path"], pt["fix"]))
-    # only the tap probes' logs: the others (the c64 ones decompress to ~10 MB each) hold no taps
-    probes = [p for p in (divergence.load_probe(x) for x in verification.tapped(pt)["path"]) if fa3sched.has_taps(p)]
+    # only the tap probes' logs (the others, the c64 ones decompressing to ~10 MB each, hold no taps), of s36's matrix:
+    # probe-fill-tp1's pre-fills ask another question (_prefill_clause)
+    taps_pt = verification.of_matrix(verification.tapped(pt), df, TAPS_MATRIX)
+    probes = [p for p in (divergence.load_probe(x) for x in taps_pt["path"]) if fa3sched.has_taps(p)]
     stock = [p for p in probes if fixes.get(p["path"]) == "stock"]
     if not stock:
         return ""
-    runs = df[df["probe_taps"].notna() & (df["fix"] != True)] if "probe_taps" in df else df.iloc[:0]
+    runs = (df[df["probe_taps"].notna() & (df["fix"] != True) & (df["matrix"] == TAPS_MATRIX)] if "probe_taps" in df
+            else df.iloc[:0])
     sessions = sorted({_short(x) for x in runs["gpu_session"].dropna()})
     stale = {gid: fa3sched.stale_vectors(stock, group=gid) for gid in
              sorted({g for p in stock for st in p["steps"] for g, v in (st.get("schedules") or {}).items()
@@ -762,13 +765,56 @@ def _unwritten_clause(df, pt) -> str:
                 "engines: those rows kept NaN the graph's memory held")
     sent, pl = runs[runs["probe_taps"] == "sentinel"], runs[runs["probe_taps"] == "1"]
     shared = sent[sent["concurrency"].isin(set(pl["concurrency"]))]
+    fill = _prefill_clause(df, pt)
     if len(shared) and len(pl):
         one = runs["gpu_session"].nunique() == 1
         out += (f"; with the sentinel instead, stock completed {int((shared['outcome'] == 'ok').sum())} of {len(shared)} "
                 f"where plain-tap stock crashed {int(pl['crashed'].sum())} of {len(pl)} (concurrency "
                 f"{', '.join(str(c) for c in sorted(set(pl['concurrency'])))}{', one session' if one else ''}), outputs still "
-                "wrong: consistent with the crash needing that NaN, not decided (the sentinel filled every FlashAttention "
-                "output; matrices/probe-fill-tp1.yaml is the test)")
+                "wrong: consistent with the crash needing that NaN, not decided by those runs (the sentinel filled every "
+                "FlashAttention output" + ("" if fill else "; matrices/probe-fill-tp1.yaml is the test") + ")")
+    return out + "." + fill
+
+
+TAPS_MATRIX, FILL_MATRIX = "probe-taps-tp1", "probe-fill-tp1"
+
+
+def _prefill_clause(df, pt) -> str:
+    """Does the crash need the NaN the unwritten rows hold? probe-fill-tp1's runs (group 7's attention outputs alone
+    pre-filled with NaN, 0 or the sentinel), each outcome against fa3sched.predicted_outcome. Empty without them."""
+    from . import divergence, fa3sched, verification
+
+    rows = verification.of_matrix(verification.tapped(pt), df, FILL_MATRIX)
+    if not len(rows):
+        return ""
+    t = verification.fill_table(df, [divergence.load_probe(x) for x in rows["path"]])
+    held = t["predicted"] == t["outcome"]
+    nan = t[(t["pre-fill"] == "nan") & ~t["fix"]]
+    finite = t[t["pre-fill"].isin(["zero", "sentinel"]) & ~t["fix"]]
+    fixnan = t[(t["pre-fill"] == "nan") & t["fix"]]
+    plain = t[(t["pre-fill"] == "none") & ~t["fix"]]
+    crashes = int((t["outcome"] == "crash").sum())
+    nan_crashed = int((nan["outcome"] == "crash").sum())
+    conc = lambda r: ", ".join(str(c) for c in sorted(set(r["concurrency"])))  # noqa: E731
+    at_origin = int(sum(bool(u) and isinstance(lay, str) and lay.endswith("layers.7.self_attn.attn") and a == f
+                        for u, lay, a, f in zip(nan["NaN only in unwritten requests"], nan["first NaN layer"],
+                                                nan["first NaN step"], nan["first FULL step"])))
+    out = (f" Does the crash need that NaN? ({FILL_MATRIX}, {', '.join(sorted({_short(x) for x in t['gpu_session']}))}: "
+           "group 7's attention outputs alone pre-filled before FA3 runs, each outcome predicted in the matrix before the "
+           f"run): {int(held.sum())} of {len(t)} runs ended as predicted; with NaN there stock crashed {nan_crashed} of "
+           f"{len(nan)} (concurrency {conc(nan)}), the first NaN at the first FULL step, in layer 7's output and only in "
+           f"its unwritten requests, in {at_origin} of them; with 0 or the sentinel it completed {int((finite['outcome'] == 'ok').sum())} of {len(finite)} "
+           f"(concurrency {conc(finite)}), {int(finite['steps differing'].sum())} of {int(finite['FULL steps with taps'].sum())} "
+           f"FULL steps still differing from the no-graph pass; without a pre-fill stock completed "
+           f"{int((plain['outcome'] == 'ok').sum())} of {len(plain)} (concurrency {conc(plain)}); fix 2 with the same NaN completed "
+           f"{int((fixnan['outcome'] == 'ok').sum())} of {len(fixnan)} with {int(fixnan['steps differing'].sum())} FULL "
+           "steps differing from the no-graph pass")
+    if held.all() and crashes and nan_crashed == crashes == len(nan):
+        p = fa3sched.exact_one_sided(nan_crashed, len(nan), crashes, len(t))
+        out += (f". In these runs the crash follows the NaN in the rows FA3 leaves unwritten (all {crashes} crashes on the "
+                f"{len(nan)} NaN-filled stock runs: 1 in {round(1 / p)} if the pre-fill did not matter)")
+    else:
+        out += ". Not every outcome held its prediction: the crash is not explained by the unwritten rows' NaN alone"
     return out + "."
 
 
