@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import functools
 import glob
-import gzip
 import json
-import lzma
 import math
 import numbers
 import os
@@ -19,7 +17,7 @@ from pathlib import Path
 
 from .errors import LabError
 from .patch import FIX_PARTS, FIX_PARTS_BEFORE_ROOT_CAUSE
-from .runner import is_deadline_cut, read_lines  # noqa: F401 (is_deadline_cut: used by the notebooks)
+from .runner import is_deadline_cut, read_lines, read_recorded  # noqa: F401 (is_deadline_cut: used by the notebooks)
 
 SCHED_RE = re.compile(r"Dumping scheduler output for model execution: (.*)$")
 STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\((.*)\)")
@@ -42,12 +40,9 @@ def gpu_folder(r: dict, data_dir: str = "data") -> str:
 
 
 def read_text(path: str) -> str:
-    """A recorded text file, compressed (``.gz``, ``.xz``) or not."""
-    if path.endswith((".gz", ".xz")):
-        with (gzip if path.endswith(".gz") else lzma).open(path, "rt", errors="replace") as fh:
-            return fh.read()
-    with open(path, errors="replace") as fh:
-        return fh.read()
+    """A recorded text file, compressed (``.gz``, ``.xz``) or not, undecodable bytes replaced (engine logs hold
+    whatever the processes printed); a corrupt compressed file is an error naming it."""
+    return read_recorded(path, errors="replace")
 
 
 def engine_log(r, data_dir: str = "data") -> str | None:

@@ -649,23 +649,33 @@ class _EventReader:
         return self.queue.pop(0) if self.queue else None
 
 
-def json_lines(path: str | os.PathLike):
-    """(line number, object) of each non-blank line of a JSONL file (``.gz`` read as gzip, ``.xz`` as
-    xz); a bad line is an error naming it."""
+def read_recorded(path: str | os.PathLike, errors: str = "strict") -> str:
+    """A recorded text file, ``.gz`` read as gzip and ``.xz`` as xz (ingest compresses large logs); a compressed file
+    that does not decompress, or (``errors="strict"``) text that is not UTF-8, is an error naming it. A missing file
+    raises ``FileNotFoundError``."""
     p = Path(path)
-    if not p.is_file():
-        raise LabError(f"{path}: no such file")
-    if p.suffix in (".gz", ".xz"):
-        import gzip
-        import lzma
-
-        kind, unpack = ("gzip", gzip.decompress) if p.suffix == ".gz" else ("xz", lzma.decompress)
+    if p.suffix not in (".gz", ".xz"):
         try:
-            text = unpack(p.read_bytes()).decode()
-        except (OSError, EOFError, UnicodeDecodeError, lzma.LZMAError) as e:
-            raise LabError(f"{path}: not a readable {kind} file ({e})") from None
-    else:
-        text = p.read_text()
+            return p.read_text(errors=errors)
+        except UnicodeDecodeError as e:
+            raise LabError(f"{path}: not UTF-8 text ({e})") from None
+    import gzip
+    import lzma
+
+    kind, unpack = ("gzip", gzip.decompress) if p.suffix == ".gz" else ("xz", lzma.decompress)
+    data = p.read_bytes()
+    try:
+        return unpack(data).decode(errors=errors)
+    except (OSError, EOFError, UnicodeDecodeError, lzma.LZMAError) as e:
+        raise LabError(f"{path}: not a readable {kind} file ({e})") from None
+
+
+def json_lines(path: str | os.PathLike):
+    """(line number, object) of each non-blank line of a JSONL file (compressed or not: :func:`read_recorded`);
+    a bad line is an error naming it."""
+    if not Path(path).is_file():
+        raise LabError(f"{path}: no such file")
+    text = read_recorded(path)
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue

@@ -104,6 +104,33 @@ def test_corrupt_gzip_log_is_named(tmp_path):
         list(json_lines(bad_xz))
 
 
+def test_engine_logs_read_through_the_same_reader(tmp_path):
+    """analysis.read_text (engine logs) and json_lines (run and probe lines) share one decompressing reader: a log's
+    stray bytes are replaced, a corrupt compressed log is named, a missing one stays FileNotFoundError (bench's
+    reader skips those)."""
+    import gzip
+    import lzma
+
+    from dflash_lab.analysis import read_text
+
+    raw = b"ok \xff line\n"
+    (tmp_path / "a.log").write_bytes(raw)
+    (tmp_path / "b.log.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "c.log.xz").write_bytes(lzma.compress(raw))
+    for name in ("a.log", "b.log.gz", "c.log.xz"):
+        assert read_text(str(tmp_path / name)) == "ok \ufffd line\n"
+    (tmp_path / "d.log.gz").write_bytes(b"\x1f\x8b broken")
+    with pytest.raises(LabError, match="d.log.gz: not a readable gzip"):
+        read_text(str(tmp_path / "d.log.gz"))
+    with pytest.raises(FileNotFoundError):
+        read_text(str(tmp_path / "missing.log"))
+    (tmp_path / "e.jsonl").write_bytes(b'{"a": "\xff"}\n')
+    from dflash_lab.runner import json_lines
+
+    with pytest.raises(LabError, match="e.jsonl: not UTF-8"):
+        list(json_lines(tmp_path / "e.jsonl"))
+
+
 def test_recorded_gzipped_probe_logs_still_read(tmp_path):
     """Probe logs ingested before s35 are .gz: the readers keep taking them."""
     import gzip
