@@ -264,6 +264,14 @@ def predicted_outcome(fix: bool, fill: str | None, unfilled: str | None = None) 
     return "crash" if fill == "nan" else "ok"
 
 
+def _pass_of(error) -> str | None:
+    """Which pass of a probed step raised, from the probe's ``error`` text: ``"reference pass"`` (the no-graph pass,
+    prefixed so by probe.py), else ``"checks or graph pass"`` (probe.py records those unprefixed)."""
+    if not error:
+        return None
+    return "reference pass" if str(error).startswith("reference pass:") else "checks or graph pass"
+
+
 def fill_summary(probe: dict) -> dict:
     """One probed engine of a pre-fill matrix: its FULL steps against the reference pass (:func:`tap_summary`), how
     many of the stale group's layer-steps left unwritten exactly the requests the recorded schedule predicts (pre-filled
@@ -276,6 +284,8 @@ def fill_summary(probe: dict) -> dict:
     o = nan_origin(probe)
     return {**s, "first FULL step": full[0]["step"] if full else None,
             "last step": probe["steps"][-1]["step"] if probe["steps"] else None,
+            # which pass of the last step raised ("reference pass", "graph pass"), None when none did
+            "last step ended in": _pass_of(probe["steps"][-1].get("error")) if probe["steps"] else None,
             "stale layer-steps": len(rows),
             "unwritten as predicted": sum(r["predicted"] == r["unwritten"] for r in measured) if measured else None,
             "unwritten measured": len(measured),
@@ -285,13 +295,30 @@ def fill_summary(probe: dict) -> dict:
             "earlier writes finite": o["earlier_writes_finite"] if o else None}
 
 
-def exact_one_sided(events_in: int, runs_in: int, events: int, runs: int) -> float:
-    """Fisher's exact test, one-sided: the chance, if a run's outcome did not depend on its condition, that at least
-    ``events_in`` of the ``events`` (crashes) among ``runs`` runs fall on the ``runs_in`` runs of the condition."""
+def _hypergeom(events: int, runs_in: int, runs: int) -> dict[int, float]:
+    """P(x of the ``events`` fall on the ``runs_in`` runs of the condition), x -> probability, outcomes exchangeable."""
     from math import comb
 
-    if not (0 <= events_in <= min(events, runs_in) and 0 <= events <= runs and 0 <= runs_in <= runs
-            and events - events_in <= runs - runs_in):
-        raise LabError(f"{events_in} of {events} events in {runs_in} of {runs} runs: not a 2x2 table")
-    top = min(events, runs_in)
-    return sum(comb(runs_in, x) * comb(runs - runs_in, events - x) for x in range(events_in, top + 1)) / comb(runs, events)
+    lo, hi = max(0, events - (runs - runs_in)), min(events, runs_in)
+    return {x: comb(runs_in, x) * comb(runs - runs_in, events - x) / comb(runs, events) for x in range(lo, hi + 1)}
+
+
+def exact_stratified(strata) -> float:
+    """The exact one-sided test over independent strata (each ``(events_in, runs_in, events, runs)``, e.g. one per
+    concurrency, where the outcome without the condition differs): the chance, if the condition did not matter within
+    any stratum, that the events falling on the condition's runs add up to at least the observed total (the exact
+    conditional test of a common odds ratio; with one stratum, Fisher's)."""
+    dist, observed = {0: 1.0}, 0
+    for events_in, runs_in, events, runs in strata:
+        if not (0 <= events_in <= min(events, runs_in) and 0 <= events <= runs and 0 <= runs_in <= runs
+                and events - events_in <= runs - runs_in):
+            raise LabError(f"{events_in} of {events} events in {runs_in} of {runs} runs: not a 2x2 table")
+        h = _hypergeom(events, runs_in, runs)
+        new: dict[int, float] = {}
+        for a, pa in dist.items():
+            for x, px in h.items():
+                new[a + x] = new.get(a + x, 0.0) + pa * px
+        dist, observed = new, observed + events_in
+    if not strata:
+        raise LabError("no strata: nothing to test")
+    return sum(p for x, p in dist.items() if x >= observed)

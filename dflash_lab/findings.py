@@ -731,8 +731,9 @@ def _unwritten_clause(df, pt) -> str:
     taps_pt = verification.of_matrix(verification.tapped(pt), df, TAPS_MATRIX)
     probes = [p for p in (divergence.load_probe(x) for x in taps_pt["path"]) if fa3sched.has_taps(p)]
     stock = [p for p in probes if fixes.get(p["path"]) == "stock"]
+    fill = _prefill_clause(df, pt)
     if not stock:
-        return ""
+        return fill
     runs = (df[df["probe_taps"].notna() & (df["fix"] != True) & (df["matrix"] == TAPS_MATRIX)] if "probe_taps" in df
             else df.iloc[:0])
     sessions = sorted({_short(x) for x in runs["gpu_session"].dropna()})
@@ -765,7 +766,6 @@ def _unwritten_clause(df, pt) -> str:
                 "engines: those rows kept NaN the graph's memory held")
     sent, pl = runs[runs["probe_taps"] == "sentinel"], runs[runs["probe_taps"] == "1"]
     shared = sent[sent["concurrency"].isin(set(pl["concurrency"]))]
-    fill = _prefill_clause(df, pt)
     if len(shared) and len(pl):
         one = runs["gpu_session"].nunique() == 1
         out += (f"; with the sentinel instead, stock completed {int((shared['outcome'] == 'ok').sum())} of {len(shared)} "
@@ -781,40 +781,42 @@ TAPS_MATRIX, FILL_MATRIX = "probe-taps-tp1", "probe-fill-tp1"
 
 def _prefill_clause(df, pt) -> str:
     """Does the crash need the NaN the unwritten rows hold? probe-fill-tp1's runs (group 7's attention outputs alone
-    pre-filled with NaN, 0 or the sentinel), each outcome against fa3sched.predicted_outcome. Empty without them."""
+    pre-filled with NaN, 0 or the sentinel), each outcome against fa3sched.predicted_outcome, and the exact test per
+    concurrency over stock's runs. Empty without them."""
     from . import divergence, fa3sched, verification
 
     rows = verification.of_matrix(verification.tapped(pt), df, FILL_MATRIX)
     if not len(rows):
         return ""
     t = verification.fill_table(df, [divergence.load_probe(x) for x in rows["path"]])
-    held = t["predicted"] == t["outcome"]
+    known = t[t["predicted"].notna()]
+    held = known["predicted"] == known["outcome"]
     nan = t[(t["pre-fill"] == "nan") & ~t["fix"]]
     finite = t[t["pre-fill"].isin(["zero", "sentinel"]) & ~t["fix"]]
     fixnan = t[(t["pre-fill"] == "nan") & t["fix"]]
     plain = t[(t["pre-fill"] == "none") & ~t["fix"]]
-    crashes = int((t["outcome"] == "crash").sum())
-    nan_crashed = int((nan["outcome"] == "crash").sum())
-    conc = lambda r: ", ".join(str(c) for c in sorted(set(r["concurrency"])))  # noqa: E731
-    at_origin = int(sum(bool(u) and isinstance(lay, str) and lay.endswith("layers.7.self_attn.attn") and a == f
-                        for u, lay, a, f in zip(nan["NaN only in unwritten requests"], nan["first NaN layer"],
-                                                nan["first NaN step"], nan["first FULL step"])))
-    out = (f" Does the crash need that NaN? ({FILL_MATRIX}, {', '.join(sorted({_short(x) for x in t['gpu_session']}))}: "
-           "group 7's attention outputs alone pre-filled before FA3 runs, each outcome predicted in the matrix before the "
-           f"run): {int(held.sum())} of {len(t)} runs ended as predicted; with NaN there stock crashed {nan_crashed} of "
-           f"{len(nan)} (concurrency {conc(nan)}), the first NaN at the first FULL step, in layer 7's output and only in "
-           f"its unwritten requests, in {at_origin} of them; with 0 or the sentinel it completed {int((finite['outcome'] == 'ok').sum())} of {len(finite)} "
-           f"(concurrency {conc(finite)}), {int(finite['steps differing'].sum())} of {int(finite['FULL steps with taps'].sum())} "
-           f"FULL steps still differing from the no-graph pass; without a pre-fill stock completed "
-           f"{int((plain['outcome'] == 'ok').sum())} of {len(plain)} (concurrency {conc(plain)}); fix 2 with the same NaN completed "
-           f"{int((fixnan['outcome'] == 'ok').sum())} of {len(fixnan)} with {int(fixnan['steps differing'].sum())} FULL "
-           "steps differing from the no-graph pass")
-    if held.all() and crashes and nan_crashed == crashes == len(nan):
-        p = fa3sched.exact_one_sided(nan_crashed, len(nan), crashes, len(t))
-        out += (f". In these runs the crash follows the NaN in the rows FA3 leaves unwritten (all {crashes} crashes on the "
-                f"{len(nan)} NaN-filled stock runs: 1 in {round(1 / p)} if the pre-fill did not matter)")
-    else:
-        out += ". Not every outcome held its prediction: the crash is not explained by the unwritten rows' NaN alone"
+    conc = lambda r: ", ".join(str(c) for c in sorted(set(r["concurrency"]))) or "none"  # noqa: E731
+    ok = lambda r: int((r["outcome"] == "ok").sum())  # noqa: E731
+    sessions = ", ".join(sorted({_short(x) for x in t["gpu_session"]}))
+    out = (f" Does the crash need that NaN? ({FILL_MATRIX}, {sessions}, every engine under the step probe: group 7's "
+           "attention outputs alone pre-filled before FA3 runs, each outcome predicted in the matrix before the run): "
+           f"{int(held.sum())} of {len(known)} runs with a prediction ended as predicted"
+           + (f" ({len(t) - len(known)} had none)" if len(known) < len(t) else "")
+           + f"; with NaN there stock crashed {int((nan['outcome'] == 'crash').sum())} of {len(nan)} (concurrency "
+           f"{conc(nan)}); with 0 or the sentinel it completed {ok(finite)} of {len(finite)} (concurrency {conc(finite)}), "
+           f"{int(finite['steps differing'].sum())} of {int(finite['FULL steps with taps'].sum())} FULL steps still differing "
+           f"from the no-graph pass; without a pre-fill stock completed {ok(plain)} of {len(plain)} (concurrency "
+           f"{conc(plain)}); fix 2 with the same NaN completed {ok(fixnan)} of {len(fixnan)} with "
+           f"{int(fixnan['steps differing'].sum())} FULL steps differing from the no-graph pass")
+    if len(known) and not held.all():
+        return out + ". Not every outcome held its prediction: the crash is not explained by the unwritten rows' NaN alone."
+    strata = [x for x in verification.fill_strata(t) if x[3]]   # concurrencies where some stock run crashed
+    if strata and all(ci == e == n_in for _, ci, n_in, e, _ in strata):
+        p = fa3sched.exact_stratified([x[1:] for x in strata])
+        out += (f". At {', '.join(str(x[0]) for x in strata)} (TP=1, offline) the crash follows the NaN in the rows FA3 "
+                "leaves unwritten: within each concurrency every stock crash was a NaN-filled run ("
+                + "; ".join(f"{c}: {e} crashes in {n} runs" for c, _, _, e, n in strata)
+                + f"), 1 in {round(1 / p)} if the pre-fill did not matter (exact test, one-sided, per concurrency)")
     return out + "."
 
 

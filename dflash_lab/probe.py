@@ -419,7 +419,10 @@ class AttnTaps:
                     raise ValueError(f"{ENV_TAPS}: attention output dtype {output.dtype} cannot hold the pre-fill "
                                      f"{taps.fill} exactly (use {ENV_TAPS}=1)")
                 # the step's own rows only: padded rows (beyond num_actual_tokens) FA3 never writes by design
-                # (s36's sentinel runs, before this, filled whole buffers)
+                # (s36's sentinel runs, before this, filled whole buffers). ``n`` is read here, in Python: a FULL
+                # graph bakes in the count it was captured with, so a replay fills the captured rows. That is the
+                # step's rows when the step is a capture size (uniform decode, 16 tokens a request: s37's FULL steps
+                # all were); a replay padded up to a larger graph would fill its padding rows too.
                 n = getattr(attn_metadata, "num_actual_tokens", None)
                 (output[:n] if isinstance(n, int) and n > 0 else output).fill_(taps.fill)
             res = forward(impl, layer, query, key, value, kv_cache, attn_metadata, output, *a, **kw)

@@ -453,8 +453,8 @@ def of_matrix(probes, df, matrix: str):
 def untapped_outcome(df, concurrency: int) -> str | None:
     """What untapped stock FULL_AND_PIECEWISE did offline at TP=1 and ``concurrency`` (synthetic acceptance 1.86):
     ``"ok"`` or ``"crash"`` when every run recorded there did that, else None (none recorded, or mixed)."""
-    s = analysis.stock_full(df)
-    s = s[(s["mode"].fillna("offline") == "offline") & (s["tensor_parallel_size"] == 1) & (s["concurrency"] == concurrency)]
+    s, _, _ = _offline_stock_and_fix(df, analysis.CRASH_ACCEPTANCE)   # no deadline cut or failed start
+    s = s[s["concurrency"] == concurrency]
     if not len(s):
         return None
     return "crash" if s["crashed"].all() else "ok" if not s["crashed"].any() else None
@@ -463,7 +463,8 @@ def untapped_outcome(df, concurrency: int) -> str | None:
 FILL_COLUMNS = ["probe", "gpu_session", "engine", "fix", "pre-fill", "fill layers", "concurrency", "predicted", "outcome",
                 "error", "acceptance", "FULL steps with taps", "steps differing", "steps with new NaN",
                 "steps with unwritten rows", "unwritten as predicted", "unwritten measured", "first FULL step", "first NaN step", "first NaN layer",
-                "NaN only in unwritten requests", "earlier writes finite", "last step"]
+                "NaN requests", "NaN only in unwritten requests", "earlier writes finite", "last step",
+                "last step ended in"]
 
 
 def fill_table(df, probes: list[dict]):
@@ -501,3 +502,15 @@ def fill_table(df, probes: list[dict]):
     for c in ("unwritten as predicted", "first NaN step"):
         t[c] = t[c].astype("Int64")
     return t
+
+
+def fill_strata(t) -> list[tuple[int, int, int, int, int]]:
+    """The exact test's strata of a :func:`fill_table`: per concurrency (where stock's outcome without a pre-fill
+    differs), stock runs only (the fix completes whatever the fill), the condition a NaN pre-fill and the event a
+    crash: ``(concurrency, crashes with NaN, NaN runs, crashes, runs)``."""
+    out = []
+    stock = t[~t["fix"].astype(bool)]
+    for c, g in stock.groupby("concurrency"):
+        nan, crashed = g["pre-fill"] == "nan", g["outcome"] == "crash"
+        out.append((int(c), int((nan & crashed).sum()), int(nan.sum()), int(crashed.sum()), len(g)))
+    return out

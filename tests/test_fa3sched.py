@@ -150,10 +150,33 @@ def test_fill_summary_counts_predicted_unwritten_and_the_first_nan():
     assert plain["unwritten as predicted"] is None and plain["first NaN step"] is None and not plain["pre-filled"]
 
 
-def test_exact_one_sided():
-    assert F.exact_one_sided(4, 4, 4, 11) == pytest.approx(1 / 330)  # 4 crashes, all on the 4 runs of the condition
-    assert F.exact_one_sided(2, 2, 2, 6) == pytest.approx(1 / 15)
-    assert F.exact_one_sided(0, 3, 2, 6) == pytest.approx(1.0)
-    assert F.exact_one_sided(1, 2, 2, 6) == pytest.approx(1 - 6 / 15)  # P(X >= 1) = 1 - C(4,2)/C(6,2)
+def test_exact_test_with_one_stratum_is_fishers():
+    one = lambda *t: F.exact_stratified([t])  # noqa: E731
+    assert one(4, 4, 4, 11) == pytest.approx(1 / 330)  # 4 crashes, all on the 4 runs of the condition
+    assert one(2, 2, 2, 6) == pytest.approx(1 / 15)
+    assert one(0, 3, 2, 6) == pytest.approx(1.0)
+    assert one(1, 2, 2, 6) == pytest.approx(1 - 6 / 15)  # P(X >= 1) = 1 - C(4,2)/C(6,2)
     with pytest.raises(LabError, match="not a 2x2 table"):
-        F.exact_one_sided(3, 2, 3, 6)
+        one(3, 2, 3, 6)
+
+
+def test_exact_stratified_sums_the_condition_events_over_independent_strata():
+    # s37: at 8, 2 crashes in 5 stock runs, both NaN-filled (of 2); at 16, 2 in 4, both NaN-filled (of 2)
+    assert F.exact_stratified([(2, 2, 2, 5), (2, 2, 2, 4)]) == pytest.approx(1 / 10 * 1 / 6)
+    # not the most extreme: P(X8 + X16 >= 3) = P(2,1) + P(1,2) + P(2,2), hypergeometric in each stratum
+    p8 = {0: 3 / 10, 1: 6 / 10, 2: 1 / 10}
+    p16 = {0: 1 / 6, 1: 4 / 6, 2: 1 / 6}
+    want = p8[2] * p16[1] + p8[1] * p16[2] + p8[2] * p16[2]
+    assert F.exact_stratified([(2, 2, 2, 5), (1, 2, 2, 4)]) == pytest.approx(want)
+    assert F.exact_stratified([(2, 2, 2, 5)]) == pytest.approx(1 / 10)
+    with pytest.raises(LabError, match="no strata"):
+        F.exact_stratified([])
+
+
+def test_fill_summary_names_the_pass_the_last_step_ended_in():
+    p = probe({2: {"m.layers.7.attn": tap(None)}})
+    assert F.fill_summary(p)["last step ended in"] is None
+    p["steps"][-1]["error"] = "reference pass: AcceleratorError: CUDA error: an illegal memory access was encountered"
+    assert F.fill_summary(p)["last step ended in"] == "reference pass"
+    p["steps"][-1]["error"] = "AcceleratorError: CUDA error: device-side assert triggered"
+    assert F.fill_summary(p)["last step ended in"] == "checks or graph pass"

@@ -38,12 +38,14 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert ("stock completed 3 of 3 where plain-tap stock crashed 3 of 3 (concurrency 8, 32, one session), outputs still "
             "wrong: consistent with the crash needing that NaN, not decided") in text
     # s37's pre-registered test of that: group 7's outputs alone pre-filled, every outcome as predicted
-    assert ("(probe-fill-tp1, s37: group 7's attention outputs alone pre-filled before FA3 runs, each outcome predicted in "
-            "the matrix before the run): 11 of 11 runs ended as predicted; with NaN there stock crashed 4 of 4 (concurrency "
-            "8, 16), the first NaN at the first FULL step, in layer 7's output and only in its unwritten requests, in 4 of "
-            "them; with 0 or the sentinel it completed 3 of 3 (concurrency 8)") in text
+    assert ("(probe-fill-tp1, s37, every engine under the step probe: group 7's attention outputs alone pre-filled before "
+            "FA3 runs, each outcome predicted in the matrix before the run): 11 of 11 runs with a prediction ended as "
+            "predicted; with NaN there stock crashed 4 of 4 (concurrency 8, 16); with 0 or the sentinel it completed 3 of 3 "
+            "(concurrency 8), 837 of 837 FULL steps still differing") in text
     assert "fix 2 with the same NaN completed 2 of 2 with 0 FULL steps differing" in text
-    assert "(all 4 crashes on the 4 NaN-filled stock runs: 1 in 330 if the pre-fill did not matter)" in text
+    assert ("At 8, 16 (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within each concurrency "
+            "every stock crash was a NaN-filled run (8: 2 crashes in 5 runs; 16: 2 crashes in 4 runs), 1 in 60 if the "
+            "pre-fill did not matter") in text
     assert "matrices/probe-fill-tp1.yaml is the test" not in text
     # s35's split-1 probe completed: the page must not let "0 / 1 crashed" read as "right"
     assert ("Not a workaround: FA3 with one split per graph (attention_config flash_attn_max_num_splits_for_cuda_graph=1) "
@@ -298,10 +300,7 @@ def test_prefill_clause_says_when_an_outcome_missed_its_prediction(monkeypatch):
 
     def row(fill, fix, c, predicted, outcome):
         return {"gpu_session": "2026-12-01-s37", "pre-fill": fill, "fix": fix, "concurrency": c, "predicted": predicted,
-                "outcome": outcome, "NaN only in unwritten requests": outcome == "crash",
-                "first NaN layer": "m.layers.7.self_attn.attn" if outcome == "crash" else None,
-                "first NaN step": 3 if outcome == "crash" else None, "first FULL step": 3,
-                "steps differing": 0 if fix else 279, "FULL steps with taps": 279}
+                "outcome": outcome, "steps differing": 0 if fix else 279, "FULL steps with taps": 279}
 
     table = pd.DataFrame([row("nan", False, 16, "crash", "crash"), row("zero", False, 8, "ok", "crash"),
                           row("nan", True, 16, "ok", "ok"), row("none", False, 16, "ok", "ok")])
@@ -309,11 +308,21 @@ def test_prefill_clause_says_when_an_outcome_missed_its_prediction(monkeypatch):
     monkeypatch.setattr(verification, "tapped", lambda pt: pt)
     monkeypatch.setattr(divergence, "load_probe", lambda path: {})
     monkeypatch.setattr(verification, "fill_table", lambda df, probes: table)
-    text = findings._prefill_clause(pd.DataFrame(), pd.DataFrame())
-    assert "3 of 4 runs ended as predicted" in text and "with 0 or the sentinel it completed 0 of 1" in text
+    clause = lambda: findings._prefill_clause(pd.DataFrame(), pd.DataFrame())  # noqa: E731
+    text = clause()
+    assert "3 of 4 runs with a prediction ended as predicted" in text and "with 0 or the sentinel it completed 0 of 1" in text
     assert "Not every outcome held its prediction" in text and "1 in" not in text
     table.loc[1, "outcome"] = "ok"
-    assert "all 1 crashes on the 1 NaN-filled stock runs: 1 in 4 if the pre-fill did not matter" in \
-        findings._prefill_clause(pd.DataFrame(), pd.DataFrame())
+    text = clause()
+    # the fix run is no stratum member (it completes whatever the fill): 1 crash in stock's 2 runs at 16
+    assert "16: 1 crashes in 2 runs), 1 in 2 if the pre-fill did not matter" in text and "Not every" not in text
+    # every prediction held but nothing crashed (zero and fix runs only): no test, and no false "not every outcome held"
+    table.loc[0, ["pre-fill", "predicted", "outcome"]] = ["zero", "ok", "ok"]
+    text = clause()
+    assert "4 of 4 runs with a prediction ended as predicted" in text and "Not every" not in text and "1 in" not in text
+    # a plain-tap stock run where untapped stock's outcome is mixed has no prediction: counted apart, not as a miss
+    table.loc[3, "predicted"] = None
+    text = clause()
+    assert "3 of 3 runs with a prediction ended as predicted (1 had none)" in text and "Not every" not in text
     monkeypatch.setattr(verification, "of_matrix", lambda probes, df, m: pd.DataFrame({"path": []}))
-    assert findings._prefill_clause(pd.DataFrame(), pd.DataFrame()) == ""
+    assert clause() == ""

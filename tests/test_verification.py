@@ -328,16 +328,21 @@ def test_fill_table_puts_each_outcome_beside_its_prediction():
 
     ok = list(range(1, 8))
     df = pd.DataFrame([_fill_line("f.jsonl", "nan8", 8, "nan", crashed=True), _fill_line("f.jsonl", "zero8", 8, "zero"),
-                       _fill_line("f.jsonl", "fixnan8", 8, "nan", fix=True), _fill_line("g.jsonl", "x", 8, "1")])
+                       _fill_line("f.jsonl", "fixnan8", 8, "nan", fix=True), _fill_line("f.jsonl", "plain8", 8, "1"),
+                       _fill_line("g.jsonl", "x", 8, "1")])
     probes = []
-    for eng, t in (("nan8", tap(ok, ok)), ("zero8", tap(ok)), ("fixnan8", tap([]))):
+    for eng, t in (("nan8", tap(ok, ok)), ("zero8", tap(ok)), ("fixnan8", tap([])), ("plain8", tap(None))):
         p = probe({2: {"m.layers.7.attn": t}})
         p.update(session="f", engine=f"{eng}.a1")
         probes.append(p)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(V, "untapped_outcome", lambda df, c: "crash")
         t = V.fill_table(df, probes).set_index("engine")
-    assert list(t["predicted"]) == ["crash", "ok", "ok"] and list(t["outcome"]) == ["crash", "ok", "ok"]
+    # plain8 has no pre-fill: its prediction is what untapped stock did there (patched: crashed), and it completed
+    assert list(t["predicted"]) == ["crash", "ok", "ok", "crash"] and list(t["outcome"]) == ["crash", "ok", "ok", "ok"]
+    assert t.loc["plain8", "pre-fill"] == "none" and t.loc["plain8", "fill layers"] == ""
+    # the strata: stock only (the fix completes whatever the fill), one per concurrency
+    assert V.fill_strata(t.reset_index()) == [(8, 1, 1, 1, 3)]
     assert t.loc["nan8", "first NaN step"] == 2 and t.loc["zero8", "unwritten as predicted"] == 1
     assert t.loc["zero8", "fill layers"] == "7" and t.loc["zero8", "acceptance"] == 1.86
     assert bool(t.loc["fixnan8", "fix"]) and t.loc["fixnan8", "pre-fill"] == "nan"
