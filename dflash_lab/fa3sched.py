@@ -322,3 +322,46 @@ def exact_stratified(strata) -> float:
     if not strata:
         raise LabError("no strata: nothing to test")
     return sum(p for x, p in dist.items() if x >= observed)
+
+
+def last_build_table(probes: list[dict]):
+    """Per probed engine and FA group, over its FULL steps whose ``schedules`` carry the builder's last build (probe.py's
+    BuildLedger, from s38's matrices on): whether the graphs' buffer was stale, the batch sizes that last build was for,
+    and on how many steps it came before the first served step, since the previous step, and still held the buffer
+    exactly as it left it. Empty for probe logs recorded before the ledger."""
+    import pandas as pd
+
+    rows = []
+    for p in probes:
+        per: dict = {}
+        for st in p["steps"]:
+            if st.get("mode") != "FULL":
+                continue
+            for gid, s in (st.get("schedules") or {}).items():
+                lb = s.get("last_build")
+                if "last_build" not in s:
+                    continue
+                d = per.setdefault(gid, {"FULL steps": 0, "stale": 0, "built for (requests)": set(),
+                                         "before the first step": 0, "since the previous step": 0,
+                                         "buffer as the build left it": 0, "no build recorded": 0})
+                d["FULL steps"] += 1
+                d["stale"] += not s.get("same", True)
+                if lb is None:
+                    d["no build recorded"] += 1
+                    continue
+                d["built for (requests)"].add(lb.get("num_reqs"))
+                d["before the first step"] += bool(lb.get("before_first_step"))
+                d["since the previous step"] += bool(lb.get("since_previous_step"))
+                d["buffer as the build left it"] += lb.get("buffer_as_left") is True
+        for gid, d in sorted(per.items()):
+            rows.append({"session": p.get("session"), "engine": p.get("engine"), "group": int(gid),
+                         **d, "built for (requests)": ", ".join(str(x) for x in sorted(d["built for (requests)"],
+                                                                                       key=lambda x: (x is None, x)))})
+    return pd.DataFrame(rows)
+
+
+def builds_before_first_step(probe: dict, group: int) -> list[list] | None:
+    """[num_reqs, num_tokens] of each build of ``group``'s (first) FA builder before the first served step, in order
+    (the layout line's ``builds_before_first_step``: profiling, warm-up and capture runs); None when not recorded."""
+    h = ((probe.get("layout") or {}).get("builds_before_first_step") or {}).get(str(group))
+    return h[0] if h else None

@@ -54,7 +54,10 @@ whatever the buffer held), so a pre-filled run shows *which* rows are left unwri
 *what* they then hold. Every tap buffer is poisoned (:data:`TAP_POISON`) before each compared pass, so
 a layer the pass did not run is left out of the comparison instead of showing the previous pass's
 values. With taps on, FULL steps also record every FA group's persistent schedule next to the step's
-(``schedules``), where they differ.
+(``schedules``), where they differ, and (from s38's matrices on) its builder's last ``build``: the batch it was
+for, whether it came before the first served step, and whether the buffer still holds what it left
+(``last_build``); the layout line lists each FA builder's builds before the first served step
+(``builds_before_first_step``: the capture order), :class:`BuildLedger`.
 """
 
 from __future__ import annotations
@@ -504,14 +507,92 @@ def compare_taps(ref: dict, run: dict, order: list[str], n: int, qsl, rel_tol: f
     return out
 
 
-def graph_schedules(attn_groups, attn_metadata: dict) -> dict:
-    """Per FA group (FULL steps): the persistent schedule its graphs read, and the step's, where they differ."""
+MAX_BUILD_HISTORY = 600  # builds per builder kept from before the first served step (capture: ~51 sizes, x passes)
+
+
+class BuildLedger:
+    """What each FA metadata builder with a persistent FA3 schedule last wrote there through ``build``.
+
+    The stale schedule's writer was inferred from its contents (a 1-request batch's) and vLLM's capture order; this
+    records it. Per builder: its ``build`` calls before the first served step (the batch each was for: profiling,
+    warm-up and capture runs), and its last ``build`` with a device copy of the buffer it left, so that a FULL step can
+    say whether the buffer its graphs read is still exactly that (nothing else wrote it since), and whether that build
+    came before the first served step or since the previous one. Builds under stream capture are recorded without a
+    copy (a copy there would be captured into the graph)."""
+
+    def __init__(self):
+        self.seq = 0
+        self.first_step_seq: int | None = None   # the ledger's count when the first served step's forward began
+        self.prev_step_seq: int | None = None    # ... when the previous served step's forward began
+        self.step_seq: int | None = None         # ... when this one's did
+        self.last: dict = {}
+        self.before: dict = {}
+
+    def wrap(self, build):
+        ledger = self
+
+        def build_(builder, common_prefix_len, common_attn_metadata, *a, **kw):
+            res = build(builder, common_prefix_len, common_attn_metadata, *a, **kw)
+            try:
+                ledger.record(builder, common_attn_metadata)
+            except Exception:  # noqa: BLE001 - bookkeeping only, never in the engine's way
+                pass
+            return res
+
+        build_._dflash_lab_builds = True
+        return build_
+
+    def record(self, builder, cm) -> None:
+        own = getattr(builder, "scheduler_metadata", None)
+        if own is None or not getattr(builder, "use_full_cuda_graph", False):
+            return
+        self.seq += 1
+        nr, nt = getattr(cm, "num_reqs", None), getattr(cm, "num_actual_tokens", None)
+        nr, nt = (int(nr) if isinstance(nr, int) else None), (int(nt) if isinstance(nt, int) else None)
+        self.last[id(builder)] = {"seq": self.seq, "num_reqs": nr, "num_tokens": nt,
+                                  "copy": None if _capturing() else own.clone()}
+        if self.first_step_seq is None:
+            h = self.before.setdefault(id(builder), [])
+            if len(h) < MAX_BUILD_HISTORY:
+                h.append([nr, nt])
+
+    def step_began(self) -> None:
+        """A served step's forward begins (its own builds are done by then)."""
+        if self.first_step_seq is None:
+            self.first_step_seq = self.seq
+        self.prev_step_seq, self.step_seq = self.step_seq, self.seq
+
+    def of(self, builder) -> dict | None:
+        """The builder's last build: the batch it was for, whether it came before the first served step or since the
+        previous served step, and whether the buffer still holds what it left (None: no copy was taken)."""
+        import torch
+
+        r = self.last.get(id(builder))
+        if r is None:
+            return None
+        own = builder.scheduler_metadata
+        return {"num_reqs": r["num_reqs"], "num_tokens": r["num_tokens"], "seq": r["seq"],
+                # before the first served step's forward: a profiling, warm-up or capture run (or step 1's own build)
+                "before_first_step": self.first_step_seq is not None and r["seq"] <= self.first_step_seq,
+                "since_previous_step": self.prev_step_seq is not None and r["seq"] > self.prev_step_seq,
+                "buffer_as_left": None if r["copy"] is None else bool(torch.equal(r["copy"], own))}
+
+    def history(self, builder) -> list | None:
+        """[num_reqs, num_tokens] of each build before the first served step (at most MAX_BUILD_HISTORY)."""
+        return self.before.get(id(builder))
+
+
+def graph_schedules(attn_groups, attn_metadata: dict, ledger: BuildLedger | None = None) -> dict:
+    """Per FA group (FULL steps): the persistent schedule its graphs read, and the step's, where they differ; with a
+    ``ledger``, the builder's last build too (``last_build``: :meth:`BuildLedger.of`)."""
     out = {}
-    for gid, _ag, _builder, own, cur in _fa_schedules(attn_groups, attn_metadata):
+    for gid, _ag, builder, own, cur in _fa_schedules(attn_groups, attn_metadata):
         n = int(cur.shape[0])
         graph, step = own[:n].cpu().tolist(), cur.cpu().tolist()
         out[str(gid)] = ({"n": n, "same": True} if graph == step else
                          {"n": n, "same": False, "graph": graph, "step": step})
+        if ledger is not None:
+            out[str(gid)]["last_build"] = ledger.of(builder)
     return out
 
 
@@ -524,6 +605,7 @@ class StepProbe:
                  taps: AttnTaps | None = None):
         self.outdir = outdir
         self.taps = taps if reference else None
+        self.builds = BuildLedger() if self.taps is not None else None
         self.raise_on_violation = raise_on_violation
         self.reference = reference and outdir is not None
         self.rel_tol = rel_tol
@@ -572,6 +654,8 @@ class StepProbe:
             return orig(runner, *args, **kwargs)  # profiling, warm-up and capture runs: no request
         self.step += 1
         step = self.step
+        if self.builds is not None:
+            self.builds.step_began()
         if step == 1:
             self.write_layout(runner)
         line = {"step": step, "t": round(time.time(), 3), "mode": ctx.cudagraph_runtime_mode.name,
@@ -660,7 +744,7 @@ class StepProbe:
         is_full = ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL
         if self.taps is not None and is_full and hasattr(runner, "attn_groups"):
             try:
-                line["schedules"] = graph_schedules(runner.attn_groups, ctx.attn_metadata)
+                line["schedules"] = graph_schedules(runner.attn_groups, ctx.attn_metadata, self.builds)
             except Exception as e:  # noqa: BLE001 - bookkeeping only
                 line["schedules_error"] = f"{type(e).__name__}: {e}"
         if self.reference and is_full and "probe_error" not in line:
@@ -765,11 +849,19 @@ class StepProbe:
             groups = [{"gid": i, "spec": type(g.kv_cache_spec).__name__,
                        "block_size": getattr(g.kv_cache_spec, "block_size", None), "layers": list(g.layer_names)}
                       for i, g in enumerate(kvc.kv_cache_groups)]
-            builders = {}
+            builders, before = {}, {}
             for gid, ags in enumerate(getattr(runner, "attn_groups", [])):
                 builders[gid] = [type(ag.get_metadata_builder(0)).__name__ for ag in ags]
-            self.write({"kind": "layout", "kv_cache_groups": groups, "builders": builders,
-                        "num_blocks": getattr(kvc, "num_blocks", None)})
+                if self.builds is not None:
+                    h = [self.builds.history(ag.get_metadata_builder(0)) for ag in ags]
+                    if any(x is not None for x in h):
+                        before[gid] = h
+            line = {"kind": "layout", "kv_cache_groups": groups, "builders": builders,
+                    "num_blocks": getattr(kvc, "num_blocks", None)}
+            if self.builds is not None:
+                # per group and builder: [num_reqs, num_tokens] of each build before the first served step, in order
+                line["builds_before_first_step"] = before
+            self.write(line)
         except Exception as e:  # noqa: BLE001 - bookkeeping only
             self.write({"kind": "layout", "error": f"{type(e).__name__}: {e}"})
 
@@ -896,6 +988,9 @@ def install() -> StepProbe:
         impl = fa.FlashAttentionImpl
         if not getattr(impl.forward, "_dflash_lab_taps", False):
             impl.forward = probe.taps.wrap(impl.forward)
+        B = fa.FlashAttentionMetadataBuilder
+        if probe.builds is not None and not getattr(B.build, "_dflash_lab_builds", False):
+            B.build = probe.builds.wrap(B.build)
     from vllm.v1.worker import gpu_model_runner as gmr
 
     R = gmr.GPUModelRunner

@@ -180,3 +180,22 @@ def test_fill_summary_names_the_pass_the_last_step_ended_in():
     assert F.fill_summary(p)["last step ended in"] == "reference pass"
     p["steps"][-1]["error"] = "AcceleratorError: CUDA error: device-side assert triggered"
     assert F.fill_summary(p)["last step ended in"] == "checks or graph pass"
+
+
+def test_last_build_table_counts_what_each_groups_last_build_was():
+    lb7 = {"num_reqs": 1, "num_tokens": 16, "before_first_step": True, "since_previous_step": False,
+           "buffer_as_left": True}
+    lb6 = {"num_reqs": 8, "num_tokens": 128, "before_first_step": False, "since_previous_step": True,
+           "buffer_as_left": True}
+    p = {"session": "s", "engine": "e", "layout": {"builds_before_first_step": {"7": [[[32, 512], [1, 16]]]}},
+         "steps": [{"step": 1, "mode": "PIECEWISE"},
+                   *({"step": s, "mode": "FULL", "schedules": {"6": {"n": 25, "same": True, "last_build": lb6},
+                                                               "7": {"n": 25, "same": False, "last_build": lb7}}}
+                     for s in (2, 3)),
+                   {"step": 4, "mode": "FULL", "schedules": {"6": {"n": 25, "same": True}}}]}   # before the ledger
+    t = F.last_build_table([p]).set_index("group")
+    assert t.loc[7, "FULL steps"] == 2 and t.loc[7, "stale"] == 2 and t.loc[7, "built for (requests)"] == "1"
+    assert t.loc[7, "before the first step"] == 2 and t.loc[7, "buffer as the build left it"] == 2
+    assert t.loc[6, "stale"] == 0 and t.loc[6, "since the previous step"] == 2 and t.loc[6, "FULL steps"] == 2
+    assert F.builds_before_first_step(p, 7) == [[32, 512], [1, 16]] and F.builds_before_first_step(p, 6) is None
+    assert F.last_build_table([{"steps": [{"step": 1, "mode": "FULL", "schedules": {"7": {"same": False}}}]}]).empty

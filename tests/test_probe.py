@@ -425,3 +425,67 @@ def test_a_nan_prefill_counts_unwritten_rows_only_in_the_layers_it_fills(tmp_pat
     t = tapped_step(tmp_path, None, skip=True, taps=P.AttnTaps(0.0, {7}, rows=64))["taps"][ATTN]
     assert "unwritten_run" not in t  # layer 3 was not pre-filled: its rows hold what the buffer held (NaN here)
     assert t["req_nonfinite_run"] == [1, 2]
+
+
+# ----------------------------------------------------------------------------- the builders' last builds
+
+class SchedBuilder:
+    """An FA3-like metadata builder: ``build`` writes the batch's schedule into its persistent buffer, zeroing the
+    tail, as vLLM 0.22.1's FlashAttentionMetadataBuilder does for full CUDA graphs."""
+
+    use_full_cuda_graph = True
+
+    def __init__(self):
+        self.scheduler_metadata = torch.zeros(13, dtype=torch.int32)
+
+    def build(self, common_prefix_len, cm, fast_build=False):
+        v = torch.tensor([16 * 8] * cm.num_reqs + [1] * cm.num_reqs, dtype=torch.int32)
+        self.scheduler_metadata[: len(v)] = v
+        self.scheduler_metadata[len(v):] = 0
+        return types.SimpleNamespace(scheduler_metadata=self.scheduler_metadata[: len(v)])
+
+
+def test_build_ledger_names_the_last_build_and_whether_the_buffer_is_still_its():
+    ledger = P.BuildLedger()
+    build = ledger.wrap(SchedBuilder.build)
+    g6, g7 = SchedBuilder(), SchedBuilder()
+    cm = lambda b: types.SimpleNamespace(num_reqs=b, num_actual_tokens=16 * b)  # noqa: E731
+    for b in (4, 2, 1):            # capture, largest batch first: both groups' builders build
+        build(g6, 0, cm(b))
+        build(g7, 0, cm(b))
+    ledger.step_began()            # step 1 (its own build came before: here none)
+    build(g6, 0, cm(3))            # step 2: only group 6's builder builds; group 7 reuses its metadata
+    ledger.step_began()
+    assert ledger.history(g7) == [[4, 64], [2, 32], [1, 16]]
+    last6, last7 = ledger.of(g6), ledger.of(g7)
+    assert (last7["num_reqs"], last7["before_first_step"], last7["since_previous_step"], last7["buffer_as_left"]) == (
+        1, True, False, True)
+    assert (last6["num_reqs"], last6["before_first_step"], last6["since_previous_step"], last6["buffer_as_left"]) == (
+        3, False, True, True)
+    # a refresh that writes the buffer without build (the fix's part 1) leaves it no longer as the last build left it
+    g7.scheduler_metadata[:6] = g6.scheduler_metadata[:6]
+    assert ledger.of(g7)["buffer_as_left"] is False
+    assert ledger.of(SchedBuilder()) is None and ledger.history(SchedBuilder()) is None
+
+
+def test_graph_schedules_carry_the_last_build_with_a_ledger():
+    ledger = P.BuildLedger()
+    b = SchedBuilder()
+    ledger.wrap(SchedBuilder.build)(b, 0, types.SimpleNamespace(num_reqs=1, num_actual_tokens=16))
+    ledger.step_began()
+    grp = [[types.SimpleNamespace(layer_names=["b"], get_metadata_builder=lambda i: b)]]
+    meta = types.SimpleNamespace(scheduler_metadata=torch.tensor([128, 128, 1, 1], dtype=torch.int32))
+    s = P.graph_schedules(grp, {"b": meta}, ledger)["0"]
+    assert s["same"] is False and s["last_build"]["num_reqs"] == 1 and s["last_build"]["buffer_as_left"] is True
+    assert "last_build" not in P.graph_schedules(grp, {"b": meta})["0"]
+
+
+def test_a_builder_without_a_persistent_schedule_is_not_recorded():
+    ledger = P.BuildLedger()
+
+    class NoGraph(SchedBuilder):
+        use_full_cuda_graph = False
+
+    b = NoGraph()
+    res = ledger.wrap(NoGraph.build)(b, 0, types.SimpleNamespace(num_reqs=2, num_actual_tokens=32))
+    assert res.scheduler_metadata.tolist() == [128, 128, 1, 1] and ledger.of(b) is None and ledger.seq == 0
