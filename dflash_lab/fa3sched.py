@@ -341,22 +341,28 @@ def last_build_table(probes: list[dict]):
                 lb = s.get("last_build")
                 if "last_build" not in s:
                     continue
-                d = per.setdefault(gid, {"FULL steps": 0, "stale": 0, "built for (requests)": set(),
+                d = per.setdefault(gid, {"FULL steps": 0, "stale": 0, "as the first group's step schedule": 0,
+                                         "built for (requests)": set(), "built for (tokens)": set(),
                                          "before the first step": 0, "since the previous step": 0,
                                          "buffer as the build left it": 0, "no build recorded": 0})
                 d["FULL steps"] += 1
                 d["stale"] += not s.get("same", True)
+                # the fix points a later group's step metadata into its own buffer, so "same" is trivially true there:
+                # freshness is the buffer against the first FA group's step schedule
+                d["as the first group's step schedule"] += s.get("same_as_first_group_step") is True
                 if lb is None:
                     d["no build recorded"] += 1
                     continue
                 d["built for (requests)"].add(lb.get("num_reqs"))
+                d["built for (tokens)"].add(lb.get("num_tokens"))
                 d["before the first step"] += bool(lb.get("before_first_step"))
                 d["since the previous step"] += bool(lb.get("since_previous_step"))
                 d["buffer as the build left it"] += lb.get("buffer_as_left") is True
         for gid, d in sorted(per.items()):
-            rows.append({"session": p.get("session"), "engine": p.get("engine"), "group": int(gid),
-                         **d, "built for (requests)": ", ".join(str(x) for x in sorted(d["built for (requests)"],
-                                                                                       key=lambda x: (x is None, x)))})
+            join = lambda v: ", ".join(str(x) for x in sorted(v, key=lambda x: (x is None, x)))  # noqa: E731
+            rows.append({"session": p.get("session"), "engine": p.get("engine"), "group": int(gid), **d,
+                         "built for (requests)": join(d["built for (requests)"]),
+                         "built for (tokens)": join(d["built for (tokens)"])})
     return pd.DataFrame(rows)
 
 
@@ -365,3 +371,37 @@ def builds_before_first_step(probe: dict, group: int) -> list[list] | None:
     (the layout line's ``builds_before_first_step``: profiling, warm-up and capture runs); None when not recorded."""
     h = ((probe.get("layout") or {}).get("builds_before_first_step") or {}).get(str(group))
     return h[0] if h else None
+
+
+def build_predictions(probe: dict, fix: bool, stale: str = "7", fresh: str = "6", max_reqs: int = 32,
+                      tokens_per_request: int = 16) -> dict[str, bool]:
+    """matrices/probe-builds-tp1.yaml's predictions, checked on one probe log: (a)-(c) for a stock engine, (d) for fix 2.
+    Each holds only if it holds on every FULL step line (a FULL step without schedules, or without the group, or
+    with ``last_build`` null, fails it); with no FULL step at all nothing holds."""
+    full = [st for st in probe["steps"] if st.get("mode") == "FULL"]
+
+    def every(gid, pred):
+        return bool(full) and all((st.get("schedules") or {}).get(gid) is not None
+                                  and pred((st.get("schedules") or {})[gid]) for st in full)
+
+    def lb(s):
+        return s.get("last_build") or {}
+
+    capture = [[max_reqs - i, tokens_per_request * (max_reqs - i)] for i in range(max_reqs)]
+    if fix:
+        return {"(d) fix: group 7's buffer is the step's schedule, written outside build": every(stale, lambda s: (
+            s.get("same_as_first_group_step") is True and lb(s).get("num_reqs") == 1
+            and lb(s).get("num_tokens") == tokens_per_request and lb(s).get("before_first_step") is True
+            and lb(s).get("buffer_as_left") is False))}
+    hist = builds_before_first_step(probe, int(stale)) or []
+    return {
+        "(a) stale group: last written by the 1-request capture build, nothing since": every(stale, lambda s: (
+            s.get("same") is False and s.get("same_as_first_group_step") is False and lb(s).get("num_reqs") == 1
+            and lb(s).get("num_tokens") == tokens_per_request and lb(s).get("before_first_step") is True
+            and lb(s).get("since_previous_step") is False and lb(s).get("buffer_as_left") is True)),
+        "(b) stale group: its builds before the first step end with the FULL captures, largest first":
+            hist[-max_reqs:] == capture,
+        "(c) fresh group: built every step": every(fresh, lambda s: (
+            s.get("same") is True and s.get("same_as_first_group_step") is True
+            and lb(s).get("since_previous_step") is True and lb(s).get("buffer_as_left") is True)),
+    }

@@ -507,21 +507,24 @@ def compare_taps(ref: dict, run: dict, order: list[str], n: int, qsl, rel_tol: f
     return out
 
 
-MAX_BUILD_HISTORY = 600  # builds per builder kept from before the first served step (capture: ~51 sizes, x passes)
+MAX_BUILD_HISTORY = 600  # builds per builder kept from before the first served step (s37's engines: 32 FULL captures)
 
 
 class BuildLedger:
     """What each FA metadata builder with a persistent FA3 schedule last wrote there through ``build``.
 
     The stale schedule's writer was inferred from its contents (a 1-request batch's) and vLLM's capture order; this
-    records it. Per builder: its ``build`` calls before the first served step (the batch each was for: profiling,
-    warm-up and capture runs), and its last ``build`` with a device copy of the buffer it left, so that a FULL step can
-    say whether the buffer its graphs read is still exactly that (nothing else wrote it since), and whether that build
-    came before the first served step or since the previous one. Builds under stream capture are recorded without a
-    copy (a copy there would be captured into the graph)."""
+    records it. Per builder: its ``build`` calls that wrote the buffer before the first served step (the batch each
+    was for: in 0.22.1 the capture runs, and the first step's own build), and its last such ``build`` with a device
+    copy of the buffer it left, so that a FULL step can say whether the buffer its graphs read is still exactly that
+    (nothing else wrote it since), and whether that build came before the first served step or since the previous one.
+    A build that wrote nothing there (``fast_build``, the drafter's: no AOT schedule) is not one. Builders are told apart
+    by a token set on them, not ``id()``: vLLM's capture-memory profiling builds on builders it then frees, whose
+    addresses CPython reuses. Builds under stream capture (none in 0.22.1) would be recorded without a copy."""
 
     def __init__(self):
         self.seq = 0
+        self.builders = 0
         self.first_step_seq: int | None = None   # the ledger's count when the first served step's forward began
         self.prev_step_seq: int | None = None    # ... when the previous served step's forward began
         self.step_seq: int | None = None         # ... when this one's did
@@ -534,7 +537,7 @@ class BuildLedger:
         def build_(builder, common_prefix_len, common_attn_metadata, *a, **kw):
             res = build(builder, common_prefix_len, common_attn_metadata, *a, **kw)
             try:
-                ledger.record(builder, common_attn_metadata)
+                ledger.record(builder, common_attn_metadata, res)
             except Exception:  # noqa: BLE001 - bookkeeping only, never in the engine's way
                 pass
             return res
@@ -542,17 +545,28 @@ class BuildLedger:
         build_._dflash_lab_builds = True
         return build_
 
-    def record(self, builder, cm) -> None:
+    def key(self, builder, create: bool = False):
+        k = getattr(builder, "_dflash_lab_ledger_key", None)
+        if k is None and create:
+            self.builders += 1
+            k = builder._dflash_lab_ledger_key = self.builders
+        return k
+
+    def record(self, builder, cm, res=None) -> None:
         own = getattr(builder, "scheduler_metadata", None)
         if own is None or not getattr(builder, "use_full_cuda_graph", False):
             return
+        wrote = getattr(res, "scheduler_metadata", None)
+        if res is not None and (wrote is None or wrote.data_ptr() != own.data_ptr()):
+            return   # this build left the persistent buffer alone (fast_build: no schedule computed)
+        key = self.key(builder, create=True)
         self.seq += 1
         nr, nt = getattr(cm, "num_reqs", None), getattr(cm, "num_actual_tokens", None)
         nr, nt = (int(nr) if isinstance(nr, int) else None), (int(nt) if isinstance(nt, int) else None)
-        self.last[id(builder)] = {"seq": self.seq, "num_reqs": nr, "num_tokens": nt,
-                                  "copy": None if _capturing() else own.clone()}
+        self.last[key] = {"seq": self.seq, "num_reqs": nr, "num_tokens": nt,
+                          "copy": None if _capturing() else own.clone()}
         if self.first_step_seq is None:
-            h = self.before.setdefault(id(builder), [])
+            h = self.before.setdefault(key, [])
             if len(h) < MAX_BUILD_HISTORY:
                 h.append([nr, nt])
 
@@ -567,7 +581,7 @@ class BuildLedger:
         previous served step, and whether the buffer still holds what it left (None: no copy was taken)."""
         import torch
 
-        r = self.last.get(id(builder))
+        r = self.last.get(self.key(builder))
         if r is None:
             return None
         own = builder.scheduler_metadata
@@ -579,19 +593,22 @@ class BuildLedger:
 
     def history(self, builder) -> list | None:
         """[num_reqs, num_tokens] of each build before the first served step (at most MAX_BUILD_HISTORY)."""
-        return self.before.get(id(builder))
+        return self.before.get(self.key(builder))
 
 
 def graph_schedules(attn_groups, attn_metadata: dict, ledger: BuildLedger | None = None) -> dict:
     """Per FA group (FULL steps): the persistent schedule its graphs read, and the step's, where they differ; with a
     ``ledger``, the builder's last build too (``last_build``: :meth:`BuildLedger.of`)."""
     out = {}
-    for gid, _ag, builder, own, cur in _fa_schedules(attn_groups, attn_metadata):
+    first = None   # the first FA group's step schedule: with the fix, a later group's step metadata points into its own
+    for gid, _ag, builder, own, cur in _fa_schedules(attn_groups, attn_metadata):   # buffer, so "same" is then trivial
         n = int(cur.shape[0])
         graph, step = own[:n].cpu().tolist(), cur.cpu().tolist()
+        first = step if first is None else first
         out[str(gid)] = ({"n": n, "same": True} if graph == step else
                          {"n": n, "same": False, "graph": graph, "step": step})
         if ledger is not None:
+            out[str(gid)]["same_as_first_group_step"] = graph == first
             out[str(gid)]["last_build"] = ledger.of(builder)
     return out
 

@@ -189,13 +189,56 @@ def test_last_build_table_counts_what_each_groups_last_build_was():
            "buffer_as_left": True}
     p = {"session": "s", "engine": "e", "layout": {"builds_before_first_step": {"7": [[[32, 512], [1, 16]]]}},
          "steps": [{"step": 1, "mode": "PIECEWISE"},
-                   *({"step": s, "mode": "FULL", "schedules": {"6": {"n": 25, "same": True, "last_build": lb6},
-                                                               "7": {"n": 25, "same": False, "last_build": lb7}}}
+                   *({"step": s, "mode": "FULL",
+                      "schedules": {"6": {"n": 25, "same": True, "same_as_first_group_step": True, "last_build": lb6},
+                                    "7": {"n": 25, "same": False, "same_as_first_group_step": False, "last_build": lb7}}}
                      for s in (2, 3)),
-                   {"step": 4, "mode": "FULL", "schedules": {"6": {"n": 25, "same": True}}}]}   # before the ledger
+                   {"step": 4, "mode": "FULL", "schedules": {"6": {"n": 25, "same": True}}},   # before the ledger
+                   {"step": 5, "mode": "FULL", "schedules": {"8": {"n": 25, "same": True, "last_build": None}}}]}
     t = F.last_build_table([p]).set_index("group")
     assert t.loc[7, "FULL steps"] == 2 and t.loc[7, "stale"] == 2 and t.loc[7, "built for (requests)"] == "1"
+    assert t.loc[7, "built for (tokens)"] == "16" and t.loc[7, "as the first group's step schedule"] == 0
+    assert t.loc[6, "as the first group's step schedule"] == 2
+    assert t.loc[8, "no build recorded"] == 1 and t.loc[8, "built for (requests)"] == ""
     assert t.loc[7, "before the first step"] == 2 and t.loc[7, "buffer as the build left it"] == 2
     assert t.loc[6, "stale"] == 0 and t.loc[6, "since the previous step"] == 2 and t.loc[6, "FULL steps"] == 2
     assert F.builds_before_first_step(p, 7) == [[32, 512], [1, 16]] and F.builds_before_first_step(p, 6) is None
     assert F.last_build_table([{"steps": [{"step": 1, "mode": "FULL", "schedules": {"7": {"same": False}}}]}]).empty
+
+
+def _builds_probe(lb7, extra7=None, hist=None, n_steps=2):
+    lb6 = {"num_reqs": 8, "num_tokens": 128, "before_first_step": False, "since_previous_step": True,
+           "buffer_as_left": True}
+    s7 = {"n": 25, "same": False, "same_as_first_group_step": False, "last_build": lb7, **(extra7 or {})}
+    hist = [[32 - i, 16 * (32 - i)] for i in range(32)] if hist is None else hist
+    return {"layout": {"builds_before_first_step": {"7": [[[64, 1024]] + hist]}},
+            "steps": [{"step": 1, "mode": "PIECEWISE"}] + [
+                {"step": s, "mode": "FULL", "schedules": {
+                    "6": {"n": 25, "same": True, "same_as_first_group_step": True, "last_build": lb6}, "7": s7}}
+                for s in range(2, 2 + n_steps)]}
+
+
+CAPTURED_1 = {"num_reqs": 1, "num_tokens": 16, "before_first_step": True, "since_previous_step": False,
+              "buffer_as_left": True}
+
+
+def test_build_predictions_hold_only_when_every_full_step_agrees():
+    assert all(F.build_predictions(_builds_probe(CAPTURED_1), fix=False).values())
+    wrong = F.build_predictions(_builds_probe({**CAPTURED_1, "num_reqs": 2}), fix=False)
+    assert not wrong["(a) stale group: last written by the 1-request capture build, nothing since"]
+    assert wrong["(c) fresh group: built every step"]
+    unordered = [[32 - i, 16 * (32 - i)] for i in range(32)][::-1]
+    assert not F.build_predictions(_builds_probe(CAPTURED_1, hist=unordered), fix=False)[
+        "(b) stale group: its builds before the first step end with the FULL captures, largest first"]
+    p = _builds_probe(CAPTURED_1)
+    del p["steps"][-1]["schedules"]["7"]   # a FULL step without the group's record fails the prediction
+    assert not F.build_predictions(p, fix=False)["(a) stale group: last written by the 1-request capture build, nothing since"]
+    assert not any(F.build_predictions({"steps": [], "layout": {}}, fix=False).values())
+
+
+def test_build_prediction_for_the_fix():
+    refreshed = {**CAPTURED_1, "buffer_as_left": False}
+    p = _builds_probe(refreshed, extra7={"same": True, "same_as_first_group_step": True})
+    assert list(F.build_predictions(p, fix=True).values()) == [True]
+    p = _builds_probe(CAPTURED_1, extra7={"same": True, "same_as_first_group_step": False})
+    assert list(F.build_predictions(p, fix=True).values()) == [False]

@@ -489,3 +489,73 @@ def test_a_builder_without_a_persistent_schedule_is_not_recorded():
     b = NoGraph()
     res = ledger.wrap(NoGraph.build)(b, 0, types.SimpleNamespace(num_reqs=2, num_actual_tokens=32))
     assert res.scheduler_metadata.tolist() == [128, 128, 1, 1] and ledger.of(b) is None and ledger.seq == 0
+
+
+def test_build_ledger_takes_keyword_calls_and_skips_builds_that_wrote_nothing(monkeypatch):
+    class FastBuilder(SchedBuilder):
+        def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+            if fast_build:   # the drafter's builds: no AOT schedule, the persistent buffer left alone
+                return types.SimpleNamespace(scheduler_metadata=None)
+            return SchedBuilder.build(self, common_prefix_len, common_attn_metadata)
+
+    ledger = P.BuildLedger()
+    build = ledger.wrap(FastBuilder.build)
+    b = FastBuilder()
+    cm = types.SimpleNamespace(num_reqs=2, num_actual_tokens=32)
+    build(b, common_prefix_len=0, common_attn_metadata=cm)
+    build(b, common_prefix_len=0, common_attn_metadata=types.SimpleNamespace(num_reqs=5, num_actual_tokens=5),
+          fast_build=True)
+    assert ledger.history(b) == [[2, 32]] and ledger.seq == 1 and ledger.of(b)["num_reqs"] == 2
+    # under stream capture no copy is taken (it would be captured into the graph): nothing to compare then
+    monkeypatch.setattr(P, "_capturing", lambda: True)
+    build(b, common_prefix_len=0, common_attn_metadata=cm)
+    assert ledger.of(b)["buffer_as_left"] is None
+
+
+def test_build_ledger_keeps_freed_builders_apart_and_caps_the_history(monkeypatch):
+    monkeypatch.setattr(P, "MAX_BUILD_HISTORY", 3)
+    ledger = P.BuildLedger()
+    build = ledger.wrap(SchedBuilder.build)
+    dead = SchedBuilder()
+    for b in (4, 3, 2, 1):
+        build(dead, 0, types.SimpleNamespace(num_reqs=b, num_actual_tokens=16 * b))
+    assert ledger.history(dead) == [[4, 64], [3, 48], [2, 32]]   # capped
+    del dead   # vLLM's capture-memory profiling frees its builders; CPython may hand the address to the next one
+    live = SchedBuilder()
+    assert ledger.history(live) is None and ledger.of(live) is None
+    build(live, 0, types.SimpleNamespace(num_reqs=1, num_actual_tokens=16))
+    assert ledger.history(live) == [[1, 16]]
+
+
+def test_layout_and_full_steps_carry_the_ledger_end_to_end(tmp_path):
+    ledger_probe = P.StepProbe(str(tmp_path), raise_on_violation=False, reference=True, taps=P.AttnTaps())
+    build = ledger_probe.builds.wrap(SchedBuilder.build)
+    g6, g7 = SchedBuilder(), SchedBuilder()
+    for b in (2, 1):
+        build(g6, 0, types.SimpleNamespace(num_reqs=b, num_actual_tokens=16 * b))
+        build(g7, 0, types.SimpleNamespace(num_reqs=b, num_actual_tokens=16 * b))
+    grp = lambda name, b: types.SimpleNamespace(layer_names=[name], get_metadata_builder=lambda i: b)  # noqa: E731
+    runner = types.SimpleNamespace(
+        attn_groups=[[grp("m.layers.3.attn", g6)], [grp("m.layers.7.attn", g7)]],
+        kv_cache_config=types.SimpleNamespace(num_blocks=9, kv_cache_groups=[
+            types.SimpleNamespace(kv_cache_spec=object(), layer_names=["m.layers.3.attn"]),
+            types.SimpleNamespace(kv_cache_spec=object(), layer_names=["m.layers.7.attn"])]))
+    ledger_probe.builds.step_began()
+    ledger_probe.write_layout(runner)
+    build(g6, 0, types.SimpleNamespace(num_reqs=2, num_actual_tokens=32))   # step 2: group 6 only
+    ledger_probe.builds.step_began()
+    meta6 = types.SimpleNamespace(scheduler_metadata=g6.scheduler_metadata[:4])
+    s = P.graph_schedules(runner.attn_groups, {"m.layers.3.attn": meta6, "m.layers.7.attn": meta6},
+                          ledger_probe.builds)
+    layout = __import__("json").loads(open(ledger_probe.path).readline())
+    assert layout["builds_before_first_step"] == {"0": [[[2, 32], [1, 16]]], "1": [[[2, 32], [1, 16]]]}
+    assert s["0"]["same_as_first_group_step"] and not s["1"]["same_as_first_group_step"] and not s["1"]["same"]
+    assert s["1"]["last_build"]["num_reqs"] == 1 and s["1"]["last_build"]["before_first_step"]
+    assert s["0"]["last_build"]["since_previous_step"] and not s["1"]["last_build"]["since_previous_step"]
+    # the fix's refresh points group 7's step metadata into its own buffer: "same" is then trivially true, and only
+    # the comparison with the first group's step schedule says the buffer is fresh
+    g7.scheduler_metadata[:4] = g6.scheduler_metadata[:4]
+    meta7 = types.SimpleNamespace(scheduler_metadata=g7.scheduler_metadata[:4])
+    s = P.graph_schedules(runner.attn_groups, {"m.layers.3.attn": meta6, "m.layers.7.attn": meta7},
+                          ledger_probe.builds)
+    assert s["1"]["same"] and s["1"]["same_as_first_group_step"] and s["1"]["last_build"]["buffer_as_left"] is False
