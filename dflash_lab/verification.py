@@ -177,6 +177,13 @@ PROBE_COLUMNS = ["session", "engine", "path", "fix", "configuration", "gpu_sessi
                  "NaN rows graph / reference", "violations"]
 
 
+def probe_runs(df, session: str, engine: str):
+    """The run lines of one probed engine: its session is its run file's stem, its engine ``<engine_id>.a<attempt>``."""
+    if not len(df):
+        return df
+    return df[(df["file"] == f"{session}.jsonl") & ((df["engine_id"] + ".a" + df["attempt"].astype(str)) == engine)]
+
+
 def probe_table(df, pattern: str = divergence.PROBE_GLOB):
     """Every step-probe log, matched to its run lines: fix or stock, configuration, FULL steps, diverging steps,
     largest output difference, first divergence and first NaN (None when there is none). ``concurrencies``: what
@@ -189,8 +196,7 @@ def probe_table(df, pattern: str = divergence.PROBE_GLOB):
     rows = []
     for path in divergence.probe_files(pattern):
         p = divergence.load_probe(path)
-        runs = df[(df["file"] == f"{p['session']}.jsonl")
-                  & ((df["engine_id"] + ".a" + df["attempt"].astype(str)) == p["engine"])] if len(df) else df
+        runs = probe_runs(df, p["session"], p["engine"])
         full = [s for s in p["steps"] if s["mode"] == "FULL"]
         diffs = [s.get("diverge", {}).get("outputs", {}).get("hidden", {}).get("max_abs") for s in full]
         diffs = [x for x in diffs if x is not None]
@@ -462,8 +468,8 @@ def untapped_outcome(df, concurrency: int) -> str | None:
 
 FILL_COLUMNS = ["probe", "gpu_session", "engine", "fix", "pre-fill", "fill layers", "concurrency", "predicted", "outcome",
                 "error", "acceptance", "FULL steps with taps", "steps differing", "steps with new NaN",
-                "steps with unwritten rows", "unwritten as predicted", "unwritten measured", "first FULL step", "first NaN step", "first NaN layer",
-                "NaN requests", "NaN only in unwritten requests", "earlier writes finite", "last step",
+                "steps with unwritten rows", "unwritten as predicted", "unwritten measured", "first FULL step",
+                "first NaN step", "first NaN layer", "NaN requests", "NaN only in unwritten requests", "earlier writes finite", "last step",
                 "last step ended in"]
 
 
@@ -477,9 +483,9 @@ def fill_table(df, probes: list[dict]):
     from . import fa3sched
     from .errors import LabError
 
-    rows = []
+    rows, untapped = [], {}
     for p in probes:
-        r = df[(df["file"] == f"{p['session']}.jsonl") & ((df["engine_id"] + ".a" + df["attempt"].astype(str)) == p["engine"])]
+        r = probe_runs(df, p["session"], p["engine"])
         if len(r) != 1:
             raise LabError(f"{p['session']}/{p['engine']}: {len(r)} run lines match this probe log (expected 1)")
         r = r.iloc[0]
@@ -488,12 +494,15 @@ def fill_table(df, probes: list[dict]):
         layers = r.get("probe_fill_layers")
         m = r["spec_decode_metrics"]
         s = fa3sched.fill_summary(p)
+        c = int(r["concurrency"])
+        if c not in untapped:   # once per concurrency: it filters every run line
+            untapped[c] = untapped_outcome(df, c)
         rows.append({"probe": f"{p['session']}/{p['engine']}", "gpu_session": r["gpu_session"], "engine": r["engine_id"],
                      "fix": fix, "pre-fill": fill or "none",
                      "fill layers": ", ".join(map(str, layers)) if isinstance(layers, (list, tuple)) and fill else
                      ("all" if fill else ""),
-                     "concurrency": int(r["concurrency"]),
-                     "predicted": fa3sched.predicted_outcome(fix, fill, untapped_outcome(df, int(r["concurrency"]))),
+                     "concurrency": c,
+                     "predicted": fa3sched.predicted_outcome(fix, fill, untapped[c]),
                      "outcome": "crash" if r["crashed"] else r["outcome"],
                      "error": r["error"] if isinstance(r["error"], str) else "",
                      "acceptance": round(m["acceptance_length"], 2) if isinstance(m, dict) and m.get("acceptance_length") else None,
