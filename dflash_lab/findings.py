@@ -440,8 +440,11 @@ def bench_line(root=".", runs=_UNREAD) -> str:
     plans = glob.glob(str(Path(root) / "matrices" / "bench-*.yaml"))
     planned = bench.planned_cells(str(Path(root) / "matrices" / "bench-*.yaml")) if plans else None
     advice = []
+    # chosen without the runs that compiled a Triton kernel (a spike of the engine start, not of the mode), as
+    # notebook 05's choice; the crashes are all kept (a JIT run is a completed one)
+    nojit = bench.cells(bench.without_jit_runs(df))
     for acc in sorted(c["acceptance"].unique()):
-        for p in bench.recommend_by_session(c, acc, planned):
+        for p in bench.recommend_by_session(nojit, acc, planned, crash_history=c):
             rows = p["rows"]
             picks = "; ".join(f"concurrency {r['concurrency']}: {r['mode']}" + _margin_text(r)
                               + (f" (but beaten in another session: {r['beaten in another session']})"
@@ -460,8 +463,9 @@ def bench_line(root=".", runs=_UNREAD) -> str:
                            for m, k, a, sess, x in zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"],
                                                        crashed["gpu_session"], crashed["crashed / runs"]))
     return (f"Speed (issue 11 benchmark: {_bench_setup(df)}). The fastest mode that never crashed, per concurrency range, in each GPU "
-            "session at each synthetic acceptance, chosen among that session's modes since ratios never pair sessions "
-            "(notebook 05; margin: ratio of mean output throughputs over the runner-up): "
+            "session at each synthetic acceptance, chosen among that session's modes since ratios never pair sessions, "
+            "without the runs that compiled a Triton kernel (notebook 05; margin: ratio of mean output throughputs over "
+            "the runner-up): "
             + ". ".join(advice)
             + _break_even_clause(c, queued)
             + ". Every side-by-side ratio of mean output throughputs, in brackets the slowest over the fastest repeat and "
