@@ -368,7 +368,8 @@ def last_build_table(probes: list[dict]):
 
 def builds_before_first_step(probe: dict, group: int) -> list[list] | None:
     """[num_reqs, num_tokens] of each build of ``group``'s (first) FA builder before the first served step, in order
-    (the layout line's ``builds_before_first_step``: profiling, warm-up and capture runs); None when not recorded."""
+    (the layout line's ``builds_before_first_step``: in 0.22.1 the capture runs, and the first step's own build); None
+    when not recorded."""
     h = ((probe.get("layout") or {}).get("builds_before_first_step") or {}).get(str(group))
     return h[0] if h else None
 
@@ -381,23 +382,23 @@ def build_predictions(probe: dict, fix: bool, stale: str = "7", fresh: str = "6"
     full = [st for st in probe["steps"] if st.get("mode") == "FULL"]
 
     def every(gid, pred):
-        return bool(full) and all((st.get("schedules") or {}).get(gid) is not None
-                                  and pred((st.get("schedules") or {})[gid]) for st in full)
+        return bool(full) and all((s := (st.get("schedules") or {}).get(gid)) is not None and pred(s) for st in full)
 
     def lb(s):
         return s.get("last_build") or {}
 
+    def capture_1(s):   # the group's last build was the 1-request capture's, before the first served step
+        b = lb(s)
+        return b.get("num_reqs") == 1 and b.get("num_tokens") == tokens_per_request and b.get("before_first_step") is True
+
     capture = [[max_reqs - i, tokens_per_request * (max_reqs - i)] for i in range(max_reqs)]
     if fix:
         return {"(d) fix: group 7's buffer is the step's schedule, written outside build": every(stale, lambda s: (
-            s.get("same_as_first_group_step") is True and lb(s).get("num_reqs") == 1
-            and lb(s).get("num_tokens") == tokens_per_request and lb(s).get("before_first_step") is True
-            and lb(s).get("buffer_as_left") is False))}
+            s.get("same_as_first_group_step") is True and capture_1(s) and lb(s).get("buffer_as_left") is False))}
     hist = builds_before_first_step(probe, int(stale)) or []
     return {
         "(a) stale group: last written by the 1-request capture build, nothing since": every(stale, lambda s: (
-            s.get("same") is False and s.get("same_as_first_group_step") is False and lb(s).get("num_reqs") == 1
-            and lb(s).get("num_tokens") == tokens_per_request and lb(s).get("before_first_step") is True
+            s.get("same") is False and s.get("same_as_first_group_step") is False and capture_1(s)
             and lb(s).get("since_previous_step") is False and lb(s).get("buffer_as_left") is True)),
         "(b) stale group: its builds before the first step end with the FULL captures, largest first":
             hist[-max_reqs:] == capture,

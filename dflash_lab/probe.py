@@ -552,12 +552,12 @@ class BuildLedger:
             k = builder._dflash_lab_ledger_key = self.builders
         return k
 
-    def record(self, builder, cm, res=None) -> None:
+    def record(self, builder, cm, res) -> None:
         own = getattr(builder, "scheduler_metadata", None)
         if own is None or not getattr(builder, "use_full_cuda_graph", False):
             return
         wrote = getattr(res, "scheduler_metadata", None)
-        if res is not None and (wrote is None or wrote.data_ptr() != own.data_ptr()):
+        if wrote is None or wrote.data_ptr() != own.data_ptr():
             return   # this build left the persistent buffer alone (fast_build: no schedule computed)
         key = self.key(builder, create=True)
         self.seq += 1
@@ -586,7 +586,7 @@ class BuildLedger:
             return None
         own = builder.scheduler_metadata
         return {"num_reqs": r["num_reqs"], "num_tokens": r["num_tokens"], "seq": r["seq"],
-                # before the first served step's forward: a profiling, warm-up or capture run (or step 1's own build)
+                # before the first served step's forward: a capture run (in 0.22.1), or step 1's own build
                 "before_first_step": self.first_step_seq is not None and r["seq"] <= self.first_step_seq,
                 "since_previous_step": self.prev_step_seq is not None and r["seq"] > self.prev_step_seq,
                 "buffer_as_left": None if r["copy"] is None else bool(torch.equal(r["copy"], own))}
