@@ -38,6 +38,22 @@ BLOCK_M = 128
 MAX_SPLITS = 32  # vLLM's flash_attn_max_num_splits_for_cuda_graph: what the graphs' split buffers are sized for
 
 
+# the entries of a 1-request schedule (13 of them: 3 vectors of 4, then the semaphore) that FA3's prepare kernel does not
+# write: each vector's padding past request 0. get_scheduler_metadata allocates its output with torch::empty
+# (hopper/flash_api.cpp:673 at 5824e6e) and the kernel writes only entries batch_idx < num_batch
+# (hopper/flash_prepare_scheduler.cu:202-206), so these hold whatever the caching allocator's block held before;
+# vLLM then copies all 13 into the persistent buffer (flash_attn.py:547) and zeroes only the entries after them
+PADDING_1 = (1, 2, 3, 5, 6, 7, 9, 10, 11)
+
+
+def padding_1(vec) -> tuple[int, ...]:
+    """The values a 1-request schedule ``vec`` holds where FA3 wrote nothing (:data:`PADDING_1`)."""
+    vec = [int(x) for x in vec]
+    if len(vec) < 13:
+        raise LabError(f"FA3 schedule: {len(vec)} entries, a 1-request schedule has 13")
+    return tuple(vec[i] for i in PADDING_1)
+
+
 def round_up4(b: int) -> int:
     return (b + 3) // 4 * 4
 
@@ -126,7 +142,8 @@ def _target_taps(probe: dict, taps: dict) -> dict:
 def step_rows(probe: dict):
     """Per FULL step with recorded schedules and taps, per FA group whose graphs read a stale schedule:
     the requests :func:`coverage` predicts unwritten (or partial), and, per layer of that group, the requests
-    the taps found unwritten (sentinel runs) or non-finite (plain runs)."""
+    the taps found unwritten (sentinel runs) or non-finite (plain runs). A schedule :func:`coverage` refuses gives
+    ``predicted`` None and the reason in ``"not modelled"``."""
     groups = group_layers(probe.get("layout"))
     for st in probe["steps"]:
         sched, taps = st.get("schedules"), st.get("taps")
@@ -139,14 +156,22 @@ def step_rows(probe: dict):
         for gid, s in sorted(sched.items()):
             if s.get("same", True):
                 continue
-            cov = coverage(s["graph"], s["step"], b)
-            predicted = [i for i, c in enumerate(cov) if c != WRITTEN]
+            try:
+                cov = coverage(s["graph"], s["step"], b)
+            except LabError as e:
+                # a schedule the model refuses (its padding entries read as 2**31 splits, s38): the step is kept, with
+                # no prediction, so that the measured rows still count and the refusal is said, not raised
+                cov, refused = None, str(e).removeprefix("FA3 schedule: ")
+            else:
+                refused = None
+            predicted = None if cov is None else [i for i, c in enumerate(cov) if c != WRITTEN]
             for layer in groups.get(gid, []):
                 t = taps.get(layer)
                 if t is None:
                     continue
                 yield {"step": st["step"], "num_reqs": b, "num_tokens": st.get("num_tokens"), "group": int(gid),
-                       "layer": layer, "predicted": predicted, "kinds": sorted(set(cov)),
+                       "layer": layer, "predicted": predicted, "kinds": sorted(set(cov)) if cov else [],
+                       "not modelled": refused,
                        "unwritten": t.get("req_unwritten_run"), "unwritten_rows": t.get("unwritten_run"),
                        "unwritten_ref": t.get("unwritten_ref"), "nonfinite": t["req_nonfinite_run"],
                        "nonfinite_ref": t["nonfinite_ref"], "differ": t["req_differ"]}
@@ -163,8 +188,42 @@ def unwritten_table(probes: list[dict]):
             if r["unwritten"] is None:
                 continue  # a plain-tap run: no sentinel, nothing to say about unwritten rows
             rows.append({"session": p["session"], "engine": p["engine"], **r,
-                         "match": r["predicted"] == r["unwritten"]})
+                         "match": None if r["predicted"] is None else r["predicted"] == r["unwritten"]})
     return pd.DataFrame(rows)
+
+
+def unwritten_by_batch(probes: list[dict], group: str = "7"):
+    """Per pre-filled probe and batch size, over the FULL steps where ``group``'s graphs read a stale schedule: the
+    requests the fill survived in (FA3 never wrote them; the same on every layer of the group, else each set is
+    listed), how many steps, what :func:`coverage` predicted from the recorded schedule (or why it could not), and the
+    stale schedule's padding (:func:`padding_1`, when it is a 1-request one)."""
+    import pandas as pd
+
+    rows: dict = {}
+    for p in probes:
+        for r in step_rows(p):
+            if r["group"] != int(group) or r["unwritten"] is None:
+                continue
+            k = (p["session"], p["engine"], r["num_reqs"], r["step"])
+            d = rows.setdefault(k, {"unwritten": set(), "predicted": r["predicted"], "not modelled": r["not modelled"]})
+            d["unwritten"].add(tuple(r["unwritten"]))
+    pads = {}
+    for p in probes:
+        for st in p["steps"]:
+            s = (st.get("schedules") or {}).get(group)
+            if s and not s.get("same", True) and len(s["graph"]) >= 13 and (p["session"], p["engine"]) not in pads:
+                pads[(p["session"], p["engine"])] = padding_1(s["graph"][:13])
+    agg: dict = {}
+    for (sess, eng, b, _), d in rows.items():
+        meas = "; ".join(str(list(u)) for u in sorted(d["unwritten"]))
+        pred = str(d["predicted"]) if d["predicted"] is not None else f"not modelled ({d['not modelled']})"
+        key = (sess, eng, b, meas, pred)
+        agg[key] = agg.get(key, 0) + 1
+    out = [{"session": sess, "engine": eng, "padding read": str(list(pads.get((sess, eng), ()))), "requests": b,
+            "unwritten (measured)": meas, "unwritten (predicted)": pred, "FULL steps": n}
+           for (sess, eng, b, meas, pred), n in sorted(agg.items())]
+    return pd.DataFrame(out, columns=["session", "engine", "padding read", "requests", "unwritten (measured)",
+                                      "unwritten (predicted)", "FULL steps"])
 
 
 def nan_origin(probe: dict) -> dict | None:
@@ -189,7 +248,9 @@ def nan_origin(probe: dict) -> dict | None:
                 "num_tokens": st.get("num_tokens"), "layer": layer, "rows": t["nonfinite_run"],
                 "requests": t["req_nonfinite_run"],
                 "predicted_unwritten": r["predicted"] if r else [],
-                "within_unwritten": bool(r) and set(t["req_nonfinite_run"]) <= set(r["predicted"]),
+                # None: the step's schedule is one coverage() refuses, so there is no prediction to lie within
+                "within_unwritten": (None if r and r["predicted"] is None
+                                     else bool(r) and set(t["req_nonfinite_run"]) <= set(r["predicted"])),
                 # every state and K/V the step wrote before that layer is finite (the probe's layer comparison)
                 "earlier_writes_finite": bool(before) and all(v["nonfinite_run"] == 0 for v in before)}
     return None
@@ -279,7 +340,7 @@ def fill_summary(probe: dict) -> dict:
     (:func:`nan_origin`)."""
     s = tap_summary(probe)
     rows = list(step_rows(probe))
-    measured = [r for r in rows if r["unwritten"] is not None]
+    measured = [r for r in rows if r["unwritten"] is not None and r["predicted"] is not None]
     full = [st for st in probe["steps"] if st.get("mode") == "FULL"]
     o = nan_origin(probe)
     return {**s, "first FULL step": full[0]["step"] if full else None,
@@ -287,6 +348,8 @@ def fill_summary(probe: dict) -> dict:
             # which pass of the last step raised ("reference pass", "graph pass"), None when none did
             "last step ended in": _pass_of(probe["steps"][-1].get("error")) if probe["steps"] else None,
             "stale layer-steps": len(rows),
+            # of them, layer-steps whose schedule coverage() refuses: no prediction, left out of the two counts below
+            "not modelled": sum(r["predicted"] is None for r in rows),
             "unwritten as predicted": sum(r["predicted"] == r["unwritten"] for r in measured) if measured else None,
             "unwritten measured": len(measured),
             "first NaN step": o["step"] if o else None, "first NaN layer": o["layer"] if o else None,

@@ -468,7 +468,7 @@ def untapped_outcome(df, concurrency: int) -> str | None:
 
 FILL_COLUMNS = ["probe", "gpu_session", "engine", "fix", "pre-fill", "fill layers", "concurrency", "predicted", "outcome",
                 "error", "acceptance", "FULL steps with taps", "steps differing", "steps with new NaN",
-                "steps with unwritten rows", "unwritten as predicted", "unwritten measured", "first FULL step",
+                "steps with unwritten rows", "unwritten as predicted", "unwritten measured", "not modelled", "first FULL step",
                 "first NaN step", "first NaN layer", "NaN requests", "NaN only in unwritten requests", "earlier writes finite", "last step",
                 "last step ended in"]
 
@@ -513,13 +513,16 @@ def fill_table(df, probes: list[dict]):
     return t
 
 
-def fill_strata(t) -> list[tuple[int, int, int, int, int]]:
+def fill_strata(t, by_session: bool = False) -> list[tuple]:
     """The exact test's strata of a :func:`fill_table`: per concurrency (where stock's outcome without a pre-fill
     differs), stock runs only (the fix completes whatever the fill), the condition a NaN pre-fill and the event a
-    crash: ``(concurrency, crashes with NaN, NaN runs, crashes, runs)``."""
+    crash: ``(concurrency, crashes with NaN, NaN runs, crashes, runs)``. ``by_session``: per GPU session and
+    concurrency instead, the first item then ``(gpu_session, concurrency)``: runs of different sessions may differ in
+    more than the fill (s38's stale schedules held other padding than s37's), so they are not pooled."""
     out = []
     stock = t[~t["fix"].astype(bool)]
-    for c, g in stock.groupby("concurrency"):
+    for c, g in stock.groupby(["gpu_session", "concurrency"] if by_session else "concurrency"):
         nan, crashed = g["pre-fill"] == "nan", g["outcome"] == "crash"
-        out.append((int(c), int((nan & crashed).sum()), int(nan.sum()), int(crashed.sum()), len(g)))
+        key = (str(c[0]), int(c[1])) if by_session else int(c[0] if isinstance(c, tuple) else c)
+        out.append((key, int((nan & crashed).sum()), int(nan.sum()), int(crashed.sum()), len(g)))
     return out

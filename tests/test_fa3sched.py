@@ -242,3 +242,52 @@ def test_build_prediction_for_the_fix():
     assert list(F.build_predictions(p, fix=True).values()) == [True]
     p = _builds_probe(CAPTURED_1, extra7={"same": True, "same_as_first_group_step": False})
     assert list(F.build_predictions(p, fix=True).values()) == [False]
+
+
+# group 7's buffer as s38 recorded it on every stale read: the same 1-request schedule, but the entries FA3's prepare
+# kernel leaves unwritten (its output is torch::empty) held 0x7FFF7FFF instead of s36/s37's 0, 31, 0
+PAD38 = 0x7FFF7FFF
+STALE38 = [128, PAD38, PAD38, PAD38, 1, PAD38, PAD38, PAD38, 2, PAD38, PAD38, PAD38, 0] + [0] * 84
+
+
+def test_padding_is_what_a_one_request_schedule_leaves_unwritten():
+    assert F.padding_1(STALE[:13]) == (0, 31, 0, 0, 0, 0, 0, 0, 0)
+    assert F.padding_1(STALE38) == (PAD38,) * 9
+    with pytest.raises(LabError, match="13"):
+        F.padding_1([128, 0, 0])
+
+
+def test_a_schedule_the_model_refuses_is_kept_without_a_prediction():
+    # 8 requests read s38's buffer: requests 1-3 get 0x7FFF7FFF splits, which coverage() refuses
+    with pytest.raises(LabError, match="more than the 32"):
+        F.coverage(STALE38[:25], fresh(8), 8)
+    p = probe({2: {"m.layers.7.attn": tap([4, 5, 6, 7])}}, stale=STALE38[:25])
+    rows = list(F.step_rows(p))
+    assert len(rows) == 1 and rows[0]["predicted"] is None and "more than the 32" in rows[0]["not modelled"]
+    assert rows[0]["unwritten"] == [4, 5, 6, 7]
+    t = F.unwritten_table([p])
+    assert t["match"].isna().all()
+    s = F.fill_summary(p)
+    # refused layer-steps count as stale but not as measured against a prediction
+    assert (s["stale layer-steps"], s["not modelled"], s["unwritten measured"], s["unwritten as predicted"]) == (1, 1, 0, None)
+    # a NaN there has no prediction to lie within
+    q = probe({2: {"m.layers.7.attn": tap(None, [4])}}, stale=STALE38[:25])
+    assert F.nan_origin(q)["within_unwritten"] is None
+
+
+def test_unwritten_by_batch_groups_steps_by_what_was_measured_and_predicted():
+    ok = list(range(1, 8))
+    p = probe({2: {"m.layers.7.attn": tap(ok), "m.layers.15.attn": tap(ok)},
+               3: {"m.layers.7.attn": tap(ok), "m.layers.15.attn": tap(ok)}})
+    q = probe({2: {"m.layers.7.attn": tap([4, 5, 6, 7]), "m.layers.15.attn": tap([4, 5])}}, stale=STALE38[:25])
+    q["session"] = "s38"
+    t = F.unwritten_by_batch([p, q])
+    assert len(t) == 2
+    a, b = t.iloc[0], t.iloc[1]
+    assert (a["session"], a["requests"], a["FULL steps"]) == ("s", 8, 2)
+    assert a["unwritten (measured)"] == a["unwritten (predicted)"] == str(ok)
+    assert a["padding read"] == str([0, 31, 0, 0, 0, 0, 0, 0, 0])
+    # the two layers of the group disagree: both sets are listed, and the prediction says why there is none
+    assert b["unwritten (measured)"] == "[4, 5]; [4, 5, 6, 7]" and b["unwritten (predicted)"].startswith("not modelled")
+    plain = probe({2: {"m.layers.7.attn": tap(None)}})
+    assert F.unwritten_by_batch([plain]).empty   # no fill: nothing measured

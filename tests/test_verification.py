@@ -153,9 +153,11 @@ def test_counts_come_from_the_session_that_meets_them_not_the_latest(df):
     assert not V.verdict(V.session_table(df, "2026-11-30-s22"))["meets_counts"]
     # s35 (fix 2 under the step probe at 8 and 64, one run each): it does not replace s14 either
     assert not V.verdict(V.session_table(df, "2026-12-01-s35"))["meets_counts"]
-    # s36 and s37 are the latest, and every run of them was instrumented (attention taps): empty tables, no verdict
-    assert V.sessions_with_fix2(df)[-2:] == ["2026-12-01-s36", "2026-12-01-s37"]
-    for x in ("2026-12-01-s36", "2026-12-01-s37"):
+    # s36, s37 and s38 are the latest, and every run of them was instrumented (attention taps; s38 also the build
+    # ledger): empty tables, no verdict
+    late = ["2026-12-01-s36", "2026-12-01-s37", "2026-12-02-s38"]
+    assert V.sessions_with_fix2(df)[-3:] == late
+    for x in late:
         t = V.session_table(df, x)
         assert t.empty and "what" in t and not V.verdict(t)["meets_counts"]
     assert V.counts_session(df) == SESSION
@@ -358,3 +360,11 @@ def test_fill_table_puts_each_outcome_beside_its_prediction():
 def test_untapped_outcome_on_the_recorded_runs(df):
     assert V.untapped_outcome(df, 32) == "crash" and V.untapped_outcome(df, 16) == "ok"
     assert V.untapped_outcome(df, 3) is None  # never run there
+
+
+def test_fill_strata_by_session_keeps_sessions_apart():
+    t = pd.DataFrame({"gpu_session": ["a", "a", "b", "b", "b"], "concurrency": [8, 8, 8, 8, 32],
+                      "fix": [False, False, False, True, False], "pre-fill": ["nan", "zero", "sentinel", "nan", "nan"],
+                      "outcome": ["crash", "ok", "ok", "ok", "crash"]})
+    assert V.fill_strata(t) == [(8, 1, 1, 1, 3), (32, 1, 1, 1, 1)]
+    assert V.fill_strata(t, by_session=True) == [(("a", 8), 1, 1, 1, 2), (("b", 8), 0, 0, 0, 1), (("b", 32), 1, 1, 1, 1)]
