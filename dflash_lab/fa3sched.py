@@ -31,6 +31,11 @@ import re
 
 from .errors import LabError
 
+class NotModelled(LabError):
+    """A schedule whose effect :func:`coverage` does not model (skipped tiles, splits past the graphs' split buffers, a
+    head swizzle dividing by 0): a limit of the model, not a malformed record, which stays a plain :class:`LabError`."""
+
+
 WRITTEN, UNWRITTEN, PARTIAL, COMBINED = "written", "unwritten", "partial", "combined from unwritten partials"
 # query rows per tile: hopper/tile_size.h tile_size_fwd_sm90 at 5824e6e gives kBlockM 128 for 2-byte elements and
 # head dim > 192 (Qwen3.6-35B-A3B's attention: 256); rows past the step's own inside a tile are masked, not written
@@ -47,10 +52,13 @@ PADDING_1 = (1, 2, 3, 5, 6, 7, 9, 10, 11)
 
 
 def padding_1(vec) -> tuple[int, ...]:
-    """The values a 1-request schedule ``vec`` holds where FA3 wrote nothing (:data:`PADDING_1`)."""
+    """The values a 1-request schedule ``vec`` holds where FA3 wrote nothing (:data:`PADDING_1`). ``vec`` may be a
+    persistent buffer holding one (longer, zeroed after the 13 entries) or shortened by its trailing zeros; anything
+    else is not a 1-request schedule and is refused."""
     vec = [int(x) for x in vec]
-    if len(vec) < 13:
-        raise LabError(f"FA3 schedule: {len(vec)} entries, a 1-request schedule has 13")
+    if len(vec) < 9 or any(vec[13:]):
+        raise LabError(f"FA3 schedule: {len(vec)} entries, not a 1-request schedule (13, zeroed after)")
+    vec = (vec + [0] * 13)[:13]
     return tuple(vec[i] for i in PADDING_1)
 
 
@@ -90,15 +98,15 @@ def coverage(graph_vec, step_vec, b: int, block_m: int = BLOCK_M, max_splits: in
     """
     g, s = decode(graph_vec, b), decode(step_vec, b)
     if g["semaphore"] != 0:
-        raise LabError(f"FA3 schedule: semaphore {g['semaphore']} at entry: skipped tiles are not modelled")
+        raise NotModelled(f"FA3 schedule: semaphore {g['semaphore']} at entry: skipped tiles are not modelled")
     out = []
     for i, (rows_g, splits_g, l2_g, rows_s) in enumerate(zip(g["seqlen_q"], g["num_splits"], g["nheads_l2"],
                                                               s["seqlen_q"])):
         if splits_g > max_splits:
-            raise LabError(f"FA3 schedule: request {i} reads {splits_g} splits, more than the {max_splits} the split "
+            raise NotModelled(f"FA3 schedule: request {i} reads {splits_g} splits, more than the {max_splits} the split "
                            "buffers hold: out-of-bounds writes are not modelled")
         if splits_g == 1 and rows_g > 0 and l2_g <= 0:
-            raise LabError(f"FA3 schedule: request {i} reads 1 split and {l2_g} heads in L2: the head swizzle divides "
+            raise NotModelled(f"FA3 schedule: request {i} reads 1 split and {l2_g} heads in L2: the head swizzle divides "
                            "by it; not modelled")
         if splits_g <= 0 or rows_g <= 0:
             out.append(COMBINED if splits_g > 1 and rows_s > 0 else UNWRITTEN)
@@ -158,7 +166,7 @@ def step_rows(probe: dict):
                 continue
             try:
                 cov = coverage(s["graph"], s["step"], b)
-            except LabError as e:
+            except NotModelled as e:
                 # a schedule the model refuses (its padding entries read as 2**31 splits, s38): the step is kept, with
                 # no prediction, so that the measured rows still count and the refusal is said, not raised
                 cov, refused = None, str(e).removeprefix("FA3 schedule: ")
@@ -211,8 +219,11 @@ def unwritten_by_batch(probes: list[dict], group: str = "7"):
     for p in probes:
         for st in p["steps"]:
             s = (st.get("schedules") or {}).get(group)
-            if s and not s.get("same", True) and len(s["graph"]) >= 13 and (p["session"], p["engine"]) not in pads:
-                pads[(p["session"], p["engine"])] = padding_1(s["graph"][:13])
+            if s and not s.get("same", True) and (p["session"], p["engine"]) not in pads:
+                try:
+                    pads[(p["session"], p["engine"])] = padding_1(s["graph"])
+                except LabError:
+                    pads[(p["session"], p["engine"])] = ()   # not a 1-request schedule: no padding to show
     agg: dict = {}
     for (sess, eng, b, _), d in rows.items():
         meas = "; ".join(str(list(u)) for u in sorted(d["unwritten"]))

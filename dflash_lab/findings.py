@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from . import analysis
+from .errors import LabError
 
 
 def _img(path: Path) -> str:
@@ -735,7 +736,7 @@ def _unwritten_clause(df, pt) -> str:
     taps_pt = verification.of_matrix(verification.tapped(pt), df, TAPS_MATRIX)
     probes = [p for p in (divergence.load_probe(x) for x in taps_pt["path"]) if fa3sched.has_taps(p)]
     stock = [p for p in probes if fixes.get(p["path"]) == "stock"]
-    fill = _prefill_clause(df, pt)
+    fill = _prefill_clause(df, pt) + _builds_clause(df, pt)
     if not stock:
         return fill
     runs = (df[df["probe_taps"].notna() & (df["fix"] != True) & (df["matrix"] == TAPS_MATRIX)] if "probe_taps" in df
@@ -749,8 +750,8 @@ def _unwritten_clause(df, pt) -> str:
         gid, vec = next(iter(stale)), list(next(iter(vecs)))
         reads = {b: fa3sched.replay_reads(vec, b)["requests written"] for b in (2, 8, 9, 32)}
         rule = reads[2] == [0] and reads[8] == [0] and reads[9] == [] and reads[32] == []
-        out += (f" group {gid}'s graphs read its buffer as last written, {vec} then zeros on every stale read recorded, "
-                "a 1-request batch's FA3 schedule"
+        out += (f" group {gid}'s graphs read its buffer as last written, {vec} then zeros on every stale read these taps "
+                "recorded, a 1-request batch's FA3 schedule"
                 + ("; decoded for b requests it gives no split, so no tile, to requests 1..b-1 up to 8 requests and to "
                    "every request from 9 on, whose attention output rows FA3 then never writes" if rule else "") + ";")
     else:
@@ -780,16 +781,28 @@ def _unwritten_clause(df, pt) -> str:
     return out + "." + fill
 
 
-TAPS_MATRIX, FILL_MATRIX = "probe-taps-tp1", "probe-fill-tp1"
+TAPS_MATRIX, BUILDS_MATRIX = "probe-taps-tp1", "probe-builds-tp1"
+# the pre-fill matrices: 8 and 16 (s37, one sentinel run at 8 in s38), and 32 (s38), each predicted before its run
+FILL_MATRICES = ("probe-fill-tp1", "probe-fill32-tp1")
+
+
+def fill_rows(df, pt):
+    """The probe-table rows of the pre-fill matrices' engines (:data:`FILL_MATRICES`)."""
+    import pandas as pd
+
+    from . import verification
+
+    tp = verification.tapped(pt)
+    return pd.concat([verification.of_matrix(tp, df, m) for m in FILL_MATRICES])
 
 
 def _prefill_clause(df, pt) -> str:
-    """Does the crash need the NaN the unwritten rows hold? probe-fill-tp1's runs (group 7's attention outputs alone
-    pre-filled with NaN, 0 or the sentinel), each outcome against fa3sched.predicted_outcome, and the exact test per
-    concurrency over stock's runs. Empty without them."""
+    """Does the crash need the NaN the unwritten rows hold? The pre-fill matrices' runs (group 7's attention outputs
+    alone pre-filled with NaN, 0 or the sentinel), each outcome against fa3sched.predicted_outcome, and the exact test
+    per GPU session and concurrency over stock's runs. Empty without them."""
     from . import divergence, fa3sched, verification
 
-    rows = verification.of_matrix(verification.tapped(pt), df, FILL_MATRIX)
+    rows = fill_rows(df, pt)
     if not len(rows):
         return ""
     t = verification.fill_table(df, [divergence.load_probe(x) for x in rows["path"]])
@@ -802,7 +815,9 @@ def _prefill_clause(df, pt) -> str:
     conc = lambda r: ", ".join(str(c) for c in sorted(set(r["concurrency"]))) or "none"  # noqa: E731
     ok = lambda r: int((r["outcome"] == "ok").sum())  # noqa: E731
     sessions = ", ".join(sorted({_short(x) for x in t["gpu_session"]}))
-    out = (f" Does the crash need that NaN? ({FILL_MATRIX}, {sessions}, every engine under the step probe: group 7's "
+    ran = set(df["matrix"]) if "matrix" in df else set()
+    matrices = " and ".join(m for m in FILL_MATRICES if m in ran) or " and ".join(FILL_MATRICES)
+    out = (f" Does the crash need that NaN? ({matrices}, {sessions}, every engine under the step probe: group 7's "
            "attention outputs alone pre-filled before FA3 runs, each outcome predicted in the matrix before the run): "
            f"{int(held.sum())} of {len(known)} runs with a prediction ended as predicted"
            + (f" ({len(t) - len(known)} had none)" if len(known) < len(t) else "")
@@ -814,14 +829,102 @@ def _prefill_clause(df, pt) -> str:
            f"{int(fixnan['steps differing'].sum())} FULL steps differing from the no-graph pass")
     if len(known) and not held.all():
         return out + ". Not every outcome held its prediction: the crash is not explained by the unwritten rows' NaN alone."
-    strata = [x for x in verification.fill_strata(t) if x[3]]   # concurrencies where some stock run crashed
+    # per session and concurrency where some stock run crashed: s38's stale schedules held other padding than s37's
+    strata = [x for x in verification.fill_strata(t, by_session=True) if x[3]]
     if strata and all(ci == e == n_in for _, ci, n_in, e, _ in strata):
         p = fa3sched.exact_stratified([x[1:] for x in strata])
-        out += (f". At {', '.join(str(x[0]) for x in strata)} (TP=1, offline) the crash follows the NaN in the rows FA3 "
-                "leaves unwritten: within each concurrency every stock crash was a NaN-filled run ("
-                + "; ".join(f"{c}: {e} crashes in {n} runs" for c, _, _, e, n in strata)
-                + f"), 1 in {round(1 / p)} if the pre-fill did not matter (exact test, one-sided, per concurrency)")
+        out += (f". At {', '.join(str(c) for c in sorted({x[0][1] for x in strata}))} (TP=1, offline) the crash follows "
+                "the NaN in the rows FA3 leaves unwritten: within each session and concurrency every stock crash was a "
+                "NaN-filled run ("
+                + "; ".join(f"{_short(sx)} at {c}: {e} crashes in {n} runs" for (sx, c), _, _, e, n in strata)
+                + f"), 1 in {round(1 / p)} if the pre-fill did not matter (exact test, one-sided, per session and "
+                "concurrency)")
     return out + "."
+
+
+def _builds_clause(df, pt) -> str:
+    """Who wrote the stale schedule (probe-builds-tp1: the build ledger, predictions (a)-(d) in its header), and what
+    the 1-request schedule's padding held in each session (fa3sched.padding_1). Empty without the builds runs."""
+    from . import divergence, fa3sched, verification
+
+    rows = verification.of_matrix(verification.tapped(pt), df, BUILDS_MATRIX)
+    probes = [divergence.load_probe(x) for x in rows["path"]]
+    if not probes:
+        return ""
+    fixes = dict(zip(rows["path"], rows["fix"]))
+    preds: dict = {}
+    for p in probes:   # a prediction holds only if it holds on every engine it is checked on
+        for k, v in fa3sched.build_predictions(p, fixes.get(p["path"]) != "stock").items():
+            preds[k] = preds.get(k, True) and v
+    held = sorted(k.split(")")[0] + ")" for k, v in preds.items() if v)
+    failed = [k for k, v in preds.items() if not v]
+    sessions = ", ".join(sorted({_short(x) for x in rows["gpu_session"].dropna()}))
+    stock = [p for p in probes if fixes.get(p["path"]) == "stock"]
+    hists = [fa3sched.builds_before_first_step(p, 7) or [] for p in stock]
+    concs = ", ".join(sorted(set(rows["concurrencies"].astype(str))))
+    out = (f" Who wrote it ({BUILDS_MATRIX}, {sessions}, the probe's build ledger, {len(stock)} stock and "
+           f"{len(probes) - len(stock)} fixed engine(s) at {concs}): {len(held)} of {len(preds)} predictions written "
+           "before the run held" + (f" ({', '.join(held)})" if held else "")
+           + (f"; not held: {'; '.join(failed)}" if failed else ""))
+    capture = [[32 - i, 16 * (32 - i)] for i in range(32)]
+    if not failed and hists and all(h == capture for h in hists):
+        out += (f"; group 7's builder built {len(hists[0])} times before the first served step, the FULL captures from "
+                "32 requests down to 1, and on every FULL step of the stock engine(s) its buffer was exactly what the "
+                "last, the 1-request capture's build, had left: nothing wrote it after capture")
+    # the padding FA3 leaves in a 1-request schedule, per session, from every stock tap probe's stale reads
+    tp = verification.tapped(pt)
+    pads: dict = {}
+    for m in (TAPS_MATRIX, BUILDS_MATRIX) + FILL_MATRICES:
+        r = verification.of_matrix(tp, df, m)
+        for path, fx, sess in zip(r["path"], r["fix"], r["gpu_session"]):
+            if fx != "stock":
+                continue
+            for v in fa3sched.stale_vectors([divergence.load_probe(path)], group="7"):
+                try:
+                    pads.setdefault(_short(sess), set()).add(fa3sched.padding_1(v))
+                except LabError:
+                    pads.setdefault(_short(sess), set()).add(None)   # not a 1-request schedule
+    seen = set().union(*pads.values()) if pads else set()
+    if len(seen) > 1 and None not in seen:
+        out += ("; the 1-request schedule's 9 padding entries (FA3's prepare kernel writes only request 0's; its output "
+                "is torch::empty) held " + "; ".join(f"{_padding(next(iter(v)))} in {k}" if len(v) == 1 else
+                                                     f"{len(v)} different sets in {k}" for k, v in sorted(pads.items())))
+        by_b = {b: _unwritten_at(df, pt, b) for b in (3, 8)}
+        if len(set(by_b[8].values())) > 1:
+            out += ("; with a sentinel pre-filled, group 7 left unwritten, on FULL steps of 8 requests, "
+                    + "; ".join(f"requests {u} in {k}" for k, u in sorted(by_b[8].items()))
+                    + (", and on steps of 3, " + "; ".join(f"{u} in {k}" for k, u in sorted(by_b[3].items()))
+                       if len(set(by_b[3].values())) > 1 else "")
+                    + ": below 9 requests what a replay writes can depend on what that uninitialised memory held")
+    return out + "."
+
+
+def _padding(pad) -> str:
+    """A schedule's padding for prose: one value when all entries hold it, else the list; large values in hex."""
+    fmt = lambda x: hex(x) if abs(x) > 0xFFFF else str(x)  # noqa: E731
+    return f"all {fmt(pad[0])}" if len(set(pad)) == 1 else "[" + ", ".join(fmt(x) for x in pad) + "]"
+
+
+def _unwritten_at(df, pt, b: int) -> dict:
+    """Per GPU session, the set of requests group 7 left unwritten on the most FULL steps of ``b`` requests, over the
+    pre-fill matrices' stock sentinel runs (fa3sched.unwritten_by_batch), each probe matched to its own run line."""
+    from . import divergence, fa3sched, verification
+
+    if "probe_taps" not in df:
+        return {}
+    runs = df[df["matrix"].isin(FILL_MATRICES) & (df["probe_taps"] == "sentinel") & (df["fix"] != True)]  # noqa: E712
+    rows = fill_rows(df, pt)
+    steps: dict = {}
+    for path, sess, eng, fx in zip(rows["path"], rows["gpu_session"], rows["engine"], rows["fix"]):
+        if fx != "stock" or not len(verification.probe_runs(runs, path.split("/")[-3], eng)):
+            continue
+        t = fa3sched.unwritten_by_batch([divergence.load_probe(path)])
+        for m, n in zip(t[t["requests"] == b]["unwritten (measured)"], t[t["requests"] == b]["FULL steps"]):
+            steps[(_short(sess), m)] = steps.get((_short(sess), m), 0) + int(n)
+    out: dict = {}
+    for (sess, m), n in sorted(steps.items(), key=lambda x: -x[1]):
+        out.setdefault(sess, m)
+    return out
 
 
 def _discriminating_line(df) -> str:

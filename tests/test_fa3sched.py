@@ -255,6 +255,9 @@ def test_padding_is_what_a_one_request_schedule_leaves_unwritten():
     assert F.padding_1(STALE38) == (PAD38,) * 9
     with pytest.raises(LabError, match="13"):
         F.padding_1([128, 0, 0])
+    assert F.padding_1(STALE[:9]) == (0, 31, 0, 0, 0, 0, 0, 0, 0)   # trailing zeros dropped (stale_vectors)
+    with pytest.raises(LabError, match="not a 1-request schedule"):
+        F.padding_1(fresh(8))   # entries past the 13th written: another batch size's schedule
 
 
 def test_a_schedule_the_model_refuses_is_kept_without_a_prediction():
@@ -265,6 +268,10 @@ def test_a_schedule_the_model_refuses_is_kept_without_a_prediction():
     rows = list(F.step_rows(p))
     assert len(rows) == 1 and rows[0]["predicted"] is None and "more than the 32" in rows[0]["not modelled"]
     assert rows[0]["unwritten"] == [4, 5, 6, 7]
+    # a malformed record is not a limit of the model: it still raises
+    bad = probe({2: {"m.layers.7.attn": tap([1])}}, stale=STALE38[:24])
+    with pytest.raises(LabError, match="do not fit"):
+        list(F.step_rows(bad))
     t = F.unwritten_table([p])
     assert t["match"].isna().all()
     s = F.fill_summary(p)

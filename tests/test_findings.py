@@ -30,22 +30,30 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "1265 of 1265 FULL-graph steps identical to the no-graph pass" in text
     # s36's attention-output taps: why the replays are wrong and some turn NaN (the tap probes are counted apart)
     assert ("Why (attention-output taps, s36): group 7's graphs read its buffer as last written, [128, 0, 31, 0, 1, 0, 0, "
-            "0, 2] then zeros on every stale read recorded, a 1-request batch's FA3 schedule; decoded for b requests it "
-            "gives no split") in text
+            "0, 2] then zeros on every stale read these taps recorded, a 1-request batch's FA3 schedule; decoded for b "
+            "requests it gives no split") in text
     assert ("the requests left unwritten were those predicted from the recorded schedule on 1398 of 1398 FULL steps (5 "
             "engines, concurrency 8, 16, 32)") in text
     assert "in 3 of 3 probed engines: those rows kept NaN" in text
     assert ("stock completed 3 of 3 where plain-tap stock crashed 3 of 3 (concurrency 8, 32, one session), outputs still "
             "wrong: consistent with the crash needing that NaN, not decided") in text
-    # s37's pre-registered test of that: group 7's outputs alone pre-filled, every outcome as predicted
-    assert ("(probe-fill-tp1, s37, every engine under the step probe: group 7's attention outputs alone pre-filled before "
-            "FA3 runs, each outcome predicted in the matrix before the run): 11 of 11 runs with a prediction ended as "
-            "predicted; with NaN there stock crashed 4 of 4 (concurrency 8, 16); with 0 or the sentinel it completed 3 of 3 "
-            "(concurrency 8), 837 of 837 FULL steps still differing") in text
+    # the pre-registered tests of that (s37 at 8 and 16, s38 at 32): group 7's outputs alone pre-filled, every outcome
+    # as predicted; the exact test keeps sessions apart (s38's stale schedules held other padding)
+    assert ("(probe-fill-tp1 and probe-fill32-tp1, s37, s38, every engine under the step probe: group 7's attention "
+            "outputs alone pre-filled before FA3 runs, each outcome predicted in the matrix before the run): 18 of 18 runs "
+            "with a prediction ended as predicted; with NaN there stock crashed 6 of 6 (concurrency 8, 16, 32); with 0 or "
+            "the sentinel it completed 8 of 8 (concurrency 8, 32), 2248 of 2248 FULL steps still differing") in text
     assert "fix 2 with the same NaN completed 2 of 2 with 0 FULL steps differing" in text
-    assert ("At 8, 16 (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within each concurrency "
-            "every stock crash was a NaN-filled run (8: 2 crashes in 5 runs; 16: 2 crashes in 4 runs), 1 in 60 if the "
-            "pre-fill did not matter") in text
+    assert ("At 8, 16, 32 (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within each session "
+            "and concurrency every stock crash was a NaN-filled run (s37 at 8: 2 crashes in 5 runs; s37 at 16: 2 crashes in "
+            "4 runs; s38 at 32: 2 crashes in 6 runs), 1 in 900 if the pre-fill did not matter") in text
+    # s38's build ledger: who wrote the stale schedule, and the padding that differs between sessions
+    assert ("Who wrote it (probe-builds-tp1, s38, the probe's build ledger, 1 stock and 1 fixed engine(s) at 16): 4 of 4 "
+            "predictions written before the run held ((a), (b), (c), (d)); group 7's builder built 32 times before the "
+            "first served step, the FULL captures from 32 requests down to 1") in text
+    assert ("held [0, 31, 0, 0, 0, 0, 0, 0, 0] in s36; [0, 31, 0, 0, 0, 0, 0, 0, 0] in s37; all 0x7fff7fff in s38; with a "
+            "sentinel pre-filled, group 7 left unwritten, on FULL steps of 8 requests, requests [1, 2, 3, 4, 5, 6, 7] in "
+            "s37; requests [4, 5, 6, 7] in s38, and on steps of 3, [1, 2] in s37; [0] in s38") in text
     assert "matrices/probe-fill-tp1.yaml is the test" not in text
     # s35's split-1 probe completed: the page must not let "0 / 1 crashed" read as "right"
     assert ("Not a workaround: FA3 with one split per graph (attention_config flash_attn_max_num_splits_for_cuda_graph=1) "
@@ -323,7 +331,7 @@ def test_prefill_clause_says_when_an_outcome_missed_its_prediction(monkeypatch):
     table.loc[1, "outcome"] = "ok"
     text = clause()
     # the fix run is no stratum member (it completes whatever the fill): 1 crash in stock's 2 runs at 16
-    assert "16: 1 crashes in 2 runs), 1 in 2 if the pre-fill did not matter" in text and "Not every" not in text
+    assert "s37 at 16: 1 crashes in 2 runs), 1 in 2 if the pre-fill did not matter" in text and "Not every" not in text
     # every prediction held but nothing crashed (zero and fix runs only): no test, and no false "not every outcome held"
     table.loc[0, ["pre-fill", "predicted", "outcome"]] = ["zero", "ok", "ok"]
     text = clause()
