@@ -137,6 +137,8 @@ def cell_label(r: dict) -> str:
         layers = r.get("probe_fill_layers")
         where = f" in layers {', '.join(map(str, layers))}" if isinstance(layers, (list, tuple)) and layers else ""
         extra.append(f"attention taps, {fill} pre-fill{where}" if fill else "attention taps")
+        if r.get("probe_ledger") == False:  # noqa: E712 (a DataFrame row may hold numpy booleans or NaN)
+            extra.append("no build ledger")
     if r.get("canary") is True:
         extra.append("canaries raise")
     if r.get("async_scheduling") is False:
@@ -153,6 +155,8 @@ def instruments(r: dict) -> list[str]:
     out = []
     if isinstance(r.get("hook_dir"), str) and r.get("hook_dir"):  # (a DataFrame row holds NaN when absent)
         out.append("launch hook")
+    if r.get("sched_snapshot") == True:  # noqa: E712 - one host copy of the FA3 schedules after capture
+        out.append("schedule snapshot")
     if r.get("coredump") is True:
         out.append("core dump on")
     elif r.get("coredump") == "keep-running":   # the driver's skip_abort: vLLM can still dump the crashing step

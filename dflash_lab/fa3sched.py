@@ -62,6 +62,36 @@ def padding_1(vec) -> tuple[int, ...]:
     return tuple(vec[i] for i in PADDING_1)
 
 
+def snapshot_table(paths):
+    """Per schedule-snapshot line (``dflash_lab.schedsnap``; one per worker process) and FA group whose FULL graphs read
+    a persistent schedule: what the buffer held when the first served step began (its first 13 entries), and its
+    entries 1-3, 5-7 and 9-11 where it holds no more than 13 (:func:`padding_1`): the padding, if it is a 1-request
+    schedule. The contents alone do not say the batch size it was built for (a short 2-request schedule fits 13
+    entries too); for a stock engine's group 7 the build ledger showed it is the 1-request capture's (s38)."""
+    import pandas as pd
+
+    from . import schedsnap
+
+    cols = ["file", "pid", "group", "layers", "entries", "head", "entries 1-3, 5-7, 9-11", "error"]
+    rows = []
+    for path in paths:
+        for line in schedsnap.read(path):
+            if line.get("error"):
+                rows.append({"file": str(path), "pid": line.get("pid"), "error": line["error"]})
+                continue
+            for g in line["groups"]:
+                if not g.get("use_full_cuda_graph"):
+                    continue
+                buf = [int(x) for x in g["buffer"]]
+                try:
+                    pad = list(padding_1(buf))
+                except LabError:
+                    pad = None   # fewer than 9 or more than 13 entries before the zeroed tail
+                rows.append({"file": str(path), "pid": line.get("pid"), "group": g["gid"], "layers": len(g["layers"]),
+                             "entries": g["entries"], "head": buf[:13], "entries 1-3, 5-7, 9-11": pad, "error": None})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def round_up4(b: int) -> int:
     return (b + 3) // 4 * 4
 

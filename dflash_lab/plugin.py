@@ -10,6 +10,8 @@ Nothing happens unless asked for:
   forward and the FULL-graph-versus-reference divergence check (:mod:`dflash_lab.probe`);
 - ``DFLASH_LAB_FA_SPLITS=drafter:N`` / ``target:N``: FA3's split bound for FULL graphs on one side of the
   speculative pair only (:mod:`dflash_lab.splits`).
+- ``DFLASH_LAB_SCHED_SNAPSHOT=<folder>``: every FA builder's persistent FA3 schedule, once, when the first served
+  step begins (:mod:`dflash_lab.schedsnap`).
 
 Each is logged once per process, so a log shows exactly which processes ran patched.
 """
@@ -42,6 +44,12 @@ def register() -> None:
     if os.environ.get(splits.ENV) and "splits" not in _done:
         _done.add("splits")
         log_once(splits.install())
+    from . import schedsnap
+
+    snap_dir = os.environ.get(schedsnap.ENV)
+    if snap_dir and "snapshot" not in _done:
+        _done.add("snapshot")
+        log_once(schedsnap.install(snap_dir))
     from . import probe
 
     if probe.enabled() and "probe" not in _done:

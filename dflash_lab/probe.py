@@ -73,6 +73,9 @@ ENV_CANARY = "DFLASH_LAB_CANARY"
 ENV_REF = "DFLASH_LAB_PROBE_REF"
 ENV_TAPS = "DFLASH_LAB_PROBE_TAPS"  # "1": attention-output taps; "sentinel" / "nan" / "zero": taps + that pre-fill
 ENV_FILL_LAYERS = "DFLASH_LAB_PROBE_FILL_LAYERS"  # "7,15,23": pre-fill only these layer numbers (default: every one)
+# "0": no build ledger with the taps. The ledger clones each FA builder's buffer after every build, which changes the
+# caching allocator's blocks around capture; s38's stale schedules held other padding than s37's (without it)
+ENV_LEDGER = "DFLASH_LAB_PROBE_LEDGER"
 FILLS = {"sentinel": 8192.0, "nan": float("nan"), "zero": 0.0}
 TAP_ROWS = 1024  # rows copied per layer: FULL graphs replay at most the largest capture size (512 here)
 SENTINEL = 8192.0  # exact in bf16/fp16/fp32; a softmax-weighted mean of V rows does not land on it by chance
@@ -619,10 +622,10 @@ class StepProbe:
     """Per-process state: step counter, request ids, output file."""
 
     def __init__(self, outdir: str | None, raise_on_violation: bool, reference: bool, rel_tol: float = 1e-3,
-                 taps: AttnTaps | None = None):
+                 taps: AttnTaps | None = None, ledger: bool = True):
         self.outdir = outdir
         self.taps = taps if reference else None
-        self.builds = BuildLedger() if self.taps is not None else None
+        self.builds = BuildLedger() if self.taps is not None and ledger else None
         self.raise_on_violation = raise_on_violation
         self.reference = reference and outdir is not None
         self.rel_tol = rel_tol
@@ -990,6 +993,16 @@ def taps_from_env() -> AttnTaps | None:
     return AttnTaps(fill=FILLS.get(v), fill_layers=layers)
 
 
+def ledger_from_env() -> bool:
+    """``DFLASH_LAB_PROBE_LEDGER``: unset or ``1`` keeps the build ledger (with the taps), ``0`` leaves it out."""
+    v = os.environ.get(ENV_LEDGER, "").strip()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"{ENV_LEDGER}={v!r}: expected 0 or 1")
+    if v == "0" and os.environ.get(ENV_TAPS, "").strip() in ("", "0"):
+        raise ValueError(f"{ENV_LEDGER}=0 needs {ENV_TAPS} (the ledger only runs with the taps)")
+    return v != "0"
+
+
 def install() -> StepProbe:
     """Wrap ``GPUModelRunner._model_forward`` (and the DFlash proposer's ``propose``)."""
     if "probe" in _PROBE:
@@ -997,7 +1010,8 @@ def install() -> StepProbe:
     taps = taps_from_env()
     probe = StepProbe(os.environ.get(ENV_PROBE) or None,
                       raise_on_violation=os.environ.get(ENV_CANARY, "0") not in ("", "0"),
-                      reference=os.environ.get(ENV_REF, "1") not in ("", "0"), taps=taps)
+                      reference=os.environ.get(ENV_REF, "1") not in ("", "0"), taps=taps,
+                      ledger=ledger_from_env())
     _PROBE["probe"] = probe
     if probe.taps is not None:
         from vllm.v1.attention.backends import flash_attn as fa

@@ -79,6 +79,8 @@ ENGINE_DEFAULTS = {
     "probe": False,
     "probe_taps": None,  # with probe: "1" attention-output taps; "sentinel" / "nan" / "zero": taps + that pre-fill
     "probe_fill_layers": None,  # with a pre-fill: only these layer numbers (probe.py DFLASH_LAB_PROBE_FILL_LAYERS)
+    "probe_ledger": None,  # with probe_taps: false leaves the build ledger out (probe.py DFLASH_LAB_PROBE_LEDGER=0)
+    "sched_snapshot": False,  # every FA builder's persistent FA3 schedule when the first step begins (schedsnap.py)
     "canary": False,
     "acceptance": "natural",
     "engine_args": {},
@@ -175,6 +177,12 @@ def validate_matrix(m, where="matrix") -> dict:
                f"{where}: engine {e['id']}: probe_fill_layers must be a non-empty list of layer numbers")
         _check(fl is None or eng["probe_taps"] in ("sentinel", "nan", "zero"),
                f"{where}: engine {e['id']}: probe_fill_layers needs a pre-fill (probe_taps sentinel, nan or zero)")
+        _check(eng["probe_ledger"] in (None, True, False),
+               f"{where}: engine {e['id']}: probe_ledger must be true or false (or left out)")
+        _check(eng["probe_ledger"] is None or eng["probe_taps"] is not None,
+               f"{where}: engine {e['id']}: probe_ledger needs probe_taps (the ledger only runs with the taps)")
+        _check(isinstance(eng["sched_snapshot"], bool),
+               f"{where}: engine {e['id']}: sched_snapshot must be true or false")
         _check(eng["probe_taps"] is None or eng["probe"],
                f"{where}: engine {e['id']}: probe_taps needs probe: true (the taps are compared in its reference pass)")
         fp = eng["fix_parts"]
@@ -331,6 +339,7 @@ class Runner:
             "fix_parts": ([p for p in FIX_PARTS if p in (e["fix_parts"] or FIX_PARTS)] if e["fix"] else None),
             "fa_splits": e["fa_splits"], "engine_args": e["engine_args"], "cudagraph_capture_sizes": e["cudagraph_capture_sizes"],
             "probe": e["probe"], "probe_taps": e["probe_taps"], "probe_fill_layers": e["probe_fill_layers"],
+            "probe_ledger": e["probe_ledger"], "sched_snapshot": e["sched_snapshot"],
             "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
             "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
@@ -432,7 +441,8 @@ class Runner:
         events_path.write_text("")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **NVLINK_OFF, **{k: str(v) for k, v in e["env"].items()})
         for var in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_PROBE", "DFLASH_LAB_CANARY",
-                    "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", splits.ENV):
+                    "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", "DFLASH_LAB_PROBE_LEDGER",
+                    "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV):
             env.pop(var, None)
         core_dir = None
         if e["coredump"]:
@@ -445,6 +455,10 @@ class Runner:
                 env["DFLASH_LAB_PROBE_TAPS"] = e["probe_taps"]
             if e["probe_fill_layers"]:
                 env["DFLASH_LAB_PROBE_FILL_LAYERS"] = ",".join(str(x) for x in e["probe_fill_layers"])
+            if e["probe_ledger"] is not None:
+                env["DFLASH_LAB_PROBE_LEDGER"] = "1" if e["probe_ledger"] else "0"
+        if e["sched_snapshot"]:
+            env["DFLASH_LAB_SCHED_SNAPSHOT"] = str(self.logdir / f"{tag}.sched")
         if e["canary"]:
             env["DFLASH_LAB_CANARY"] = "1"
         if e["fix"]:

@@ -43,6 +43,8 @@ def main():
           flush=True)
     print(f"fake engine probe: DFLASH_LAB_PROBE_TAPS={os.environ.get('DFLASH_LAB_PROBE_TAPS', '')} "
           f"DFLASH_LAB_PROBE_FILL_LAYERS={os.environ.get('DFLASH_LAB_PROBE_FILL_LAYERS', '')}", flush=True)
+    print(f"fake engine ledger/snapshot: DFLASH_LAB_PROBE_LEDGER={os.environ.get('DFLASH_LAB_PROBE_LEDGER', '')} "
+          f"DFLASH_LAB_SCHED_SNAPSHOT={os.environ.get('DFLASH_LAB_SCHED_SNAPSHOT', '')}", flush=True)
     print(f"fake engine core dumps: CUDA_COREDUMP_GENERATION_FLAGS={os.environ.get('CUDA_COREDUMP_GENERATION_FLAGS', '')}",
           flush=True)
     if startup == "error":

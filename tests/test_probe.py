@@ -559,3 +559,21 @@ def test_layout_and_full_steps_carry_the_ledger_end_to_end(tmp_path):
     s = P.graph_schedules(runner.attn_groups, {"m.layers.3.attn": meta6, "m.layers.7.attn": meta7},
                           ledger_probe.builds)
     assert s["1"]["same"] and s["1"]["same_as_first_group_step"] and s["1"]["last_build"]["buffer_as_left"] is False
+
+
+def test_the_ledger_can_be_left_out_of_a_tapped_probe(tmp_path, monkeypatch):
+    taps = P.AttnTaps()
+    assert P.StepProbe(str(tmp_path), raise_on_violation=False, reference=True, taps=taps).builds is not None
+    assert P.StepProbe(str(tmp_path), raise_on_violation=False, reference=True, taps=taps, ledger=False).builds is None
+    monkeypatch.delenv(P.ENV_LEDGER, raising=False)
+    assert P.ledger_from_env() is True
+    monkeypatch.setenv(P.ENV_TAPS, "sentinel")
+    monkeypatch.setenv(P.ENV_LEDGER, "0")
+    assert P.ledger_from_env() is False
+    monkeypatch.setenv(P.ENV_LEDGER, "off")
+    with pytest.raises(ValueError, match="expected 0 or 1"):
+        P.ledger_from_env()
+    monkeypatch.setenv(P.ENV_LEDGER, "0")
+    monkeypatch.delenv(P.ENV_TAPS)
+    with pytest.raises(ValueError, match="needs DFLASH_LAB_PROBE_TAPS"):
+        P.ledger_from_env()

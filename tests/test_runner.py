@@ -247,7 +247,30 @@ def test_probe_taps_reach_only_the_engine_that_asked(tmp_path, monkeypatch):
     assert "DFLASH_LAB_PROBE_TAPS= DFLASH_LAB_PROBE_FILL_LAYERS=\n" in env["p"]
 
 
+def test_ledger_switch_and_schedule_snapshot_reach_only_the_engine_that_asked(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    monkeypatch.setenv("DFLASH_LAB_PROBE_LEDGER", "0")          # inherited: must not leak
+    monkeypatch.setenv("DFLASH_LAB_SCHED_SNAPSHOT", "/elsewhere")
+    lines, _ = run(tmp_path, [
+        {"id": "off", "probe": True, "probe_taps": "sentinel", "probe_ledger": False, "runs": [{"concurrency": 1}]},
+        {"id": "snap", "sched_snapshot": True, "runs": [{"concurrency": 1}]},
+        {"id": "plain", "runs": [{"concurrency": 1}]}], extra=("--logs", str(logs)))
+    by = {l["engine_id"]: l for l in lines}
+    assert by["off"]["probe_ledger"] is False and by["snap"]["probe_ledger"] is None
+    assert by["snap"]["sched_snapshot"] is True and by["plain"]["sched_snapshot"] is False
+    from dflash_lab import analysis
+    assert "sentinel pre-fill, no build ledger" in analysis.cell_label(by["off"])
+    assert "schedule snapshot" in analysis.cell_label(by["snap"]) and "snapshot" not in analysis.cell_label(by["plain"])
+    env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+    assert "DFLASH_LAB_PROBE_LEDGER=0 DFLASH_LAB_SCHED_SNAPSHOT=\n" in env["off"]
+    assert f"DFLASH_LAB_PROBE_LEDGER= DFLASH_LAB_SCHED_SNAPSHOT={logs}/snap.a1.sched\n" in env["snap"]
+    assert "DFLASH_LAB_PROBE_LEDGER= DFLASH_LAB_SCHED_SNAPSHOT=\n" in env["plain"]
+
+
 @pytest.mark.parametrize("eng,msg", [
+    ({"probe": True, "probe_ledger": False}, "probe_ledger needs probe_taps"),
+    ({"probe": True, "probe_taps": "1", "probe_ledger": "no"}, "probe_ledger must be true or false"),
+    ({"sched_snapshot": "yes"}, "sched_snapshot must be true or false"),
     ({"probe_taps": "sentinel"}, "probe_taps needs probe: true"),
     ({"probe": True, "probe_taps": 1}, "probe_taps must be '1', 'sentinel', 'nan' or 'zero'"),
     ({"probe": True, "probe_taps": "1", "probe_fill_layers": [7]}, "probe_fill_layers needs a pre-fill"),
