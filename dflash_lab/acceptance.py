@@ -116,11 +116,13 @@ _LOGGED = re.compile(r"Per-position acceptance rate: ([0-9., ]+?), Avg Draft acc
 def logged_rates(log_path: str) -> list[list[float]]:
     """The per-position acceptance rates vLLM's SpecDecoding stats lines printed in one engine log, one list per
     line (each line covers the interval since the previous one). A log that cannot be read is a LabError."""
+    from .runner import read_recorded
+
     try:
-        with open(log_path, errors="replace") as f:
-            return [[float(x) for x in m.group(1).split(",")] for m in map(_LOGGED.search, f) if m]
+        text = read_recorded(log_path, errors="replace")   # large logs are stored .xz by ingest
     except OSError as e:
         raise LabError(f"{log_path}: cannot read the engine log ({e.strerror})") from None
+    return [[float(x) for x in m.group(1).split(",")] for m in map(_LOGGED.search, text.splitlines()) if m]
 
 
 def logs_against_schedule(runs_df):

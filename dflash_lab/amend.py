@@ -44,7 +44,7 @@ from pathlib import Path
 
 from .coredump import parse_cuda_gdb, processes
 from .errors import LabError
-from .runner import read_lines, run_end_fields
+from .runner import read_lines, recorded_path, run_end_fields
 
 KEEP_ON_CRASH = ("outcome", "error", "fault", "log_tail")
 SECTION_RE = re.compile(r"^=== (\S+) \([^)]*\)\n", re.M)
@@ -168,7 +168,7 @@ def _process_name(line: dict, data: Path, name: str) -> dict | None:
     tag = _tag(line)
     if not tag or (fl.get("pid") is None and not fl.get("cores")):
         return None
-    src = data / "gpu" / name / f"{tag}.log"
+    src = recorded_path(data / "gpu" / name / f"{tag}.log")   # stored .xz when large
     names = processes(src)
     if not names:
         return None

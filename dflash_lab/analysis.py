@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .errors import LabError
 from .patch import FIX_PARTS, FIX_PARTS_BEFORE_ROOT_CAUSE
-from .runner import is_deadline_cut, read_lines, read_recorded  # noqa: F401 (is_deadline_cut: used by the notebooks)
+from .runner import is_deadline_cut, read_lines, read_recorded, recorded_glob  # noqa: F401 (is_deadline_cut, recorded_glob: used by the notebooks)
 
 SCHED_RE = re.compile(r"Dumping scheduler output for model execution: (.*)$")
 STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\((.*)\)")
@@ -46,15 +46,14 @@ def read_text(path: str) -> str:
 
 
 def engine_log(r, data_dir: str = "data") -> str | None:
-    """The stored engine log of a run line: ``data/gpu/<runs file stem>/<log name>`` (or ``.gz``), else None."""
+    """The stored engine log of a run line: ``data/gpu/<runs file stem>/<log name>`` (or its ``.xz`` / ``.gz``: ingest
+    compresses large logs; read it with :func:`read_text`), else None."""
+    from .runner import recorded_path
+
     log = r.get("log")
     if not isinstance(log, str) or not isinstance(r.get("file"), str):
         return None
-    base = os.path.join(gpu_folder(r, data_dir), os.path.basename(log))
-    for p in (base, base + ".gz"):
-        if os.path.isfile(p):
-            return p
-    return None
+    return recorded_path(os.path.join(gpu_folder(r, data_dir), os.path.basename(log)))
 
 
 # a failed device-side assert as the CUDA runtime prints it to the process's stderr (one line per failing thread):
@@ -459,7 +458,7 @@ def scheduler_dumps(log_path: str) -> list[dict]:
     """vLLM's fatal-error dump (dump_input.py) of the step that crashed, parsed from an engine log."""
     out = []
     try:
-        text = Path(log_path).read_text(errors="replace")
+        text = read_text(log_path)
     except OSError as e:
         raise LabError(f"{log_path}: {e}") from None
     for line in text.splitlines():

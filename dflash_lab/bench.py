@@ -134,7 +134,7 @@ def _engine_files(bench_file: str, r) -> tuple[str, str] | None:
 
     data_dir = os.path.dirname(os.path.dirname(os.path.abspath(bench_file)))
     log = analysis.engine_log(dict(r, file=bench_file), data_dir)
-    return (log, re.sub(r"\.log(\.gz)?$", ".events.jsonl", log)) if log else None
+    return (log, re.sub(r"\.log(\.gz|\.xz)?$", ".events.jsonl", log)) if log else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -1136,8 +1136,11 @@ def capture_ceiling(log_path: str) -> int | None:
 
 
 def capture_ceilings(pattern: str = "data/gpu/*bench*/*.log") -> dict:
-    """{engine log: :func:`capture_ceiling`} for the logs matching ``pattern`` that printed one."""
-    out = {f: capture_ceiling(f) for f in sorted(glob.glob(pattern))}
+    """{engine log: :func:`capture_ceiling`} for the logs matching ``pattern`` that printed one (keyed by the log's
+    name as written; ingest stores large logs ``.xz``, read through)."""
+    from .runner import recorded_glob
+
+    out = {name: capture_ceiling(stored) for name, stored in recorded_glob(pattern)}
     return {f: v for f, v in out.items() if v is not None}
 
 

@@ -155,11 +155,12 @@ def processes(engine_log: str | os.PathLike | None) -> dict[int, str]:
     and "(Worker_TP0 pid=N)" after (s27's TP=2 logs); the first name named every rank 'Worker'."""
     if engine_log is None or not os.path.isfile(engine_log):
         return {}
+    from .runner import read_recorded   # a recorded log may be stored .xz by ingest
+
     out = {}
-    with open(engine_log, errors="replace") as fh:
-        for line in fh:
-            for name, pid in PROCESS_RE.findall(line):
-                out[int(pid)] = name
+    for line in read_recorded(engine_log, errors="replace").splitlines():
+        for name, pid in PROCESS_RE.findall(line):
+            out[int(pid)] = name
     return out
 
 

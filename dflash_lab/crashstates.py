@@ -12,7 +12,6 @@ hook, core dumps or extra environment attached to a run are listed); a path with
 
 from __future__ import annotations
 
-import glob
 import math
 import numbers
 import os
@@ -20,6 +19,7 @@ import re
 
 from . import analysis
 from .errors import LabError
+from .runner import recorded_glob, recorded_path
 
 # The report's numbers, as printed in seed-report.md ("State at crash time (from dump_input.py)").
 REPORT_STATES = {
@@ -76,8 +76,8 @@ def our_states(df, data_dir: str = "data/gpu") -> list[dict]:
     """One state per crashed run whose engine log holds vLLM's dump: the dump's fields plus the run's
     configuration. Instrumented runs (probe, raising canaries) and the fix are left out."""
     out = []
-    for log in sorted(glob.glob(os.path.join(data_dir, "*", "*.log"))):
-        session, name = os.path.basename(os.path.dirname(log)), os.path.basename(log)[: -len(".log")]
+    for logical, log in recorded_glob(os.path.join(data_dir, "*", "*.log")):   # large logs are stored .xz
+        session, name = os.path.basename(os.path.dirname(logical)), os.path.basename(logical)[: -len(".log")]
         if "." not in name:
             continue
         engine, att = name.rsplit(".", 1)
@@ -487,9 +487,9 @@ def rope_focus_table(df, data_dir: str = "data/gpu", draft: dict | None = None):
         tokens = st["scheduled requests"] * per_req if st.get("scheduled requests") else None
         names = {f"core.{c.get('pid')}": c.get("process") for c in f.get("cores") or []}
         # the cuda-gdb text ingest stored beside the engine log (analysis.gpu_folder: data/gpu/<runs file stem>/)
-        log = os.path.join(analysis.gpu_folder(dict(r), os.path.dirname(data_dir.rstrip("/")) or "."),
-                           re.sub(r"\.log$", ".coredump.log", os.path.basename(str(r.get("log")))))
-        sections = gdb_sections(analysis.read_text(log)) if os.path.isfile(log) else {}
+        log = recorded_path(os.path.join(analysis.gpu_folder(dict(r), os.path.dirname(data_dir.rstrip("/")) or "."),
+                                         re.sub(r"\.log$", ".coredump.log", os.path.basename(str(r.get("log"))))))
+        sections = gdb_sections(analysis.read_text(log)) if log else {}
         cores = [(names.get(os.path.basename(core), f.get("process")), parse_cuda_gdb(text)) for core, text in sections.items()]
         if not cores:   # no recorded cuda-gdb text: the line's own fields
             cores = [(f.get("process"), f)]

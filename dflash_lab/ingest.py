@@ -23,6 +23,7 @@ import filecmp
 import lzma
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -33,6 +34,22 @@ from .runner import read_lines
 
 KEEP_SUFFIXES = (".log", ".json", ".jsonl", ".npz")
 XZ_ABOVE = 1 << 20  # bytes: a JSONL log larger than this is stored xz-compressed
+# bytes: an engine log (<engine>.aN.log) larger than this is stored xz-compressed too. A crash's device asserts repeat
+# per thread (a NaN-filled run's log: 0.9-1.4 MB, 13 kB as xz): uncompressed, 20 such logs were 22 of the checkout's
+# ~46 MB, which travels beside vLLM's parts in every device call (64 MiB each)
+LOG_XZ_ABOVE = 100_000
+ENGINE_LOG = re.compile(r"\.a\d+\.log$")
+
+
+def compress_xz(src, dst) -> None:
+    """``src`` (a file object or path) written to ``dst`` xz-compressed, ingest's one setting (deterministic: the same
+    bytes give the same file, which :func:`_drop_already_recorded` compares)."""
+    with lzma.open(dst, "wb", preset=9 | lzma.PRESET_EXTREME) as fdst:
+        if isinstance(src, (str, os.PathLike)):
+            with open(src, "rb") as fsrc:
+                shutil.copyfileobj(fsrc, fdst)
+        else:
+            shutil.copyfileobj(src, fdst)
 
 
 def _check_new(name: str, *dests: Path) -> None:
@@ -98,14 +115,15 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
                             continue  # the runner's temporary spec files
                         out = stage / "gpu" / rel
                         out.parent.mkdir(parents=True, exist_ok=True)
-                        if m.name.endswith(".jsonl") and m.size > XZ_ABOVE:
-                            # large probe logs: kept xz-compressed (lossless; the readers take .xz and the
+                        if ((m.name.endswith(".jsonl") and m.size > XZ_ABOVE)
+                                or (ENGINE_LOG.search(m.name) and m.size > LOG_XZ_ABOVE)):
+                            # large probe and engine logs: kept xz-compressed (lossless; the readers take .xz and the
                             # older .gz). xz, not gzip: a probe log repeats each step's layer table, which
                             # gzip's 32 KiB window cannot reach (s35's 9.5 MB c64 log: gzip -9 3.1 MB, xz 54 kB)
                             out = out.with_name(out.name + ".xz")
                             rel = Path(str(rel) + ".xz")
-                            with tf.extractfile(m) as fsrc, lzma.open(out, "wb", preset=9 | lzma.PRESET_EXTREME) as fdst:
-                                shutil.copyfileobj(fsrc, fdst)
+                            with tf.extractfile(m) as fsrc:
+                                compress_xz(fsrc, out)
                         else:
                             with tf.extractfile(m) as fsrc, open(out, "wb") as fdst:
                                 shutil.copyfileobj(fsrc, fdst)

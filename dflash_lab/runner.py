@@ -663,6 +663,36 @@ class _EventReader:
         return self.queue.pop(0) if self.queue else None
 
 
+COMPRESSED = (".xz", ".gz")   # what ingest may have stored a recorded file as: the same name plus one of these
+
+
+def recorded_path(path: str | os.PathLike) -> str | None:
+    """A recorded file as stored: ``path`` itself, or ``path`` plus ``.xz`` / ``.gz`` when ingest kept it compressed
+    (large engine and probe logs); None when none of them is a file. Read it with :func:`read_recorded`."""
+    for p in (str(path),) + tuple(str(path) + c for c in COMPRESSED):
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+def recorded_glob(pattern: str) -> list[tuple[str, str]]:
+    """``(name, stored path)`` of each recorded file matching ``pattern`` as it was written on the GPU host: a file
+    matching ``pattern`` or, compressed by ingest, ``pattern`` plus ``.xz`` / ``.gz``; ``name`` is its path without the
+    compression suffix. Sorted by name; a name stored twice is an error (one recording, one file)."""
+    import glob as _glob
+
+    out: dict[str, str] = {}
+    for suffix in ("",) + COMPRESSED:
+        for p in _glob.glob(pattern + suffix):
+            name = p[: -len(suffix)] if suffix else p
+            if suffix == "" and p.endswith(COMPRESSED):
+                continue   # a pattern ending in * matched a compressed file: counted under its own suffix
+            if name in out:
+                raise LabError(f"{name}: recorded twice ({out[name]} and {p})")
+            out[name] = p
+    return sorted(out.items())
+
+
 def read_recorded(path: str | os.PathLike, errors: str = "strict") -> str:
     """A recorded text file, ``.gz`` read as gzip and ``.xz`` as xz (ingest compresses large logs); a compressed file
     that does not decompress, or (``errors="strict"``) text that is not UTF-8, is an error naming it. A missing file

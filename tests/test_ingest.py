@@ -273,3 +273,44 @@ def test_a_reproducer_run_over_several_calls_is_recorded_whole(tmp_path):
     with pytest.raises(LabError, match="unsafe member"):
         ingest_repro([(str(c2), "x")], "r3", data_dir=str(data))
     assert sorted(p.name for p in (data / "gpu").iterdir()) == ["r1", "r6"] and not list(data.glob(".ingest-*"))
+
+
+def test_large_engine_log_kept_xz_and_found_by_its_readers(tmp_path):
+    from dflash_lab import analysis, coredump
+    from dflash_lab.ingest import LOG_XZ_ABOVE
+    from dflash_lab.runner import recorded_glob, recorded_path
+
+    out = tmp_path / "OUT"
+    out.mkdir()
+    line = {"run_id": "e/c8/r0", "outcome": "crash", "gpu_session": "S", "engine_id": "e", "attempt": 1,
+            "log": "/tmp/runlogs/e.a1.log"}
+    (out / "runs.jsonl").write_text(json.dumps(line) + "\n")
+    logs = tmp_path / "runlogs"
+    logs.mkdir()
+    assert_line = ("(EngineCore pid=41) kernel.py:53: unknown: block: [0,0,0], thread: [1,0,0] "
+                   "Assertion `index out of bounds: 0 <= tmp16 < 262144` failed.\n")
+    text = assert_line * (LOG_XZ_ABOVE // len(assert_line) + 10)
+    (logs / "e.a1.log").write_text(text)
+    (logs / "small.a1.log").write_text("a short engine log\n")
+    (logs / "notes.log").write_text("x" * (LOG_XZ_ABOVE + 10))   # not an engine log: kept as it is
+    with tarfile.open(out / "logs.tgz", "w:gz") as tf:
+        tf.add(logs, arcname="runlogs")
+    data = tmp_path / "data"
+    data.mkdir()
+    meta = ingest(str(out), "s9", data_dir=str(data))
+    folder = data / "gpu" / "s9"
+    assert (folder / "e.a1.log.xz").exists() and not (folder / "e.a1.log").exists()
+    assert (folder / "e.a1.log.xz").stat().st_size < LOG_XZ_ABOVE // 10
+    assert (folder / "small.a1.log").exists() and (folder / "notes.log").exists()
+    assert "e.a1.log.xz" in meta["files"] and "small.a1.log" in meta["files"]
+    # the readers find it under its written name and read it through
+    stored = analysis.engine_log(dict(line, file="s9.jsonl"), str(data))
+    assert stored == str(folder / "e.a1.log.xz") and analysis.read_text(stored) == text
+    assert analysis.log_asserts(stored)[0]["message"] == "index out of bounds: 0 <= tmp16 < 262144"
+    assert coredump.processes(stored) == {41: "EngineCore"}
+    assert recorded_path(folder / "e.a1.log") == str(folder / "e.a1.log.xz")
+    assert [n for n, _ in recorded_glob(str(folder / "*.log"))] == [str(folder / x) for x in
+                                                                     ("e.a1.log", "notes.log", "small.a1.log")]
+    (folder / "e.a1.log").write_text(text)   # the same log stored twice is refused, not read twice
+    with pytest.raises(LabError, match="recorded twice"):
+        recorded_glob(str(folder / "*.log"))
