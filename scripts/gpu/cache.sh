@@ -14,7 +14,7 @@
 #
 # Pieces are 12 MiB (a call returns at most 8 files of 16 MiB, 64 MiB in all: 5 pieces per get; a call carries
 # 64 MiB with the checkout, ~34 MiB since data/ grew (s32): 2 pieces per put, 7 calls for s30's 14 pieces; ~45 MB after
-# s37: 1 piece per put, 14 calls). SHA256 holds the checksum and the piece count; restore
+# s37: 1 piece per put, 14 calls; ~27 MB after s38, engine logs stored .xz: 2 per put again, 7 calls). SHA256 holds the checksum and the piece count; restore
 # joins exactly that many pieces and unpacks only a complete set whose checksum matches; anything else is
 # reported and left alone (the engines then compile as on a bare host: slower, never wrong).
 set -euo pipefail
