@@ -104,3 +104,27 @@ def test_snapshot_table_reads_the_padding_of_a_one_request_schedule(tmp_path, mo
     assert t.loc[2, "entries 1-3, 5-7, 9-11"] == [PAD] * 9 and t.loc[2, "error"] is None
     # group 1's buffer ends after 2 entries: too short to be read as a 1-request schedule
     assert t.loc[1, "entries 1-3, 5-7, 9-11"] is None and t.loc[1, "head"] == [128, 128]
+
+
+def test_padding_checks_on_a_sentinel_probe_and_its_snapshot(tmp_path, monkeypatch):
+    from dflash_lab import fa3sched as F
+    from tests.test_fa3sched import STALE38, probe, tap
+
+    eng = tmp_path / "e.a1.probe"
+    eng.mkdir()
+    p = probe({2: {"m.layers.7.attn": tap([4, 5, 6, 7])}, 3: {"m.layers.7.attn": tap([4, 5, 6, 7])}}, stale=STALE38[:25])
+    p["path"] = str(eng / "probe-1.jsonl")
+    monkeypatch.setattr(S, "_STATE", {})
+    snap = S.write_once(runner(), str(tmp_path / "e.a1.sched"))   # group 2 there holds STALE38's schedule
+    assert F.snapshot_files(p["path"]) == [snap]
+    # the fake runner numbers the stale group 2; the probe numbers it 7: renumber the snapshot to match
+    line = json.loads(open(snap).read())
+    for g in line["groups"]:
+        g["gid"] = {1: 6, 2: 7}[g["gid"]]
+    open(snap, "w").write(json.dumps(line) + "\n")
+    ok = F.padding_checks(p, [snap], F.PADDING_S38, [4, 5, 6, 7])
+    assert all(ok.values()), ok
+    wrong = F.padding_checks(p, [snap], F.PADDING_S37, [1, 2, 3, 4, 5, 6, 7])
+    assert not wrong["padding as expected on every stale read"]
+    assert not wrong["requests left unwritten at 8 as expected on every such step"]
+    assert not F.padding_checks(p, [], F.PADDING_S38, [4, 5, 6, 7])["snapshot equals every stale read"]
