@@ -26,6 +26,11 @@
   pid's last prefix). vLLM 0.22.1 prefixes a tensor-parallel worker "(Worker pid=N)" before its rank is set and
   "(Worker_TP0 pid=N)" after; the runner kept the first, so s27's TP=2 lines named both ranks 'Worker'.
 
+- **build-ledger**: a line with attention taps recorded before the runner wrote ``probe_ledger`` gets it from the
+  engine's probe log in ``DATA/gpu/NAME/<engine tag>.probe/``: true when its layout line lists
+  ``builds_before_first_step`` (the ledger's), else false. The ledger changes the allocations around capture (s38's
+  stale schedules held other padding than s37's), so runs with and without it are told apart.
+
 Every amended line gets an ``amended`` list entry: the rule, the recorded file the new values came from, the
 values it replaced (``as_recorded``) and the fields it added (``added``). The file is rewritten atomically, keeping
 its permissions (ingest leaves recorded files read-only), then ``NAME.meta.json`` gets an ``amendments`` entry
@@ -185,6 +190,26 @@ def _process_name(line: dict, data: Path, name: str) -> dict | None:
     return {"rule": "process-name", "source": str(src), "set": {"fault": new}, "as_recorded": {"fault": fl}}
 
 
+def _build_ledger(line: dict, data: Path, name: str) -> dict | None:
+    """A tapped probe line recorded before the runner wrote ``probe_ledger``: whether the probe ran its build ledger,
+    read off the engine's probe log (the ledger's layout line lists ``builds_before_first_step``; s36-s37's probe had
+    no ledger, s38's had it on)."""
+    if not line.get("probe_taps") or "probe_ledger" in line or not _tag(line):
+        return None
+    logs = sorted((data / "gpu" / name / f"{_tag(line)}.probe").glob("probe-*.jsonl*"))
+    if not logs:
+        return None
+    from .runner import json_lines
+
+    found = False
+    for log in logs:
+        for _, obj in json_lines(log):
+            if obj.get("kind") == "layout":
+                found = found or "builds_before_first_step" in obj
+    return {"rule": "build-ledger", "source": ", ".join(str(x) for x in logs), "set": {"probe_ledger": found},
+            "as_recorded": {}}
+
+
 def amend(name: str, data_dir: str = "data") -> dict:
     data = Path(data_dir)
     path = data / "runs" / f"{name}.jsonl"
@@ -199,7 +224,8 @@ def amend(name: str, data_dir: str = "data") -> dict:
     changed = []
     for i, line in enumerate(lines):
         for make in (lambda: _stale_core(line, data, name, path, recorded), lambda: _gdb_reread(line, data, name),
-                     lambda: _client_view(line, data, name), lambda: _process_name(line, data, name)):
+                     lambda: _client_view(line, data, name), lambda: _process_name(line, data, name),
+                     lambda: _build_ledger(line, data, name)):
             rule = make()   # each rule sees the line as the rules before it left it
             if rule is None:
                 continue

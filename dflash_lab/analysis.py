@@ -136,8 +136,9 @@ def cell_label(r: dict) -> str:
         layers = r.get("probe_fill_layers")
         where = f" in layers {', '.join(map(str, layers))}" if isinstance(layers, (list, tuple)) and layers else ""
         extra.append(f"attention taps, {fill} pre-fill{where}" if fill else "attention taps")
-        if r.get("probe_ledger") == False:  # noqa: E712 (a DataFrame row may hold numpy booleans or NaN)
-            extra.append("no build ledger")
+        if r.get("probe_ledger") == True:  # noqa: E712 (a DataFrame row may hold numpy booleans or NaN)
+            # the ledger copies each FA buffer after every build: other allocations around capture (s38)
+            extra.append("build ledger")
     if r.get("canary") is True:
         extra.append("canaries raise")
     if r.get("async_scheduling") is False:

@@ -848,9 +848,16 @@ def _builds_clause(df, pt) -> str:
     from . import divergence, fa3sched, verification
 
     rows = verification.of_matrix(verification.tapped(pt), df, BUILDS_MATRIX)
-    probes = [divergence.load_probe(x) for x in rows["path"]]
-    if not probes:
+    if not len(rows):
         return ""
+    loaded: dict = {}
+
+    def probe_of(path):   # each probe log read once here (the padding and the pre-fill runs share them)
+        if path not in loaded:
+            loaded[path] = divergence.load_probe(path)
+        return loaded[path]
+
+    probes = [probe_of(x) for x in rows["path"]]
     fixes = dict(zip(rows["path"], rows["fix"]))
     preds: dict = {}
     for p in probes:   # a prediction holds only if it holds on every engine it is checked on
@@ -879,7 +886,7 @@ def _builds_clause(df, pt) -> str:
         for path, fx, sess in zip(r["path"], r["fix"], r["gpu_session"]):
             if fx != "stock":
                 continue
-            for v in fa3sched.stale_vectors([divergence.load_probe(path)], group="7"):
+            for v in fa3sched.stale_vectors([probe_of(path)], group="7"):
                 try:
                     pads.setdefault(_short(sess), set()).add(fa3sched.padding_1(v))
                 except LabError:
@@ -889,7 +896,7 @@ def _builds_clause(df, pt) -> str:
         out += ("; the 1-request schedule's 9 padding entries (FA3's prepare kernel writes only request 0's; its output "
                 "is torch::empty) held " + "; ".join(f"{_padding(next(iter(v)))} in {k}" if len(v) == 1 else
                                                      f"{len(v)} different sets in {k}" for k, v in sorted(pads.items())))
-        by_b = {b: _unwritten_at(df, pt, b) for b in (3, 8)}
+        by_b = _unwritten_at(df, pt, (3, 8), probe_of)
         if len(set(by_b[8].values())) > 1:
             out += ("; with a sentinel pre-filled, group 7 left unwritten, on FULL steps of 8 requests, "
                     + "; ".join(f"requests {u} in {k}" for k, u in sorted(by_b[8].items()))
@@ -905,25 +912,27 @@ def _padding(pad) -> str:
     return f"all {fmt(pad[0])}" if len(set(pad)) == 1 else "[" + ", ".join(fmt(x) for x in pad) + "]"
 
 
-def _unwritten_at(df, pt, b: int) -> dict:
-    """Per GPU session, the set of requests group 7 left unwritten on the most FULL steps of ``b`` requests, over the
-    pre-fill matrices' stock sentinel runs (fa3sched.unwritten_by_batch), each probe matched to its own run line."""
-    from . import divergence, fa3sched, verification
+def _unwritten_at(df, pt, sizes, probe_of) -> dict:
+    """Per batch size in ``sizes`` and GPU session, the set of requests group 7 left unwritten on the most FULL steps
+    of that many requests, over the pre-fill matrices' stock sentinel runs (fa3sched.unwritten_by_batch), each probe
+    matched to its own run line and read once (``probe_of``: path -> probe log)."""
+    from . import fa3sched, verification
 
+    out: dict = {b: {} for b in sizes}
     if "probe_taps" not in df:
-        return {}
+        return out
     runs = df[df["matrix"].isin(FILL_MATRICES) & (df["probe_taps"] == "sentinel") & (df["fix"] != True)]  # noqa: E712
     rows = fill_rows(df, pt)
     steps: dict = {}
     for path, sess, eng, fx in zip(rows["path"], rows["gpu_session"], rows["engine"], rows["fix"]):
         if fx != "stock" or not len(verification.probe_runs(runs, path.split("/")[-3], eng)):
             continue
-        t = fa3sched.unwritten_by_batch([divergence.load_probe(path)])
-        for m, n in zip(t[t["requests"] == b]["unwritten (measured)"], t[t["requests"] == b]["FULL steps"]):
-            steps[(_short(sess), m)] = steps.get((_short(sess), m), 0) + int(n)
-    out: dict = {}
-    for (sess, m), n in sorted(steps.items(), key=lambda x: -x[1]):
-        out.setdefault(sess, m)
+        t = fa3sched.unwritten_by_batch([probe_of(path)])
+        for b, m, n in zip(t["requests"], t["unwritten (measured)"], t["FULL steps"]):
+            if b in out:
+                steps[(b, _short(sess), m)] = steps.get((b, _short(sess), m), 0) + int(n)
+    for (b, sess, m), n in sorted(steps.items(), key=lambda x: -x[1]):
+        out[b].setdefault(sess, m)
     return out
 
 

@@ -177,7 +177,7 @@ def validate_matrix(m, where="matrix") -> dict:
                f"{where}: engine {e['id']}: probe_fill_layers must be a non-empty list of layer numbers")
         _check(fl is None or eng["probe_taps"] in ("sentinel", "nan", "zero"),
                f"{where}: engine {e['id']}: probe_fill_layers needs a pre-fill (probe_taps sentinel, nan or zero)")
-        _check(eng["probe_ledger"] in (None, True, False),
+        _check(eng["probe_ledger"] is None or isinstance(eng["probe_ledger"], bool),
                f"{where}: engine {e['id']}: probe_ledger must be true or false (or left out)")
         _check(eng["probe_ledger"] is None or eng["probe_taps"] is not None,
                f"{where}: engine {e['id']}: probe_ledger needs probe_taps (the ledger only runs with the taps)")
@@ -339,7 +339,9 @@ class Runner:
             "fix_parts": ([p for p in FIX_PARTS if p in (e["fix_parts"] or FIX_PARTS)] if e["fix"] else None),
             "fa_splits": e["fa_splits"], "engine_args": e["engine_args"], "cudagraph_capture_sizes": e["cudagraph_capture_sizes"],
             "probe": e["probe"], "probe_taps": e["probe_taps"], "probe_fill_layers": e["probe_fill_layers"],
-            "probe_ledger": e["probe_ledger"], "sched_snapshot": e["sched_snapshot"],
+            # the ledger runs with the taps unless turned off: the line says which it was
+            "probe_ledger": (e["probe_ledger"] is not False) if e["probe_taps"] else None,
+            "sched_snapshot": e["sched_snapshot"],
             "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
             "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
@@ -669,10 +671,10 @@ COMPRESSED = (".xz", ".gz")   # what ingest may have stored a recorded file as: 
 def recorded_path(path: str | os.PathLike) -> str | None:
     """A recorded file as stored: ``path`` itself, or ``path`` plus ``.xz`` / ``.gz`` when ingest kept it compressed
     (large engine and probe logs); None when none of them is a file. Read it with :func:`read_recorded`."""
-    for p in (str(path),) + tuple(str(path) + c for c in COMPRESSED):
-        if os.path.isfile(p):
-            return p
-    return None
+    found = [p for p in (str(path),) + tuple(str(path) + c for c in COMPRESSED) if os.path.isfile(p)]
+    if len(found) > 1:
+        raise LabError(f"{path}: recorded twice ({', '.join(found)})")
+    return found[0] if found else None
 
 
 def recorded_glob(pattern: str) -> list[tuple[str, str]]:

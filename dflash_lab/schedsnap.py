@@ -1,9 +1,13 @@
-"""What each FlashAttention builder's persistent FA3 schedule holds when the first served step begins.
+"""What the target's FlashAttention builders' persistent FA3 schedules hold when the first served step begins.
 
 ``DFLASH_LAB_SCHED_SNAPSHOT=<folder>``: in each worker process, at the start of the first
 ``GPUModelRunner.execute_model`` call (CUDA graph capture is over by then, and in vLLM 0.22.1 the step's own builds
-come inside that call), every FA metadata builder's ``scheduler_metadata`` buffer is copied to the host once and
-written as one JSON line to ``<folder>/sched-<pid>.jsonl``; the engine is left alone after that.
+come inside that call), the ``scheduler_metadata`` buffer of the first metadata builder of every attention group of
+the target (``runner.attn_groups``) is copied to the host once and written as one JSON line to
+``<folder>/sched-<pid>.jsonl``, with the worker's device; the engine is left alone after that. The drafter's own
+builders (``drafter.draft_attn_groups``) and further micro-batch builders are not recorded. For a group whose builder
+is not rebuilt at run time (stock group 7) this is what its FULL graphs read on every later replay; a group built
+every step (group 6) holds its next build from then on.
 
 Why: a stale replay of group 7's FULL graphs reads the 1-request capture's schedule, whose 9 padding entries are memory
 FA3 never writes (:data:`dflash_lab.fa3sched.PADDING_1`). The step probe recorded them as ``0, 31, 0, ...`` in s36
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 
 ENV = "DFLASH_LAB_SCHED_SNAPSHOT"
@@ -58,17 +63,21 @@ def write_once(runner, folder: str) -> str | None:
         if _STATE.get("written"):
             return None
         _STATE["written"] = True
-    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"sched-{os.getpid()}.jsonl")
-    line: dict = {"kind": "sched_snapshot", "pid": os.getpid()}
+    line: dict = {"kind": "sched_snapshot", "pid": os.getpid(), "device": str(getattr(runner, "device", None))}
     try:
         line["groups"] = snapshot(runner)
     except Exception as e:  # noqa: BLE001 - an observer: say what failed, keep the engine running
         line["error"] = f"{type(e).__name__}: {e}"
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(line) + "\n")
-    os.replace(tmp, path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(json.dumps(line) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:   # a full disk must not end the engine: the missing file says it
+        print(f"dflash-lab schedule snapshot: not written ({e})", file=sys.stderr, flush=True)
+        return None
     return path
 
 
@@ -88,6 +97,20 @@ def install(folder: str) -> str:
         execute_model._dflash_lab_snapshot = True
         R.execute_model = execute_model
     return f"schedule snapshot active, writing to {folder}"
+
+
+def files_of_run(r, data_dir: str = "data") -> list[str]:
+    """The stored snapshot files of a run line's engine: ``<engine tag>.sched/sched-*.jsonl*`` in its GPU folder
+    (``data/gpu/<runs file stem>/``; the tag is its engine log's name without ``.log``)."""
+    import glob
+
+    from .analysis import gpu_folder
+
+    log = r.get("log")
+    if not isinstance(log, str) or not log.endswith(".log") or not isinstance(r.get("file"), str):
+        return []
+    tag = os.path.basename(log)[: -len(".log")]
+    return sorted(glob.glob(os.path.join(gpu_folder(r, data_dir), f"{tag}.sched", "sched-*.jsonl*")))
 
 
 def read(path: str) -> list[dict]:

@@ -197,3 +197,25 @@ def test_tp2_ranks_are_named_from_the_recorded_engine_log(tmp_path):
     # the ok lines are untouched, and a second run finds nothing to amend
     assert "amended" not in after["tp2-stock/c32/r3"]
     assert amend(TP2, data_dir=str(d))["amended"] == []
+
+
+def test_tapped_lines_learn_whether_the_build_ledger_ran_from_their_probe_log(tmp_path):
+    """On recorded files: s37's probe (no ledger) and s38's (ledger on), one engine each, ingested copies."""
+    d = tmp_path / "data"
+    (d / "runs").mkdir(parents=True)
+    expect = {"2026-12-01_h200_probe-fill-a-tp1": ("stock-taps-c16", False),
+              "2026-12-02_h200_probe-builds-a-tp1": ("stock-builds-c16", True)}
+    for name, (eng, _) in expect.items():
+        lines = [l for l in read_lines(ROOT / "data" / "runs" / f"{name}.jsonl") if l["engine_id"] == eng]
+        for l in lines:   # as ingested: before any amendment
+            l.pop("probe_ledger", None)
+            l.pop("amended", None)
+        (d / "runs" / f"{name}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+        src = ROOT / "data" / "gpu" / name / f"{eng}.a1.probe"
+        shutil.copytree(src, d / "gpu" / name / f"{eng}.a1.probe")
+    for name, (eng, ledger) in expect.items():
+        out = amend(name, str(d))
+        assert out["amended"] == [{"run_id": f"{eng}/c16/r0", "rule": "build-ledger"}]
+        (line,) = read_lines(d / "runs" / f"{name}.jsonl")
+        assert line["probe_ledger"] is ledger and line["amended"][-1]["added"] == ["probe_ledger"]
+        assert amend(name, str(d))["amended"] == []   # a second run finds nothing

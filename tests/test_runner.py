@@ -253,13 +253,16 @@ def test_ledger_switch_and_schedule_snapshot_reach_only_the_engine_that_asked(tm
     monkeypatch.setenv("DFLASH_LAB_SCHED_SNAPSHOT", "/elsewhere")
     lines, _ = run(tmp_path, [
         {"id": "off", "probe": True, "probe_taps": "sentinel", "probe_ledger": False, "runs": [{"concurrency": 1}]},
+        {"id": "on", "probe": True, "probe_taps": "sentinel", "runs": [{"concurrency": 1}]},
         {"id": "snap", "sched_snapshot": True, "runs": [{"concurrency": 1}]},
         {"id": "plain", "runs": [{"concurrency": 1}]}], extra=("--logs", str(logs)))
     by = {l["engine_id"]: l for l in lines}
-    assert by["off"]["probe_ledger"] is False and by["snap"]["probe_ledger"] is None
+    assert by["off"]["probe_ledger"] is False and by["on"]["probe_ledger"] is True
+    assert by["snap"]["probe_ledger"] is None   # no taps: no ledger to speak of
     assert by["snap"]["sched_snapshot"] is True and by["plain"]["sched_snapshot"] is False
     from dflash_lab import analysis
-    assert "sentinel pre-fill, no build ledger" in analysis.cell_label(by["off"])
+    assert "sentinel pre-fill, launch hook)" in analysis.cell_label(by["off"])   # no ledger: as in s36 and s37
+    assert "sentinel pre-fill, build ledger" in analysis.cell_label(by["on"])
     assert "schedule snapshot" in analysis.cell_label(by["snap"]) and "snapshot" not in analysis.cell_label(by["plain"])
     env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
     assert "DFLASH_LAB_PROBE_LEDGER=0 DFLASH_LAB_SCHED_SNAPSHOT=\n" in env["off"]
@@ -270,6 +273,7 @@ def test_ledger_switch_and_schedule_snapshot_reach_only_the_engine_that_asked(tm
 @pytest.mark.parametrize("eng,msg", [
     ({"probe": True, "probe_ledger": False}, "probe_ledger needs probe_taps"),
     ({"probe": True, "probe_taps": "1", "probe_ledger": "no"}, "probe_ledger must be true or false"),
+    ({"probe": True, "probe_taps": "1", "probe_ledger": 1}, "probe_ledger must be true or false"),
     ({"sched_snapshot": "yes"}, "sched_snapshot must be true or false"),
     ({"probe_taps": "sentinel"}, "probe_taps needs probe: true"),
     ({"probe": True, "probe_taps": 1}, "probe_taps must be '1', 'sentinel', 'nan' or 'zero'"),

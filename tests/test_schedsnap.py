@@ -128,3 +128,20 @@ def test_padding_checks_on_a_sentinel_probe_and_its_snapshot(tmp_path, monkeypat
     assert not wrong["padding as expected on every stale read"]
     assert not wrong["requests left unwritten at 8 as expected on every such step"]
     assert not F.padding_checks(p, [], F.PADDING_S38, [4, 5, 6, 7])["snapshot equals every stale read"]
+
+
+def test_an_unwritable_folder_does_not_reach_the_engine(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(S, "_STATE", {})
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert S.write_once(runner(), str(blocker / "snap")) is None
+    assert "schedule snapshot: not written" in capsys.readouterr().err
+
+
+def test_files_of_run_finds_the_engine_snapshot_from_its_run_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "_STATE", {})
+    folder = tmp_path / "gpu" / "s9" / "e.a1.sched"
+    S.write_once(runner(), str(folder))
+    r = {"file": "s9.jsonl", "log": "/tmp/runlogs/e.a1.log"}
+    assert S.files_of_run(r, str(tmp_path)) == [str(next(folder.glob("sched-*.jsonl")))]
+    assert S.files_of_run({"file": "s9.jsonl", "log": None}, str(tmp_path)) == []
