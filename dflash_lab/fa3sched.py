@@ -96,17 +96,6 @@ PADDING_S37 = (0, 31, 0, 0, 0, 0, 0, 0, 0)   # what every stock tap probe of s36
 PADDING_S38 = (0x7FFF7FFF,) * 9              # ... and every one of s38 (build ledger on)
 
 
-def snapshot_files(probe_path: str) -> list[str]:
-    """The schedule-snapshot files of the engine a probe log belongs to: ``<engine>.sched/sched-*.jsonl*`` beside its
-    ``<engine>.probe/`` folder (the runner names both after the engine's tag)."""
-    import glob
-    import os
-
-    probe_dir = os.path.dirname(probe_path)
-    base = probe_dir[: -len(".probe")] if probe_dir.endswith(".probe") else probe_dir
-    return sorted(glob.glob(base + ".sched/sched-*.jsonl*"))
-
-
 def padding_checks(probe: dict, snapshot_paths, expect_padding, expect_unwritten: list[int], b: int = 8,
                    group: str = "7") -> dict[str, bool]:
     """matrices/probe-padding-tp1.yaml's (a)/(b) and (c) on one sentinel probe: every stale read of ``group`` held
@@ -124,19 +113,13 @@ def padding_checks(probe: dict, snapshot_paths, expect_padding, expect_unwritten
             pads.add(None)
     t = unwritten_by_batch([probe], group=group)
     at_b = set(t[t["requests"] == b]["unwritten (measured)"]) if len(t) else set()
-    snaps = snapshot_table(snapshot_paths) if snapshot_paths else None
-    g7 = [] if snaps is None or not len(snaps) else [tuple(h) for h, gid in zip(snaps["head"], snaps["group"])
-                                                     if gid == int(group)]
-    full = []
-    if snaps is not None and len(snaps):
-        from . import schedsnap
+    from . import schedsnap
 
-        for path in snapshot_paths:
-            for line in schedsnap.read(path):
-                full += [tuple(x["buffer"]) for x in line.get("groups", []) if x["gid"] == int(group)]
+    snapped = {tuple(g["buffer"]) for path in snapshot_paths for line in schedsnap.read(path)
+               for g in line.get("groups", []) if g["gid"] == int(group)}
     return {"padding as expected on every stale read": bool(stale) and pads == {tuple(expect_padding)},
             f"requests left unwritten at {b} as expected on every such step": at_b == {str(list(expect_unwritten))},
-            "snapshot equals every stale read": bool(stale) and bool(g7) and all(v in set(full) for v in stale)}
+            "snapshot equals every stale read": bool(stale) and bool(snapped) and all(v in snapped for v in stale)}
 
 
 def round_up4(b: int) -> int:

@@ -99,18 +99,29 @@ def install(folder: str) -> str:
     return f"schedule snapshot active, writing to {folder}"
 
 
-def files_of_run(r, data_dir: str = "data") -> list[str]:
-    """The stored snapshot files of a run line's engine: ``<engine tag>.sched/sched-*.jsonl*`` in its GPU folder
-    (``data/gpu/<runs file stem>/``; the tag is its engine log's name without ``.log``)."""
+def _files(engine_base: str) -> list[str]:
+    """The snapshot files the runner's folder ``<engine tag>.sched/`` holds, ``engine_base`` being the path up to
+    the tag (stored compressed or not)."""
     import glob
 
+    return sorted(glob.glob(engine_base + ".sched/sched-*.jsonl*"))
+
+
+def files_of_run(r, data_dir: str = "data") -> list[str]:
+    """The stored snapshot files of a run line's engine, in its GPU folder (``data/gpu/<runs file stem>/``; the tag is
+    its engine log's name without ``.log``)."""
     from .analysis import gpu_folder
 
     log = r.get("log")
     if not isinstance(log, str) or not log.endswith(".log") or not isinstance(r.get("file"), str):
         return []
-    tag = os.path.basename(log)[: -len(".log")]
-    return sorted(glob.glob(os.path.join(gpu_folder(r, data_dir), f"{tag}.sched", "sched-*.jsonl*")))
+    return _files(os.path.join(gpu_folder(r, data_dir), os.path.basename(log)[: -len(".log")]))
+
+
+def files_of_probe(probe_path: str) -> list[str]:
+    """The snapshot files of the engine a probe log belongs to (``<engine tag>.probe/`` beside ``.sched/``)."""
+    probe_dir = os.path.dirname(probe_path)
+    return _files(probe_dir[: -len(".probe")] if probe_dir.endswith(".probe") else probe_dir)
 
 
 def read(path: str) -> list[dict]:

@@ -116,7 +116,7 @@ def test_padding_checks_on_a_sentinel_probe_and_its_snapshot(tmp_path, monkeypat
     p["path"] = str(eng / "probe-1.jsonl")
     monkeypatch.setattr(S, "_STATE", {})
     snap = S.write_once(runner(), str(tmp_path / "e.a1.sched"))   # group 2 there holds STALE38's schedule
-    assert F.snapshot_files(p["path"]) == [snap]
+    assert S.files_of_probe(p["path"]) == [snap]
     # the fake runner numbers the stale group 2; the probe numbers it 7: renumber the snapshot to match
     line = json.loads(open(snap).read())
     for g in line["groups"]:
