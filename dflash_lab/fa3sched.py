@@ -62,6 +62,19 @@ def padding_1(vec) -> tuple[int, ...]:
     return tuple(vec[i] for i in PADDING_1)
 
 
+def stale_paddings(probe: dict, group: str = "7") -> dict:
+    """One probe's stale reads of ``group``: {their padding (:func:`padding_1`), or None where the stale schedule is
+    not a 1-request one: how many FULL-step reads}."""
+    out: dict = {}
+    for v, n in stale_vectors([probe], group=group).items():
+        try:
+            key = padding_1(v)
+        except LabError:
+            key = None
+        out[key] = out.get(key, 0) + n
+    return out
+
+
 def snapshot_table(paths):
     """Per schedule-snapshot line (``dflash_lab.schedsnap``; one per worker process) and FA group whose FULL graphs read
     a persistent schedule: what the buffer held when the first served step began (its first 13 entries), and its
@@ -105,12 +118,7 @@ def padding_checks(probe: dict, snapshot_paths, expect_padding, expect_unwritten
     trailing zeros aside. A check with nothing to check (no stale read, no step of ``b`` requests, no snapshot)
     does not hold."""
     stale = stale_vectors([probe], group=group)
-    pads = set()
-    for v in stale:
-        try:
-            pads.add(padding_1(v))
-        except LabError:
-            pads.add(None)
+    pads = set(stale_paddings(probe, group))
     t = unwritten_by_batch([probe], group=group)
     at_b = set(t[t["requests"] == b]["unwritten (measured)"]) if len(t) else set()
     from . import schedsnap

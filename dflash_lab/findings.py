@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from . import analysis
-from .errors import LabError
 
 
 def _img(path: Path) -> str:
@@ -725,18 +724,33 @@ def _splits1_probe_clause(pt) -> str:
             + ": one split leaves the stale schedule's outputs wrong, not right.")
 
 
+def _probe_loader():
+    """path -> probe log, each read once: the tap, pre-fill and build-ledger clauses share logs (xz, some MB each)."""
+    from . import divergence
+
+    loaded: dict = {}
+
+    def probe_of(path):
+        if path not in loaded:
+            loaded[path] = divergence.load_probe(path)
+        return loaded[path]
+
+    return probe_of
+
+
 def _unwritten_clause(df, pt) -> str:
     """Why the stale schedule gives wrong values and, in some replays, NaN: the attention-output taps (probe.py) against
     the rows FA3 leaves unwritten by the recorded schedule (fa3sched.py). Empty without tap probes."""
-    from . import divergence, fa3sched, verification
+    from . import fa3sched, verification
 
     fixes = dict(zip(pt["path"], pt["fix"]))
     # only the tap probes' logs (the others, the c64 ones decompressing to ~10 MB each, hold no taps), of s36's matrix:
     # probe-fill-tp1's pre-fills ask another question (_prefill_clause)
     taps_pt = verification.of_matrix(verification.tapped(pt), df, TAPS_MATRIX)
-    probes = [p for p in (divergence.load_probe(x) for x in taps_pt["path"]) if fa3sched.has_taps(p)]
+    probe_of = _probe_loader()
+    probes = [p for p in (probe_of(x) for x in taps_pt["path"]) if fa3sched.has_taps(p)]
     stock = [p for p in probes if fixes.get(p["path"]) == "stock"]
-    fill = _prefill_clause(df, pt) + _builds_clause(df, pt)
+    fill = _prefill_clause(df, pt, probe_of) + _builds_clause(df, pt, probe_of)
     if not stock:
         return fill
     runs = (df[df["probe_taps"].notna() & (df["fix"] != True) & (df["matrix"] == TAPS_MATRIX)] if "probe_taps" in df
@@ -796,16 +810,17 @@ def fill_rows(df, pt):
     return pd.concat([verification.of_matrix(tp, df, m) for m in FILL_MATRICES])
 
 
-def _prefill_clause(df, pt) -> str:
+def _prefill_clause(df, pt, probe_of=None) -> str:
     """Does the crash need the NaN the unwritten rows hold? The pre-fill matrices' runs (group 7's attention outputs
     alone pre-filled with NaN, 0 or the sentinel), each outcome against fa3sched.predicted_outcome, and the exact test
-    per GPU session and concurrency over stock's runs. Empty without them."""
-    from . import divergence, fa3sched, verification
+    per GPU session and concurrency over stock's runs. Empty without them. ``probe_of``: a :func:`_probe_loader`."""
+    from . import fa3sched, verification
 
     rows = fill_rows(df, pt)
     if not len(rows):
         return ""
-    t = verification.fill_table(df, [divergence.load_probe(x) for x in rows["path"]])
+    probe_of = probe_of or _probe_loader()
+    t = verification.fill_table(df, [probe_of(x) for x in rows["path"]])
     known = t[t["predicted"].notna()]
     held = known["predicted"] == known["outcome"]
     nan = t[(t["pre-fill"] == "nan") & ~t["fix"]]
@@ -842,21 +857,16 @@ def _prefill_clause(df, pt) -> str:
     return out + "."
 
 
-def _builds_clause(df, pt) -> str:
+def _builds_clause(df, pt, probe_of=None) -> str:
     """Who wrote the stale schedule (probe-builds-tp1: the build ledger, predictions (a)-(d) in its header), and what
-    the 1-request schedule's padding held in each session (fa3sched.padding_1). Empty without the builds runs."""
-    from . import divergence, fa3sched, verification
+    the 1-request schedule's padding held in each session (fa3sched.padding_1). Empty without the builds runs.
+    ``probe_of``: a :func:`_probe_loader`."""
+    from . import fa3sched, verification
 
     rows = verification.of_matrix(verification.tapped(pt), df, BUILDS_MATRIX)
     if not len(rows):
         return ""
-    loaded: dict = {}
-
-    def probe_of(path):   # each probe log read once here (the padding and the pre-fill runs share them)
-        if path not in loaded:
-            loaded[path] = divergence.load_probe(path)
-        return loaded[path]
-
+    probe_of = probe_of or _probe_loader()
     probes = [probe_of(x) for x in rows["path"]]
     fixes = dict(zip(rows["path"], rows["fix"]))
     preds: dict = {}
@@ -886,11 +896,8 @@ def _builds_clause(df, pt) -> str:
         for path, fx, sess in zip(r["path"], r["fix"], r["gpu_session"]):
             if fx != "stock":
                 continue
-            for v in fa3sched.stale_vectors([probe_of(path)], group="7"):
-                try:
-                    pads.setdefault(_short(sess), set()).add(fa3sched.padding_1(v))
-                except LabError:
-                    pads.setdefault(_short(sess), set()).add(None)   # not a 1-request schedule
+            # None: a stale schedule that is not a 1-request one
+            pads.setdefault(_short(sess), set()).update(fa3sched.stale_paddings(probe_of(path)))
     seen = set().union(*pads.values()) if pads else set()
     if len(seen) > 1 and None not in seen:
         out += ("; the 1-request schedule's 9 padding entries (FA3's prepare kernel writes only request 0's; its output "

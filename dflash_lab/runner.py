@@ -80,7 +80,7 @@ ENGINE_DEFAULTS = {
     "probe_taps": None,  # with probe: "1" attention-output taps; "sentinel" / "nan" / "zero": taps + that pre-fill
     "probe_fill_layers": None,  # with a pre-fill: only these layer numbers (probe.py DFLASH_LAB_PROBE_FILL_LAYERS)
     "probe_ledger": None,  # with probe_taps: false leaves the build ledger out (probe.py DFLASH_LAB_PROBE_LEDGER=0)
-    "sched_snapshot": False,  # every FA builder's persistent FA3 schedule when the first step begins (schedsnap.py)
+    "sched_snapshot": False,  # the target groups' FA3 schedules when the first served step begins (schedsnap.py)
     "canary": False,
     "acceptance": "natural",
     "engine_args": {},

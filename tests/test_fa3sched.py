@@ -298,3 +298,11 @@ def test_unwritten_by_batch_groups_steps_by_what_was_measured_and_predicted():
     assert b["unwritten (measured)"] == "[4, 5]; [4, 5, 6, 7]" and b["unwritten (predicted)"].startswith("not modelled")
     plain = probe({2: {"m.layers.7.attn": tap(None)}})
     assert F.unwritten_by_batch([plain]).empty   # no fill: nothing measured
+
+
+def test_stale_paddings_counts_reads_per_padding():
+    ok = list(range(1, 8))
+    p = probe({2: {"m.layers.7.attn": tap(ok)}, 3: {"m.layers.7.attn": tap(ok)}})
+    assert F.stale_paddings(p) == {(0, 31, 0, 0, 0, 0, 0, 0, 0): 2}
+    q = probe({2: {"m.layers.7.attn": tap(ok)}}, stale=fresh(8))   # an 8-request schedule: no padding to read
+    assert F.stale_paddings(q) == {None: 1}
