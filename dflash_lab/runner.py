@@ -137,6 +137,16 @@ def load_matrix(path: str) -> dict:
     return validate_matrix(m, path)
 
 
+# the engine-side switches the runner sets from matrix keys (fix, fix_parts, hook, hook_sync, probe, probe_taps, ...):
+# a matrix's env entry for one of them is refused (it would contradict the keys the line records)
+KEYED_ENV = ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_PROBE",
+             "DFLASH_LAB_CANARY", "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", "DFLASH_LAB_PROBE_LEDGER",
+             "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV)
+# every variable the engine-side code (plugin, hook, probe, schedsnap, splits) reads: none is inherited by an engine;
+# those without a matrix key (the hook's fatal mode, the probe's reference-pass switch) reach it only as env entries
+ENGINE_ENV = KEYED_ENV + ("DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF")
+
+
 def validate_matrix(m, where="matrix") -> dict:
     _check(isinstance(m, dict), f"{where}: the matrix must be a mapping")
     _check(isinstance(m.get("engines"), list) and m["engines"], f"{where}: 'engines' must be a non-empty list")
@@ -167,6 +177,12 @@ def validate_matrix(m, where="matrix") -> dict:
         _check(eng["mode"] in ("offline", "server"), f"{where}: engine {e['id']}: mode must be offline or server")
         _check(eng["coredump"] in (True, False, coredump.KEEP_RUNNING),
                f"{where}: engine {e['id']}: coredump must be true, false or {coredump.KEEP_RUNNING!r}")
+        _check(isinstance(eng["env"], dict) and all(isinstance(k, str) for k in eng["env"]),
+               f"{where}: engine {e['id']}: env must be a mapping of variable names to values")
+        keyed = sorted(set(eng["env"]) & set(KEYED_ENV))
+        _check(not keyed, f"{where}: engine {e['id']}: env sets {keyed}, which the runner sets from matrix keys "
+                          "(fix, fix_parts, hook, hook_sync, probe, canary, probe_taps, probe_fill_layers, probe_ledger, "
+                          "sched_snapshot, fa_splits): use the key")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
         _check(eng["probe_taps"] in (None, "1", "sentinel", "nan", "zero"),
@@ -441,11 +457,10 @@ class Runner:
             json.dump(spec, f)
         events_path = self.logdir / f"{tag}.events.jsonl"
         events_path.write_text("")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **NVLINK_OFF, **{k: str(v) for k, v in e["env"].items()})
-        for var in ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_PROBE", "DFLASH_LAB_CANARY",
-                    "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", "DFLASH_LAB_PROBE_LEDGER",
-                    "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV):
-            env.pop(var, None)
+        # no engine-side switch is inherited from the runner's own environment: each engine gets what its matrix
+        # keys (KEYED_ENV) and its env entries (the others of ENGINE_ENV, recorded in its line) say, nothing else
+        env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENV}
+        env.update(PYTHONUNBUFFERED="1", **NVLINK_OFF, **{k: str(v) for k, v in e["env"].items()})
         core_dir = None
         if e["coredump"]:
             core_dir = self.core_root / tag

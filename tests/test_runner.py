@@ -1,6 +1,7 @@
 """Bookkeeping of the experiment runner with a fake engine process (no GPU, no vLLM)."""
 
 import json
+import re
 
 import pytest
 import yaml
@@ -270,8 +271,36 @@ def test_ledger_switch_and_schedule_snapshot_reach_only_the_engine_that_asked(tm
     assert "DFLASH_LAB_PROBE_LEDGER= DFLASH_LAB_SCHED_SNAPSHOT=\n" in env["plain"]
 
 
+def test_no_engine_switch_is_inherited_and_env_entries_reach_the_engine(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    for k in ("DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF"):
+        monkeypatch.setenv(k, "1")                                  # the runner's own environment: must not leak
+    lines, _ = run(tmp_path, [
+        {"id": "plain", "runs": [{"concurrency": 1}]},
+        {"id": "fatal", "env": {"DFLASH_LAB_HOOK_FATAL": "1"}, "runs": [{"concurrency": 1}]}], extra=("--logs", str(logs)))
+    env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+    assert "DFLASH_LAB_HOOK_SYNC= DFLASH_LAB_HOOK_FATAL= DFLASH_LAB_PROBE_REF=\n" in env["plain"]
+    assert "DFLASH_LAB_HOOK_SYNC= DFLASH_LAB_HOOK_FATAL=1 DFLASH_LAB_PROBE_REF=\n" in env["fatal"]
+    assert {l["engine_id"]: l["env"] for l in lines}["fatal"] == {"DFLASH_LAB_HOOK_FATAL": "1"}   # recorded
+
+
+def test_every_variable_the_engine_side_reads_is_controlled_by_the_runner(root):
+    """A switch the plugin, hook, probe, snapshot or split code reads, missing from runner.ENGINE_ENV, would be
+    inherited by every engine from whatever environment started the runner, unrecorded."""
+    from dflash_lab import runner as R
+
+    read = set()
+    for mod in ("plugin", "engine_state", "hook", "patch", "probe", "schedsnap", "splits"):
+        read |= set(re.findall(r"DFLASH_LAB_[A-Z_]+", (root / "dflash_lab" / f"{mod}.py").read_text()))
+    assert read, "no variable found: the scan is broken"
+    assert read <= set(R.ENGINE_ENV), sorted(read - set(R.ENGINE_ENV))
+
+
 @pytest.mark.parametrize("eng,msg", [
     ({"probe": True, "probe_ledger": False}, "probe_ledger needs probe_taps"),
+    ({"env": {"DFLASH_LAB_FIX": "1"}}, "which the runner sets from matrix keys"),
+    ({"env": {"DFLASH_LAB_SCHED_SNAPSHOT": "/x"}}, "which the runner sets from matrix keys"),
+    ({"env": ["CUDA_LAUNCH_BLOCKING=1"]}, "env must be a mapping"),
     ({"probe": True, "probe_taps": "1", "probe_ledger": "no"}, "probe_ledger must be true or false"),
     ({"probe": True, "probe_taps": "1", "probe_ledger": 1}, "probe_ledger must be true or false"),
     ({"sched_snapshot": "yes"}, "sched_snapshot must be true or false"),
