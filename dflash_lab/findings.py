@@ -750,7 +750,7 @@ def _unwritten_clause(df, pt) -> str:
     probe_of = _probe_loader()
     probes = [p for p in (probe_of(x) for x in taps_pt["path"]) if fa3sched.has_taps(p)]
     stock = [p for p in probes if fixes.get(p["path"]) == "stock"]
-    fill = _prefill_clause(df, pt, probe_of) + _builds_clause(df, pt, probe_of)
+    fill = _prefill_clause(df, pt, probe_of) + _builds_clause(df, pt, probe_of) + _padding_clause(df, pt, probe_of)
     if not stock:
         return fill
     runs = (df[df["probe_taps"].notna() & (df["fix"] != True) & (df["matrix"] == TAPS_MATRIX)] if "probe_taps" in df
@@ -798,6 +798,8 @@ def _unwritten_clause(df, pt) -> str:
 TAPS_MATRIX, BUILDS_MATRIX = "probe-taps-tp1", "probe-builds-tp1"
 # the pre-fill matrices: 8 and 16 (s37, one sentinel run at 8 in s38), and 32 (s38), each predicted before its run
 FILL_MATRICES = ("probe-fill-tp1", "probe-fill32-tp1")
+# the build ledger's test and the unprobed engines' schedule snapshot (s39), predicted before its run
+PADDING_MATRIX = "probe-padding-tp1"
 
 
 def fill_rows(df, pt):
@@ -859,7 +861,8 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
 
 def _builds_clause(df, pt, probe_of=None) -> str:
     """Who wrote the stale schedule (probe-builds-tp1: the build ledger, predictions (a)-(d) in its header), and what
-    the 1-request schedule's padding held in each session (fa3sched.padding_1). Empty without the builds runs.
+    the 1-request schedule's padding held with the build ledger off and on (fa3sched.padding_1; every stock tap probe
+    of the taps, builds, pre-fill and padding matrices). Empty without the builds runs.
     ``probe_of``: a :func:`_probe_loader`."""
     from . import fa3sched, verification
 
@@ -888,28 +891,71 @@ def _builds_clause(df, pt, probe_of=None) -> str:
         out += (f"; group 7's builder built {len(hists[0])} times before the first served step, the FULL captures from "
                 "32 requests down to 1, and on every FULL step of the stock engine(s) its buffer was exactly what the "
                 "last, the 1-request capture's build, had left: nothing wrote it after capture")
-    # the padding FA3 leaves in a 1-request schedule, per session, from every stock tap probe's stale reads
+    # the padding FA3 leaves in a 1-request schedule, per build-ledger setting, from every stock tap probe's stale reads
+    import pandas as pd
+
     tp = verification.tapped(pt)
-    pads: dict = {}
-    for m in (TAPS_MATRIX, BUILDS_MATRIX) + FILL_MATRICES:
-        r = verification.of_matrix(tp, df, m)
-        for path, fx, sess in zip(r["path"], r["fix"], r["gpu_session"]):
-            if fx != "stock":
-                continue
-            # None: a stale schedule that is not a 1-request one
-            pads.setdefault(_short(sess), set()).update(fa3sched.stale_paddings(probe_of(path)))
-    seen = set().union(*pads.values()) if pads else set()
-    if len(seen) > 1 and None not in seen:
-        out += ("; the 1-request schedule's 9 padding entries (FA3's prepare kernel writes only request 0's; its output "
-                "is torch::empty) held " + "; ".join(f"{_padding(next(iter(v)))} in {k}" if len(v) == 1 else
-                                                     f"{len(v)} different sets in {k}" for k, v in sorted(pads.items())))
+    mine = pd.concat([verification.of_matrix(tp, df, m) for m in (TAPS_MATRIX, BUILDS_MATRIX, PADDING_MATRIX) + FILL_MATRICES])
+    spt = verification.stale_padding_table(mine, probe_of)
+    if len(spt) and spt["padding"].notna().all():
+        spt["ledger"] = spt["build ledger"].map(verification.ledger_label)
+        per = {led: (set(g["padding"]), sorted({_short(x) for x in g["gpu_session"]}), g["probe"].nunique())
+               for led, g in spt.groupby("ledger")}
+        if all(len(v[0]) == 1 for v in per.values()):
+            out += ("; the 1-request schedule's 9 padding entries (FA3's prepare kernel writes only request 0's; its output "
+                    "is torch::empty) held " + "; ".join(f"{_padding(next(iter(v[0])))} in every stock tap probe with the "
+                                                         f"{led.replace('ledger ', 'build ledger ')} ({', '.join(v[1])}, {v[2]} probes)"
+                                                         for led, v in sorted(per.items())))
+        else:   # some ledger setting saw more than one padding
+            out += "; the 1-request schedule's padding varied: " + "; ".join(
+                f"{len(v[0])} different set(s) with the {led}" for led, v in sorted(per.items()))
         by_b = _unwritten_at(df, pt, (3, 8), probe_of)
         if len(set(by_b[8].values())) > 1:
             out += ("; with a sentinel pre-filled, group 7 left unwritten, on FULL steps of 8 requests, "
                     + "; ".join(f"requests {u} in {k}" for k, u in sorted(by_b[8].items()))
                     + (", and on steps of 3, " + "; ".join(f"{u} in {k}" for k, u in sorted(by_b[3].items()))
                        if len(set(by_b[3].values())) > 1 else "")
-                    + ": below 9 requests what a replay writes can depend on what that uninitialised memory held")
+                    + ": below 9 requests what a replay writes depends on what that uninitialised memory held")
+    return out + "."
+
+
+def _padding_clause(df, pt, probe_of=None, data_dir: str = "data") -> str:
+    """probe-padding-tp1 (s39, pre-registered): the build ledger switched on and off in one session, and the stale
+    schedule unprobed engines hold at their first served step (verification.padding_test). Empty without its runs."""
+    from . import fa3sched, verification
+
+    t = verification.padding_test(df, pt, probe_of or _probe_loader(), data_dir=data_dir)
+    if not len(t):
+        return ""
+    decided = t[t["held"].notna()]
+    held = decided["held"].astype(bool)
+    tags = decided["prediction"].str.slice(0, 3)
+    crashes = t[t["prediction"] == "(d) untapped stock crashes"]
+    pads = t[t["prediction"].str.startswith("(d) group 7's padding")]["measured"]
+    probed = t[t["instruments"] != "snapshot"]["run"].nunique()
+    out = (f" The build ledger tested, and the unprobed engines' schedule ({PADDING_MATRIX}, "
+           f"{', '.join(sorted({_short(x) for x in t['gpu_session']}))}, {t['run'].nunique()} runs: {probed} probed, "
+           f"{t['run'].nunique() - probed} with only a host copy of each FA3 schedule when the first served step began): "
+           f"{int(held.sum())} of {len(decided)} checks held as predicted before the run")
+    if not held.all():
+        out += " (not held: " + "; ".join(f"{r} {p}: {m}" for r, p, m in
+                                          zip(decided[~held]["run"], decided[~held]["prediction"], decided[~held]["measured"])) + ")"
+    led = tags.isin(["(a)", "(b)"])
+    n_off = t[t["prediction"] == "(a) completes"]["run"].nunique()
+    n_on = t[t["prediction"] == "(b) completes"]["run"].nunique()
+    if {"(a)", "(b)"} <= set(tags) and held[led].all():
+        out += (f"; in one session the padding followed the ledger setting (off: s36's and s37's, {n_off} of {n_off} "
+                f"runs; on: s38's, {n_on} of {n_on}): the ledger, not the session, most plausibly set s38's")
+    off_pad = verification._fmt_schedule(fa3sched.PADDING_S37)
+    if len(crashes):
+        out += "; untapped stock crashed " + ", ".join(f"{int(g['held'].sum())} of {len(g)} at {c}"
+                                                      for c, g in crashes.groupby("concurrency"))
+        if len(pads) == len(crashes) and set(pads) == {off_pad} and "(a)" in set(tags) and held[tags == "(a)"].all():
+            out += (f", and group 7 held the padding {off_pad} in each at its first served step (schedule snapshot on): "
+                    "the ledger-off probes' stale schedule, whose replays the sentinel runs (s36, s37, s39) showed "
+                    "leaving requests 1..b-1 of b up to 8 unwritten, and every request from 9 on (s36, s38)")
+        else:
+            out += f"; their group 7 padding at the first served step: {'; '.join(sorted(set(pads)))}"
     return out + "."
 
 
@@ -920,26 +966,32 @@ def _padding(pad) -> str:
 
 
 def _unwritten_at(df, pt, sizes, probe_of) -> dict:
-    """Per batch size in ``sizes`` and GPU session, the set of requests group 7 left unwritten on the most FULL steps
-    of that many requests, over the pre-fill matrices' stock sentinel runs (fa3sched.unwritten_by_batch), each probe
-    matched to its own run line and read once (``probe_of``: path -> probe log)."""
+    """Per batch size in ``sizes`` and GPU session with its build-ledger setting ("s39 (ledger off)"), the set of
+    requests group 7 left unwritten on the most FULL steps of that many requests, over the stock sentinel runs of the
+    pre-fill matrices and of probe-padding-tp1 (fa3sched.unwritten_by_batch), each probe matched to its own run line
+    and read once (``probe_of``: path -> probe log)."""
+    import pandas as pd
+
     from . import fa3sched, verification
 
     out: dict = {b: {} for b in sizes}
     if "probe_taps" not in df:
         return out
-    runs = df[df["matrix"].isin(FILL_MATRICES) & (df["probe_taps"] == "sentinel") & (df["fix"] != True)]  # noqa: E712
-    rows = fill_rows(df, pt)
+    matrices = FILL_MATRICES + (PADDING_MATRIX,)
+    runs = df[df["matrix"].isin(matrices) & (df["probe_taps"] == "sentinel") & (df["fix"] != True)]  # noqa: E712
+    tp = verification.tapped(pt)
+    rows = pd.concat([verification.of_matrix(tp, df, m) for m in matrices])
     steps: dict = {}
-    for path, sess, eng, fx in zip(rows["path"], rows["gpu_session"], rows["engine"], rows["fix"]):
+    for path, sess, eng, fx, led in zip(rows["path"], rows["gpu_session"], rows["engine"], rows["fix"], rows["build ledger"]):
         if fx != "stock" or not len(verification.probe_runs(runs, path.split("/")[-3], eng)):
             continue
+        key = f"{_short(sess)} ({verification.ledger_label(led)})"
         t = fa3sched.unwritten_by_batch([probe_of(path)])
         for b, m, n in zip(t["requests"], t["unwritten (measured)"], t["FULL steps"]):
             if b in out:
-                steps[(b, _short(sess), m)] = steps.get((b, _short(sess), m), 0) + int(n)
-    for (b, sess, m), n in sorted(steps.items(), key=lambda x: -x[1]):
-        out[b].setdefault(sess, m)
+                steps[(b, key, m)] = steps.get((b, key, m), 0) + int(n)
+    for (b, key, m), n in sorted(steps.items(), key=lambda x: -x[1]):
+        out[b].setdefault(key, m)
     return out
 
 

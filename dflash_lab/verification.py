@@ -169,7 +169,7 @@ def tapped(probes):
     """Probe-table rows with attention-output taps (their logs are the only ones holding ``taps``)."""
     return probes[_tapped(probes)]
 
-PROBE_COLUMNS = ["session", "engine", "path", "fix", "configuration", "gpu_session", "concurrencies", "reached",
+PROBE_COLUMNS = ["session", "engine", "path", "fix", "configuration", "build ledger", "gpu_session", "concurrencies", "reached",
                  "runs ok / runs", "steps", "FULL steps", "max requests in a FULL step", "FULL steps diverging",
                  "FULL steps ended by an error", "first FULL step",
                  "max |output diff|", "first diverging step", "layers written identically before it",
@@ -207,6 +207,9 @@ def probe_table(df, pattern: str = divergence.PROBE_GLOB):
             "session": p["session"], "engine": p["engine"], "path": path,
             "fix": (analysis.fix_label(dict(runs.iloc[0])) or "stock") if len(runs) else "unmatched",
             "configuration": configuration(dict(runs.iloc[0])) if len(runs) else None,
+            # the taps' build ledger (probe.py BuildLedger; the runner records the effective value, an amendment the
+            # older lines'): its device copies changed what a 1-request schedule's padding held (s39)
+            "build ledger": _ledger(runs),
             "gpu_session": runs["gpu_session"].iloc[0] if len(runs) else None,
             "concurrencies": ", ".join(str(c) for c in asked),
             "reached": ", ".join(str(c) for c in asked if c in sizes),
@@ -228,6 +231,15 @@ def probe_table(df, pattern: str = divergence.PROBE_GLOB):
             "violations": sum(s.get("n_violations", 0) for s in p["steps"]),
         })
     return pd.DataFrame(rows, columns=PROBE_COLUMNS)
+
+
+def _ledger(runs) -> bool | None:
+    """Whether the probed engine's taps ran with the build ledger: its run lines' ``probe_ledger`` when every line
+    holds the same boolean (None without taps, when a line lacks it, or when they disagree)."""
+    if not len(runs) or "probe_ledger" not in runs:
+        return None
+    vals = {bool(v) if type(v).__name__ in ("bool", "bool_") else None for v in runs["probe_ledger"]}
+    return vals.pop() if len(vals) == 1 else None
 
 
 def reached(rows) -> set:
@@ -526,3 +538,99 @@ def fill_strata(t, by_session: bool = False) -> list[tuple]:
         key = (str(c[0]), int(c[1])) if by_session else int(c[0] if isinstance(c, tuple) else c)
         out.append((key, int((nan & crashed).sum()), int(nan.sum()), int(crashed.sum()), len(g)))
     return out
+
+
+def ledger_label(ledger) -> str:
+    """A probe's build-ledger setting for tables and prose."""
+    if type(ledger).__name__ not in ("bool", "bool_"):    # None, NaN (a column with unknowns), anything else
+        return "ledger unknown"
+    return "ledger on" if ledger else "ledger off"
+
+
+def stale_padding_table(probes, probe_of):
+    """Per stock tap probe (probe-table rows, :func:`tapped`) and padding: its GPU session, build ledger, how many of its
+    FULL steps read group 7's stale schedule with that padding (:func:`fa3sched.stale_paddings`; None where the stale
+    schedule is not a 1-request one). ``probe_of``: path -> probe log."""
+    import pandas as pd
+
+    from . import fa3sched
+
+    t = tapped(probes)
+    t = t[t["fix"] == "stock"]
+    rows = [{"gpu_session": sess, "build ledger": led, "probe": path, "padding": pad, "stale reads": n}
+            for path, sess, led in zip(t["path"], t["gpu_session"], t["build ledger"])
+            for pad, n in fa3sched.stale_paddings(probe_of(path)).items()]
+    return pd.DataFrame(rows, columns=["gpu_session", "build ledger", "probe", "padding", "stale reads"])
+
+
+PADDING_MATRIX = "probe-padding-tp1"
+PADDING_COLUMNS = ["run", "gpu_session", "concurrency", "instruments", "prediction", "predicted", "measured", "held"]
+
+
+def _fmt_schedule(v) -> str:
+    """A schedule or padding for a table: large values (uninitialised memory) in hex."""
+    return "[" + ", ".join(hex(x) if abs(int(x)) > 0xFFFF else str(int(x)) for x in v) + "]"
+
+
+def padding_test(df, probes, probe_of, matrix: str = PADDING_MATRIX, b: int = 8, data_dir: str = "data"):
+    """``matrices/probe-padding-tp1.yaml``'s predictions, written in its header before the run, checked per run line:
+    (a) a stock sentinel probe without the build ledger reads group 7's stale 1-request schedule with the padding
+    s36 and s37 recorded (:data:`fa3sched.PADDING_S37`), leaves requests 1..b-1 unwritten on FULL steps of ``b``
+    requests, and completes; (b) with the ledger, s38's padding (:data:`fa3sched.PADDING_S38`), requests 4-7 of 8,
+    completes; (c) in both, the engine's schedule snapshot (first served step) equals every stale schedule the probe
+    read; (d) an untapped, unprobed stock engine crashes, and its snapshot's group-7 padding is recorded without a
+    prediction (``held`` None). A run line whose probe log or snapshot is missing is an error naming it: a prediction
+    without its measurement would read as not held."""
+    import pandas as pd
+
+    from . import fa3sched, schedsnap
+    from .errors import LabError
+
+    expect = {False: ("(a)", fa3sched.PADDING_S37, list(range(1, b))),
+              True: ("(b)", fa3sched.PADDING_S38, [4, 5, 6, 7])}
+    runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
+    rows = []
+    for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
+        r = dict(r)
+        stem = r["file"][: -len(".jsonl")]
+        label = f"{stem}/{r['run_id']}"
+        snaps = schedsnap.files_of_run(r, data_dir)
+        if not snaps:
+            raise LabError(f"{label}: no schedule snapshot stored for this run's engine (data/gpu/{stem}/*.sched/)")
+        crashed = bool(r["crashed"])
+        row = lambda tag, what, pred, meas, held, inst: rows.append(  # noqa: E731
+            {"run": label, "gpu_session": r["gpu_session"], "concurrency": int(r["concurrency"]), "instruments": inst,
+             "prediction": f"{tag} {what}", "predicted": pred, "measured": meas, "held": held})
+        if r.get("probe") is not True:
+            row("(d)", "untapped stock crashes", "crash", "crash" if crashed else r["outcome"], crashed, "snapshot")
+            snapped = fa3sched.snapshot_schedules(snaps)
+            pads = set()
+            for v in snapped:
+                try:
+                    pads.add(_fmt_schedule(fa3sched.padding_1(v)))
+                except LabError:
+                    pads.add(f"not a 1-request schedule: {_fmt_schedule(v[:13])}")
+            row("(d)", "group 7's padding at the first served step (snapshot)", "no prediction",
+                "; ".join(sorted(pads)) or "no group 7 in the snapshot", None, "snapshot")
+            continue
+        ledger = r.get("probe_ledger")
+        if not isinstance(ledger, bool):
+            raise LabError(f"{label}: probed, but its line does not say whether the build ledger ran (probe_ledger)")
+        engine = f"{r['engine_id']}.a{r['attempt']}"
+        p = probes[(probes["session"] == stem) & (probes["engine"] == engine)]
+        if len(p) != 1:
+            raise LabError(f"{label}: {len(p)} probe logs of engine {engine} (expected 1)")
+        m = fa3sched.padding_measured(probe_of(p["path"].iloc[0]), snaps, b)
+        tag, pad, unw = expect[ledger]
+        inst = f"sentinel taps, {ledger_label(ledger)}, snapshot"
+        row(tag, "completes", "ok", "crash" if crashed else r["outcome"], r["outcome"] == "ok" and not crashed, inst)
+        row(tag, "group 7's stale schedule: padding on every read", _fmt_schedule(pad),
+            "; ".join(sorted(_fmt_schedule(x) if x is not None else "not a 1-request schedule" for x in m["paddings"]))
+            or "no stale read", m["paddings"] == {tuple(pad)}, inst)
+        row(tag, f"requests left unwritten at {b}, every FULL step of {b}", str(unw),
+            "; ".join(sorted(m["unwritten"])) or f"no FULL step of {b}", m["unwritten"] == {str(unw)}, inst)
+        stale = m["stale schedules"]
+        row("(c)", "snapshot equals every stale read", "equal",
+            f"{len(stale & m['snapshots'])} of {len(stale)} distinct stale schedules in the snapshot",
+            bool(stale) and bool(m["snapshots"]) and stale <= m["snapshots"], inst)
+    return pd.DataFrame(rows, columns=PADDING_COLUMNS)

@@ -15,8 +15,10 @@ def test_side_by_side_puts_the_report_first_and_merges_identical_dumps():
     # the CUDA_LAUNCH_BLOCKING=1 runs crashed at the very step of a run without it: one merged column
     merged = [c for c in ours if "CUDA_LAUNCH_BLOCKING=1" in t.loc["cell", c]]
     assert merged and all(";" in t.loc["cell", c] for c in merged)
-    # instrumented runs (probe, canary) and fixed runs are not crash states of the product
-    assert not any("probe" in c or "canary" in c for c in ours)
+    # instrumented runs (probe, canary) and fixed runs are not crash states of the product; s39's untapped engines,
+    # whose only instrument is a host copy of the schedules (a matrix named probe-padding), are
+    assert not any("step probe" in t.loc["cell", c] or "canary" in t.loc["cell", c] for c in ours)
+    assert any("schedule snapshot" in t.loc["cell", c] for c in ours)
 
 
 def test_path_rates_counts_only_natural_stock_runs():
@@ -26,8 +28,8 @@ def test_path_rates_counts_only_natural_stock_runs():
     k, n = C.parse_rate(r.loc["offline, TP=1", 32])
     assert k == n >= 15
     # s21: a plain c16 (keep-running core dumps are passive) joined the hooked runs, so the cell is no longer marked;
-    # c8 crashed 3/3 in s20 and 3/3 in s22, where 12 and 16 complete: not monotonic
-    assert r.loc["offline, TP=1", 16] == "0/8" and r.loc["offline, TP=1", 8] == "6/6" and r.loc["offline, TP=1", 12] == "0/4"
+    # c8 crashed 3/3 in s20, 3/3 in s22 and 1/1 in s39, where 12 and 16 complete: not monotonic
+    assert r.loc["offline, TP=1", 16] == "0/8" and r.loc["offline, TP=1", 8] == "7/7" and r.loc["offline, TP=1", 12] == "0/4"
     # s22's one-run looks at 6 and 10 get columns of their own: no concurrency a stock run recorded is left out
     assert r.loc["offline, TP=1", 6] == "0/1" and r.loc["offline, TP=1", 10] == "0/1"
     assert [c for c in r.columns if isinstance(c, int)] == [1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 64]
@@ -84,9 +86,11 @@ def test_threshold_states_s20():
     early = st[st["concurrency"].isin([20, 28])]
     assert len(early) >= 4 and (early["finished before the step"] == 0).all() and (early["finished since the previous step"] == 0).all()
     c8 = st[st["concurrency"] == 8]
-    # three crash steps from s20 and three from s22 (threshold2 and verify-fix-e's control), all alike
-    assert len(c8) == 6 and set(c8["scheduled tokens"]) == {112} and (c8["finished since the previous step"] == 0).all()
-    assert sorted(c8["file"].str.extract(r"_h200_(\w+?)-")[0]) == ["threshold"] * 3 + ["threshold2"] * 2 + ["verify"]
+    # three crash steps from s20, three from s22 (threshold2 and verify-fix-e's control) and one from s39's untapped
+    # engine with the schedule snapshot (probe-padding), all alike
+    assert len(c8) == 7 and set(c8["scheduled tokens"]) == {112} and (c8["finished since the previous step"] == 0).all()
+    assert sorted(c8["file"].str.extract(r"_h200_(\w+?)-")[0]) == (["probe"] + ["threshold"] * 3 + ["threshold2"] * 2
+                                                                   + ["verify"])
 
     # the server's and fixed runs are not in the offline rows
     assert not st["run"].str.startswith("server").any() and not st["run"].str.startswith("fix").any()
@@ -184,12 +188,12 @@ def test_empty_steps_bound():
 
 
 def test_concurrency_8_crash_steps_show_many_empty_steps():
-    """s20 and s22, concurrency 8: every crash step's dump has 7 requests past the bound by 13-27 steps; the report's
-    crash B and the early crashes at 20 and 28 show none."""
+    """s20, s22 and s39, concurrency 8: every crash step's dump has 7 requests past the bound by 13-27 steps; the
+    report's crash B and the early crashes at 20 and 28 show none."""
     st = C.threshold_states(analysis.load_runs())
     c8 = st[st["concurrency"] == 8]
-    assert len(c8) == 6 and (c8["requests with empty steps"] == 7).all()
-    assert sorted(c8["empty steps per request (at least)"]) == ["13..24", "16..25"] + ["16..27"] * 4
+    assert len(c8) == 7 and (c8["requests with empty steps"] == 7).all()
+    assert sorted(c8["empty steps per request (at least)"]) == ["13..24", "16..25"] + ["16..27"] * 5
     early = st[st["concurrency"].isin([20, 28])]
     assert (early["requests with empty steps"] == 0).all()
     t = C.side_by_side(analysis.load_runs())

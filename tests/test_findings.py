@@ -51,9 +51,19 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert ("Who wrote it (probe-builds-tp1, s38, the probe's build ledger, 1 stock and 1 fixed engine(s) at 16): 4 of 4 "
             "predictions written before the run held ((a), (b), (c), (d)); group 7's builder built 32 times before the "
             "first served step, the FULL captures from 32 requests down to 1") in text
-    assert ("held [0, 31, 0, 0, 0, 0, 0, 0, 0] in s36; [0, 31, 0, 0, 0, 0, 0, 0, 0] in s37; all 0x7fff7fff in s38; with a "
+    # the padding follows the build ledger, not the session (s39 ran both settings; probe-padding-tp1)
+    assert ("held [0, 31, 0, 0, 0, 0, 0, 0, 0] in every stock tap probe with the build ledger off (s36, s37, s39, 19 "
+            "probes); all 0x7fff7fff in every stock tap probe with the build ledger on (s38, s39, 9 probes); with a "
             "sentinel pre-filled, group 7 left unwritten, on FULL steps of 8 requests, requests [1, 2, 3, 4, 5, 6, 7] in "
-            "s37; requests [4, 5, 6, 7] in s38, and on steps of 3, [1, 2] in s37; [0] in s38") in text
+            "s37 (ledger off); requests [4, 5, 6, 7] in s38 (ledger on); requests [1, 2, 3, 4, 5, 6, 7] in s39 (ledger "
+            "off); requests [4, 5, 6, 7] in s39 (ledger on)") in text
+    # the unprobed engines' snapshot (s39): the crashing engines hold the ledger-off padding
+    assert ("The build ledger tested, and the unprobed engines' schedule (probe-padding-tp1, s39, 6 runs: 3 probed, 3 "
+            "with only a host copy of each FA3 schedule when the first served step began): 15 of 15 checks held as "
+            "predicted before the run; in one session the padding followed the ledger setting (off: s36's and s37's, 2 of "
+            "2 runs; on: s38's, 1 of 1): the ledger, not the session, most plausibly set s38's") in text
+    assert ("untapped stock crashed 1 of 1 at 8, 2 of 2 at 32, and group 7 held the padding [0, 31, 0, 0, 0, 0, 0, 0, "
+            "0] in each at its first served step (schedule snapshot on)") in text
     assert "matrices/probe-fill-tp1.yaml is the test" not in text
     # s35's split-1 probe completed: the page must not let "0 / 1 crashed" read as "right"
     assert ("Not a workaround: FA3 with one split per graph (attention_config flash_attn_max_num_splits_for_cuda_graph=1) "
@@ -67,15 +77,15 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "Every decided prediction held" in text
     assert "4/4 requests identical to the PIECEWISE reference" in text and "not attributed" not in text
     # s19: the offline counts stay offline, the server path has its own line with what its clients saw
-    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 16/16 crashed" in text
+    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 18/18 crashed" in text
     # s20-s21: every other concurrency with its own count; s21's plain 16 joined the hooked runs
-    assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 6/6 crashed" in text
+    assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 7/7 crashed" in text
     assert "16: 0/8 crashed (0/3 with core dump on (keep running); 0/3 with launch hook; 0/2 plain)" in text
     assert "6: 0/1 crashed (0/1 plain)" in text and "10: 0/1 crashed (0/1 plain)" in text
     assert "24: 4/4 crashed (3/3 with core dump on; 1/1 plain)" in text
     # s21: not monotonic, and the acceptance-8.8 runs counted apart, never pooled with 1.86
     # s22 ran 8, 10, 12 and 16 in one session
-    assert ("Not monotonic in concurrency in the runs so far: 8 (s20, s22) crashed where 10 (s22), 12 (s21, s22), 16 (s21, "
+    assert ("Not monotonic in concurrency in the runs so far: 8 (s20, s22, s39) crashed where 10 (s22), 12 (s21, s22), 16 (s21, "
             "s22, a session before labels) completed (each of these concurrencies also ran in GPU session s22).") in text
     assert "the first draft position was accepted in 100% of drafts, so no step rejected every draft" in text
     # TP=1's: at TP=2 stock crashed at 16 (s27), where the fix has not run
@@ -147,7 +157,7 @@ def test_the_findings_state_tp2_beside_tp1_s27():
 
     df = analysis.load_runs()
     text = findings._tp2_clause(df, *_tp2_inputs(df))
-    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 16/16)" in text
+    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 18/18)" in text
     assert "(2 x NVIDIA H200; " in text
     assert "core dumps name copy_and_expand_dflash_inputs_kernel (1), triton_poi_fused_3 (3)" in text
     assert "in 4 of 4 every rank's core names the same kernel" in text

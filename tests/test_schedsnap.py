@@ -145,3 +145,119 @@ def test_files_of_run_finds_the_engine_snapshot_from_its_run_line(tmp_path, monk
     r = {"file": "s9.jsonl", "log": "/tmp/runlogs/e.a1.log"}
     assert S.files_of_run(r, str(tmp_path)) == [str(next(folder.glob("sched-*.jsonl")))]
     assert S.files_of_run({"file": "s9.jsonl", "log": None}, str(tmp_path)) == []
+
+
+def _snapshot_file(folder, buffer7):
+    """A stored snapshot (data/gpu/<stem>/<tag>.sched/) whose group 7 holds ``buffer7``."""
+    folder.mkdir(parents=True)
+    line = {"kind": "sched_snapshot", "pid": 1, "device": "cuda:0",
+            "groups": [{"gid": 6, "layers": ["m.layers.3.attn"], "builder": "B", "use_full_cuda_graph": True,
+                        "entries": 25, "buffer": [128, 128]},
+                       {"gid": 7, "layers": ["m.layers.7.attn"], "builder": "B", "use_full_cuda_graph": True,
+                        "entries": 25, "buffer": S._trim(list(buffer7))}]}
+    (folder / "sched-1.jsonl").write_text(json.dumps(line) + "\n")
+
+
+def _padding_matrix(tmp_path, ledger=False, stale=None, unprobed_buffer=None, crashed=True):
+    """probe-padding-tp1 in small: one probed sentinel engine at 8 (its stale group 7 schedule ``stale``, requests
+    1-7 left unwritten on its FULL steps) and one untapped engine at 32, each with its stored snapshot."""
+    import pandas as pd
+
+    from tests.test_fa3sched import STALE, probe, tap
+
+    stale = list(stale or STALE)
+    data = tmp_path / "data"
+    stem = "2026-12-02_h200_probe-padding-a-tp1"
+    _snapshot_file(data / "gpu" / stem / "sent.a1.sched", stale)
+    _snapshot_file(data / "gpu" / stem / "snap.a1.sched", unprobed_buffer or STALE)
+    p = probe({2: {"m.layers.7.attn": tap(list(range(1, 8)))}, 3: {"m.layers.7.attn": tap(list(range(1, 8)))}},
+              stale=stale[:25])
+    p.update(session=stem, engine="sent.a1", path=str(data / "gpu" / stem / "sent.a1.probe" / "probe-1.jsonl"))
+    base = {"matrix": "probe-padding-tp1", "file": f"{stem}.jsonl", "gpu_session": "s39", "attempt": 1}
+    df = pd.DataFrame([
+        dict(base, run_id="sent/c8/r0", engine_id="sent", started_at="t1", concurrency=8, probe=True,
+             probe_ledger=ledger, crashed=False, outcome="ok", log="/tmp/x/sent.a1.log"),
+        dict(base, run_id="snap/c32/r0", engine_id="snap", started_at="t2", concurrency=32, probe=False,
+             probe_ledger=None, crashed=crashed, outcome="crash" if crashed else "ok", log="/tmp/x/snap.a1.log")])
+    probes = pd.DataFrame([{"session": stem, "engine": "sent.a1", "path": p["path"]}])
+    return df, probes, {p["path"]: p}, str(data)
+
+
+def test_padding_test_checks_the_matrix_predictions_run_by_run(tmp_path):
+    from dflash_lab import verification as V
+
+    df, probes, logs, data = _padding_matrix(tmp_path)
+    t = V.padding_test(df, probes, logs.__getitem__, data_dir=data)
+    decided = t[t["held"].notna()]
+    assert list(decided["prediction"].str.slice(0, 3)) == ["(a)", "(a)", "(a)", "(c)", "(d)"]
+    assert decided["held"].all()
+    pad = t[t["prediction"].str.startswith("(d) group 7's padding")]
+    assert list(pad["measured"]) == ["[0, 31, 0, 0, 0, 0, 0, 0, 0]"] and pad["held"].isna().all()
+    # the same probe, its line saying the ledger ran: (b)'s padding and requests, which this probe did not read
+    df2, probes, logs, data = _padding_matrix(tmp_path / "b", ledger=True)
+    t2 = V.padding_test(df2, probes, logs.__getitem__, data_dir=data).set_index("prediction")
+    assert not t2.loc["(b) group 7's stale schedule: padding on every read", "held"]
+    assert not t2.loc["(b) requests left unwritten at 8, every FULL step of 8", "held"]
+    assert t2.loc["(b) completes", "held"] and t2.loc["(c) snapshot equals every stale read", "held"]
+    # an untapped engine that completed: (d) does not hold
+    df3, probes, logs, data = _padding_matrix(tmp_path / "c", crashed=False)
+    t3 = V.padding_test(df3, probes, logs.__getitem__, data_dir=data).set_index("prediction")
+    assert not t3.loc["(d) untapped stock crashes", "held"]
+
+
+def test_padding_test_refuses_a_run_without_its_measurement(tmp_path):
+    import shutil
+
+    from dflash_lab import verification as V
+
+    df, probes, logs, data = _padding_matrix(tmp_path)
+    shutil.rmtree(tmp_path / "data" / "gpu" / "2026-12-02_h200_probe-padding-a-tp1" / "snap.a1.sched")
+    with pytest.raises(LabError, match="no schedule snapshot stored"):
+        V.padding_test(df, probes, logs.__getitem__, data_dir=data)
+    df, probes, logs, data = _padding_matrix(tmp_path / "b")
+    with pytest.raises(LabError, match="0 probe logs"):
+        V.padding_test(df, probes.iloc[:0], logs.__getitem__, data_dir=data)
+    df.loc[0, "probe_ledger"] = None
+    with pytest.raises(LabError, match="build ledger"):
+        V.padding_test(df, probes, logs.__getitem__, data_dir=data)
+
+
+def test_stale_padding_table_and_the_ledger_of_a_probe(tmp_path):
+    import pandas as pd
+
+    from dflash_lab import verification as V
+    from tests.test_fa3sched import STALE38
+
+    df, probes, logs, data = _padding_matrix(tmp_path)
+    assert V._ledger(df.iloc[:1]) is False and V._ledger(df.iloc[1:]) is None
+    both = pd.concat([df.iloc[:1], df.iloc[:1].assign(probe_ledger=True)])
+    assert V._ledger(both) is None                   # lines that disagree say nothing
+    df38, _, logs38, _ = _padding_matrix(tmp_path / "b", ledger=True, stale=STALE38)
+    path38 = next(iter(logs38))
+    rows = pd.DataFrame([{"path": p, "fix": "stock", "configuration": "dflash (step probe, attention taps)",
+                          "gpu_session": s, "build ledger": led}
+                         for p, s, led in ((next(iter(logs)), "s39", False), (path38, "s38", True))])
+    t = V.stale_padding_table(rows, {**logs, **logs38}.__getitem__)
+    assert list(zip(t["gpu_session"], t["build ledger"], t["padding"], t["stale reads"])) == [
+        ("s39", False, (0, 31, 0, 0, 0, 0, 0, 0, 0), 2), ("s38", True, (0x7FFF7FFF,) * 9, 2)]
+    import numpy as np
+
+    assert V.ledger_label(True) == "ledger on" and V.ledger_label(float("nan")) == "ledger unknown"
+    assert V.ledger_label(np.bool_(False)) == "ledger off" and V.ledger_label(None) == "ledger unknown"
+    assert V.ledger_label(pd.Series([True, False])[0]) == "ledger on"   # a bool column's own values
+
+
+def test_the_findings_clause_says_the_crashing_engines_padding_only_when_the_data_does(tmp_path):
+    """Its conclusions (the padding followed the ledger; the unprobed engines hold the ledger-off padding) are read
+    from the checks, never printed on their own: without a ledger-on run, or with another padding in the unprobed
+    engine, they are not said."""
+    from dflash_lab import findings
+    from tests.test_fa3sched import STALE38
+
+    df, probes, logs, data = _padding_matrix(tmp_path)
+    text = findings._padding_clause(df, probes, logs.__getitem__, data_dir=data)
+    assert "held the padding [0, 31, 0, 0, 0, 0, 0, 0, 0] in each" in text and "5 of 5 checks held" in text
+    assert "followed the ledger setting" not in text          # no ledger-on run: nothing to compare with
+    df2, probes2, logs2, data2 = _padding_matrix(tmp_path / "x", unprobed_buffer=STALE38)
+    text2 = findings._padding_clause(df2, probes2, logs2.__getitem__, data_dir=data2)
+    assert "held the padding" not in text2 and "0x7fff7fff" in text2
