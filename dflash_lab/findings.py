@@ -946,7 +946,7 @@ def _padding_clause(df, pt, probe_of=None, data_dir: str = "data") -> str:
     if {"(a)", "(b)"} <= set(tags) and held[led].all():
         out += (f"; in one session the padding followed the ledger setting (off: s36's and s37's, {n_off} of {n_off} "
                 f"runs; on: s38's, {n_on} of {n_on}): the ledger, not the session, most plausibly set s38's")
-    off_pad = verification._fmt_schedule(fa3sched.PADDING_S37)
+    off_pad = verification.fmt_schedule(fa3sched.PADDING_S37)
     if len(crashes):
         out += "; untapped stock crashed " + ", ".join(f"{int(g['held'].sum())} of {len(g)} at {c}"
                                                       for c, g in crashes.groupby("concurrency"))
@@ -961,8 +961,9 @@ def _padding_clause(df, pt, probe_of=None, data_dir: str = "data") -> str:
 
 def _padding(pad) -> str:
     """A schedule's padding for prose: one value when all entries hold it, else the list; large values in hex."""
-    fmt = lambda x: hex(x) if abs(x) > 0xFFFF else str(x)  # noqa: E731
-    return f"all {fmt(pad[0])}" if len(set(pad)) == 1 else "[" + ", ".join(fmt(x) for x in pad) + "]"
+    from .verification import fmt_schedule, fmt_value
+
+    return f"all {fmt_value(pad[0])}" if len(set(pad)) == 1 else fmt_schedule(pad)
 
 
 def _unwritten_at(df, pt, sizes, probe_of) -> dict:

@@ -208,7 +208,7 @@ def probe_table(df, pattern: str = divergence.PROBE_GLOB):
             "fix": (analysis.fix_label(dict(runs.iloc[0])) or "stock") if len(runs) else "unmatched",
             "configuration": configuration(dict(runs.iloc[0])) if len(runs) else None,
             # the taps' build ledger (probe.py BuildLedger; the runner records the effective value, an amendment the
-            # older lines'): its device copies changed what a 1-request schedule's padding held (s39)
+            # older lines'): what a 1-request schedule's padding held followed it (s39)
             "build ledger": _ledger(runs),
             "gpu_session": runs["gpu_session"].iloc[0] if len(runs) else None,
             "concurrencies": ", ".join(str(c) for c in asked),
@@ -567,9 +567,14 @@ PADDING_MATRIX = "probe-padding-tp1"
 PADDING_COLUMNS = ["run", "gpu_session", "concurrency", "instruments", "prediction", "predicted", "measured", "held"]
 
 
-def _fmt_schedule(v) -> str:
-    """A schedule or padding for a table: large values (uninitialised memory) in hex."""
-    return "[" + ", ".join(hex(x) if abs(int(x)) > 0xFFFF else str(int(x)) for x in v) + "]"
+def fmt_value(x) -> str:
+    """One schedule entry for a table or prose: large values (uninitialised memory) in hex."""
+    return hex(int(x)) if abs(int(x)) > 0xFFFF else str(int(x))
+
+
+def fmt_schedule(v) -> str:
+    """A schedule or padding for a table: its entries as :func:`fmt_value` writes them."""
+    return "[" + ", ".join(fmt_value(x) for x in v) + "]"
 
 
 def padding_test(df, probes, probe_of, matrix: str = PADDING_MATRIX, b: int = 8, data_dir: str = "data"):
@@ -607,9 +612,9 @@ def padding_test(df, probes, probe_of, matrix: str = PADDING_MATRIX, b: int = 8,
             pads = set()
             for v in snapped:
                 try:
-                    pads.add(_fmt_schedule(fa3sched.padding_1(v)))
+                    pads.add(fmt_schedule(fa3sched.padding_1(v)))
                 except LabError:
-                    pads.add(f"not a 1-request schedule: {_fmt_schedule(v[:13])}")
+                    pads.add(f"not a 1-request schedule: {fmt_schedule(v[:13])}")
             row("(d)", "group 7's padding at the first served step (snapshot)", "no prediction",
                 "; ".join(sorted(pads)) or "no group 7 in the snapshot", None, "snapshot")
             continue
@@ -624,8 +629,8 @@ def padding_test(df, probes, probe_of, matrix: str = PADDING_MATRIX, b: int = 8,
         tag, pad, unw = expect[ledger]
         inst = f"sentinel taps, {ledger_label(ledger)}, snapshot"
         row(tag, "completes", "ok", "crash" if crashed else r["outcome"], r["outcome"] == "ok" and not crashed, inst)
-        row(tag, "group 7's stale schedule: padding on every read", _fmt_schedule(pad),
-            "; ".join(sorted(_fmt_schedule(x) if x is not None else "not a 1-request schedule" for x in m["paddings"]))
+        row(tag, "group 7's stale schedule: padding on every read", fmt_schedule(pad),
+            "; ".join(sorted(fmt_schedule(x) if x is not None else "not a 1-request schedule" for x in m["paddings"]))
             or "no stale read", m["paddings"] == {tuple(pad)}, inst)
         row(tag, f"requests left unwritten at {b}, every FULL step of {b}", str(unw),
             "; ".join(sorted(m["unwritten"])) or f"no FULL step of {b}", m["unwritten"] == {str(unw)}, inst)
