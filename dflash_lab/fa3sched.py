@@ -146,7 +146,12 @@ def padding_checks(probe: dict, snapshot_paths, expect_padding, expect_unwritten
     snapshot of that group (taken when the first served step began) equals every stale schedule the probe read,
     trailing zeros aside. A check with nothing to check (no stale read, no step of ``b`` requests, no snapshot)
     does not hold."""
-    m = padding_measured(probe, snapshot_paths, b, group)
+    return padding_verdicts(padding_measured(probe, snapshot_paths, b, group), expect_padding, expect_unwritten, b)
+
+
+def padding_verdicts(m: dict, expect_padding, expect_unwritten: list[int], b: int = 8) -> dict[str, bool]:
+    """:func:`padding_checks`'s three verdicts on what :func:`padding_measured` returned (``m``), in that order:
+    padding, requests left unwritten at ``b``, snapshot."""
     stale = m["stale schedules"]
     return {"padding as expected on every stale read": bool(stale) and m["paddings"] == {tuple(expect_padding)},
             f"requests left unwritten at {b} as expected on every such step": m["unwritten"] == {str(list(expect_unwritten))},
