@@ -49,7 +49,7 @@ from pathlib import Path
 
 from .coredump import parse_cuda_gdb, processes
 from .errors import LabError
-from .runner import read_lines, recorded_path, run_end_fields
+from .runner import read_lines, read_recorded, recorded_path, run_end_fields
 
 KEEP_ON_CRASH = ("outcome", "error", "fault", "log_tail")
 SECTION_RE = re.compile(r"^=== (\S+) \([^)]*\)\n", re.M)
@@ -148,11 +148,12 @@ def _gdb_reread(line: dict, data: Path, name: str) -> dict | None:
 def _client_view(line: dict, data: Path, name: str) -> dict | None:
     if line.get("outcome") != "crash" or not _tag(line):
         return None
-    src = data / "gpu" / name / f"{_tag(line)}.events.jsonl"
-    if not src.is_file():
+    # as stored: ingest keeps a JSONL file above 1 MiB xz-compressed (events.jsonl.xz)
+    src = recorded_path(data / "gpu" / name / f"{_tag(line)}.events.jsonl")
+    if src is None:
         return None
     end = None
-    for raw in src.read_text().splitlines():
+    for raw in read_recorded(src).splitlines():
         try:
             ev = json.loads(raw)
         except ValueError:

@@ -145,10 +145,11 @@ def _run_spans_and_text(files: tuple[str, str]) -> tuple[list, str]:
 
     from . import analysis
 
+    from .runner import read_recorded, recorded_path
+
     log, events = files
-    try:
-        with open(events) as fh:
-            ev = [json.loads(x) for x in fh if x.strip()]
+    try:   # as stored: ingest keeps a JSONL file above 1 MiB xz-compressed (events.jsonl.xz)
+        ev = [json.loads(x) for x in read_recorded(recorded_path(events) or events).splitlines() if x.strip()]
         text = analysis.read_text(log)
     except (OSError, ValueError):
         return [], ""

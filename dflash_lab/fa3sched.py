@@ -107,6 +107,9 @@ def snapshot_table(paths):
 
 PADDING_S37 = (0, 31, 0, 0, 0, 0, 0, 0, 0)   # what every stock tap probe of s36 and s37 read there
 PADDING_S38 = (0x7FFF7FFF,) * 9              # ... and every one of s38 (build ledger on)
+# group 7's whole schedule (trailing zeros dropped) in s39's three untapped engines at the first served step: the
+# 1-request capture's, with PADDING_S37 (matrices/snap-coredump-tp1.yaml predicts it, (f))
+STALE_S39 = (128, 0, 31, 0, 1, 0, 0, 0, 2)
 
 
 def snapshot_schedules(snapshot_paths, group: str = "7") -> set[tuple]:

@@ -577,6 +577,52 @@ def fmt_schedule(v) -> str:
     return "[" + ", ".join(fmt_value(x) for x in v) + "]"
 
 
+SNAPCORE_MATRIX = "snap-coredump-tp1"
+# (g): the kernels stock cores had named at each concurrency before the matrix was written (its header)
+SNAPCORE_KERNELS = {32: ("copy_and_expand_dflash_inputs_kernel", "triton_poi_fused_2", "triton_poi_fused_3"),
+                    8: ("fused_sigmoid_gating_delta_rule_update_kernel", "triton_poi_fused_2", "triton_poi_fused_3")}
+
+
+def snapcore_test(df, matrix: str = SNAPCORE_MATRIX, data_dir: str = "data"):
+    """``matrices/snap-coredump-tp1.yaml``'s predictions, written in its header before the run, per run line: (e) the
+    untapped stock engine (schedule snapshot and keep-running core dumps on) crashes; (f) its snapshot's group 7 holds
+    s39's stale schedule (:data:`fa3sched.STALE_S39`, padding :data:`fa3sched.PADDING_S37`) on every line; (g) its core
+    names one of the kernels stock cores had named at that concurrency (:data:`SNAPCORE_KERNELS`). A run without a
+    stored snapshot is an error naming it; a crash without a core is recorded and does not hold (g)."""
+    import pandas as pd
+
+    from . import fa3sched, schedsnap
+    from .errors import LabError
+
+    runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
+    rows = []
+    for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
+        r = dict(r)
+        stem = r["file"][: -len(".jsonl")]
+        label = f"{stem}/{r['run_id']}"
+        c = int(r["concurrency"])
+        if c not in SNAPCORE_KERNELS:
+            raise LabError(f"{label}: concurrency {c}: the matrix header predicts a kernel at "
+                           f"{' and '.join(map(str, sorted(SNAPCORE_KERNELS)))} only")
+        snaps = schedsnap.files_of_run(r, data_dir)
+        if not snaps:
+            raise LabError(f"{label}: no schedule snapshot stored for this run's engine (data/gpu/{stem}/*.sched/)")
+        crashed = bool(r["crashed"])
+        add = lambda tag, what, pred, meas, held: rows.append(  # noqa: E731
+            {"run": label, "gpu_session": r["gpu_session"], "concurrency": c, "instruments": "snapshot, core dumps",
+             "prediction": f"{tag} {what}", "predicted": pred, "measured": meas, "held": held})
+        add("(e)", "untapped stock crashes", "crash", "crash" if crashed else r["outcome"], crashed)
+        snapped = fa3sched.snapshot_schedules(snaps)
+        add("(f)", "group 7's schedule at the first served step (snapshot)", fmt_schedule(fa3sched.STALE_S39),
+            "; ".join(sorted(fmt_schedule(v) for v in snapped)) or "no group 7 in the snapshot",
+            snapped == {fa3sched.STALE_S39})
+        f = r.get("fault") if isinstance(r.get("fault"), dict) else {}
+        kernel = f.get("kernel")
+        add("(g)", "the core's faulting kernel", " or ".join(SNAPCORE_KERNELS[c]),
+            kernel or ("no core dump" if crashed else "no crash"), kernel in SNAPCORE_KERNELS[c])
+    return pd.DataFrame(rows, columns=PADDING_COLUMNS)
+
+
 def padding_test(df, probes, probe_of, matrix: str = PADDING_MATRIX, b: int = 8, data_dir: str = "data"):
     """``matrices/probe-padding-tp1.yaml``'s predictions, written in its header before the run, checked per run line:
     (a) a stock sentinel probe without the build ledger reads group 7's stale 1-request schedule with the padding

@@ -219,3 +219,18 @@ def test_tapped_lines_learn_whether_the_build_ledger_ran_from_their_probe_log(tm
         (line,) = read_lines(d / "runs" / f"{name}.jsonl")
         assert line["probe_ledger"] is ledger and line["amended"][-1]["added"] == ["probe_ledger"]
         assert amend(name, str(d))["amended"] == []   # a second run finds nothing
+
+
+def test_the_client_view_reads_an_events_file_ingest_stored_compressed(data):
+    """ingest keeps a JSONL file above 1 MiB xz-compressed: the events a crash line's client view comes from are read
+    as stored, so a compressed one gives the same amendment as the plain file."""
+    import lzma
+
+    gpu = data / "gpu" / SERVER
+    events = sorted(gpu.glob("*.events.jsonl"))
+    assert events
+    for ev in events:
+        ev.with_name(ev.name + ".xz").write_bytes(lzma.compress(ev.read_bytes()))
+        ev.unlink()
+    out = amend(SERVER, data_dir=str(data))["amended"]
+    assert [a["run_id"] for a in out if a["rule"] == "client-view"] == [f"server-stock/c32/r{i}" for i in range(4)]

@@ -953,3 +953,24 @@ def test_throughput_figure_keeps_each_modes_colour_across_panels_and_its_legend_
     assert len({next(iter(c)) for c in colour.values()}) == 5
     legend = fig.axes[-1].get_legend()
     assert [t.get_text() for t in legend.get_texts()] == list(bench.MODES)
+
+
+def test_run_spans_read_an_events_file_stored_compressed(tmp_path):
+    """The runner's events file as ingest stores it: plain, or xz above 1 MiB; the spans are the same either way."""
+    import json
+    import lzma
+
+    log = tmp_path / "e.a1.log"
+    log.write_text("11-30 10:00:01 INFO hello\n")
+    lines = [{"event": "run_start", "run": "e/c1/r0", "t": 100.0}, {"event": "run_end", "run": "e/c1/r0", "t": 160.0}]
+    body = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    plain = tmp_path / "plain" / "e.a1.events.jsonl"
+    plain.parent.mkdir()
+    plain.write_bytes(body)
+    packed = tmp_path / "packed" / "e.a1.events.jsonl"
+    packed.parent.mkdir()
+    packed.with_name(packed.name + ".xz").write_bytes(lzma.compress(body))
+    want = [(100.0, 160.0, "e/c1/r0")]
+    assert bench._run_spans_and_text((str(log), str(plain)))[0] == want
+    assert bench._run_spans_and_text((str(log), str(packed)))[0] == want
+    assert bench._run_spans_and_text((str(log), str(tmp_path / "none.events.jsonl"))) == ([], "")

@@ -261,3 +261,63 @@ def test_the_findings_clause_says_the_crashing_engines_padding_only_when_the_dat
     df2, probes2, logs2, data2 = _padding_matrix(tmp_path / "x", unprobed_buffer=STALE38)
     text2 = findings._padding_clause(df2, probes2, logs2.__getitem__, data_dir=data2)
     assert "held the padding" not in text2 and "0x7fff7fff" in text2
+
+
+def _snapcore_matrix(tmp_path, faults=("copy_and_expand_dflash_inputs_kernel", "fused_sigmoid_gating_delta_rule_update_kernel"),
+                     buffers=None, outcomes=("crash", "crash"), concurrencies=(32, 8)):
+    """snap-coredump-tp1 in small: two untapped engines with the schedule snapshot and core dumps, one run each."""
+    import pandas as pd
+
+    from tests.test_fa3sched import STALE
+
+    data = tmp_path / "data"
+    stem = "2026-12-02_h200_snap-coredump-a-tp1"
+    rows = []
+    for i, (fault, c, out) in enumerate(zip(faults, concurrencies, outcomes)):
+        eng = f"core{i}"
+        _snapshot_file(data / "gpu" / stem / f"{eng}.a1.sched", (buffers or {}).get(i, STALE))
+        rows.append({"matrix": "snap-coredump-tp1", "file": f"{stem}.jsonl", "gpu_session": "2026-12-02-s40",
+                     "attempt": 1, "run_id": f"{eng}/c{c}/r0", "engine_id": eng, "started_at": f"t{i}", "concurrency": c,
+                     "probe": False, "crashed": out == "crash", "outcome": out, "log": f"/tmp/x/{eng}.a1.log",
+                     "fault": {"kernel": fault} if fault else None})
+    return pd.DataFrame(rows), str(data)
+
+
+def test_snapcore_test_checks_each_prediction_and_can_fail(tmp_path):
+    from dflash_lab import findings
+    from dflash_lab import verification as V
+    from tests.test_fa3sched import STALE38
+
+    df, data = _snapcore_matrix(tmp_path)
+    t = V.snapcore_test(df, data_dir=data)
+    assert list(t["prediction"].str.slice(0, 3)) == ["(e)", "(f)", "(g)"] * 2 and t["held"].all()
+    assert list(t["measured"])[1] == "[128, 0, 31, 0, 1, 0, 0, 0, 2]"
+    text = findings._snapcore_clause(df, data_dir=data)
+    assert "6 of 6 checks held" in text and "at 32 copy_and_expand_dflash_inputs_kernel 1 of 1" in text
+    assert "at 8 fused_sigmoid_gating_delta_rule_update_kernel 1 of 1" in text
+    # a cuBLAS kernel at 32, no core at 8, another padding at 32, a completion at 8: each prediction fails on its own
+    df2, data2 = _snapcore_matrix(tmp_path / "b", faults=("cublasLt_gemm_kernel", None), buffers={0: STALE38},
+                                  outcomes=("crash", "ok"))
+    t2 = V.snapcore_test(df2, data_dir=data2).set_index(["run", "prediction"])["held"]
+    run32, run8 = sorted({r for r, _ in t2.index}, key=lambda r: "c8" in r)
+    assert t2[(run32, "(e) untapped stock crashes")] and not t2[(run32, "(g) the core's faulting kernel")]
+    assert not t2[(run32, "(f) group 7's schedule at the first served step (snapshot)")]
+    assert not t2[(run8, "(e) untapped stock crashes")] and not t2[(run8, "(g) the core's faulting kernel")]
+    assert V.snapcore_test(df2, data_dir=data2).set_index("run").loc[run8, "measured"].tolist()[2] == "no crash"
+    text2 = findings._snapcore_clause(df2, data_dir=data2)
+    assert "not held:" in text2 and "the cores named" not in text2
+
+
+def test_snapcore_test_refuses_what_it_cannot_check(tmp_path):
+    import shutil
+
+    from dflash_lab import verification as V
+
+    df, data = _snapcore_matrix(tmp_path)
+    shutil.rmtree(tmp_path / "data" / "gpu" / "2026-12-02_h200_snap-coredump-a-tp1" / "core1.a1.sched")
+    with pytest.raises(LabError, match="no schedule snapshot stored"):
+        V.snapcore_test(df, data_dir=data)
+    df, data = _snapcore_matrix(tmp_path / "b", concurrencies=(32, 16))
+    with pytest.raises(LabError, match="predicts a kernel at 8 and 32 only"):
+        V.snapcore_test(df, data_dir=data)
+    assert len(V.snapcore_test(df.iloc[:0], data_dir=data)) == 0
