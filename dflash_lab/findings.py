@@ -623,11 +623,14 @@ def _common_sessions(runs, concurrencies) -> list:
 
 
 def _without_asserts(keep, rope) -> str:
-    """The keep-running crashes whose engine log does not show both RoPE asserts: which kernel their core named."""
+    """The keep-running crashes whose engine log does not show both RoPE asserts, grouped by concurrency, kernel and
+    what their log printed: how many, and which kernel their core named."""
     none = keep[[not all(a in t for a in rope["device_asserts"]) for t in keep["device asserts (engine log)"]]]
-    return "".join(f"; the one at concurrency {int(r['concurrency'])} whose core names {r['faulting kernel']} printed "
-                   + ("none" if not r["device asserts (engine log)"] else f"only {r['device asserts (engine log)']}")
-                   for _, r in none.iterrows())
+    groups = none.groupby([none["concurrency"].astype(int), "faulting kernel", "device asserts (engine log)"], sort=True)
+    return "".join(f"; {'the one' if len(g) == 1 else f'the {len(g)}'} at concurrency {c} whose core"
+                   f"{'' if len(g) == 1 else 's'} {'names' if len(g) == 1 else 'name'} {k} printed "
+                   + ("none" if not printed else f"only {printed}")
+                   for (c, k, printed), g in groups)
 
 
 def _part1_line(wsc) -> str:
@@ -750,7 +753,8 @@ def _unwritten_clause(df, pt) -> str:
     probe_of = _probe_loader()
     probes = [p for p in (probe_of(x) for x in taps_pt["path"]) if fa3sched.has_taps(p)]
     stock = [p for p in probes if fixes.get(p["path"]) == "stock"]
-    fill = _prefill_clause(df, pt, probe_of) + _builds_clause(df, pt, probe_of) + _padding_clause(df, pt, probe_of)
+    fill = (_prefill_clause(df, pt, probe_of) + _builds_clause(df, pt, probe_of) + _padding_clause(df, pt, probe_of)
+            + _snapcore_clause(df))
     if not stock:
         return fill
     runs = (df[df["probe_taps"].notna() & (df["fix"] != True) & (df["matrix"] == TAPS_MATRIX)] if "probe_taps" in df
@@ -798,7 +802,7 @@ def _unwritten_clause(df, pt) -> str:
 TAPS_MATRIX, BUILDS_MATRIX = "probe-taps-tp1", "probe-builds-tp1"
 # the pre-fill matrices: 8 and 16 (s37, one sentinel run at 8 in s38), and 32 (s38), each predicted before its run
 FILL_MATRICES = ("probe-fill-tp1", "probe-fill32-tp1")
-# the build ledger's test and the unprobed engines' schedule snapshot (s39), predicted before its run
+# the build ledger's test and the unprobed engines' schedule snapshot (s39, s40), predicted before its run
 PADDING_MATRIX = "probe-padding-tp1"
 
 
@@ -920,8 +924,9 @@ def _builds_clause(df, pt, probe_of=None) -> str:
 
 
 def _padding_clause(df, pt, probe_of=None, data_dir: str = "data") -> str:
-    """probe-padding-tp1 (s39, pre-registered): the build ledger switched on and off in one session, and the stale
-    schedule unprobed engines hold at their first served step (verification.padding_test). Empty without its runs."""
+    """probe-padding-tp1 (s39, s40, pre-registered): the build ledger switched on and off, alternating, within each
+    session (verification.ledger_order), and the stale schedule unprobed engines hold at their first served step
+    (verification.padding_test). Empty without its runs."""
     from . import fa3sched, verification
 
     t = verification.padding_test(df, pt, probe_of or _probe_loader(), data_dir=data_dir)
@@ -943,20 +948,47 @@ def _padding_clause(df, pt, probe_of=None, data_dir: str = "data") -> str:
     led = tags.isin(["(a)", "(b)"])
     n_off = t[t["prediction"] == "(a) completes"]["run"].nunique()
     n_on = t[t["prediction"] == "(b) completes"]["run"].nunique()
-    if {"(a)", "(b)"} <= set(tags) and held[led].all():
-        out += (f"; in one session the padding followed the ledger setting (off: s36's and s37's, {n_off} of {n_off} "
-                f"runs; on: s38's, {n_on} of {n_on}): the ledger, not the session, most plausibly set s38's")
+    # the sessions whose probes alternated between both settings: there the comparison is inside one session
+    both = sorted(_short(s) for s, o in verification.ledger_order(df).items() if o["alternates"])
+    if both and held[led].all():
+        out += (f"; in {'each of ' + ' and '.join(both) if len(both) > 1 else both[0]}, alternating, the padding followed "
+                f"the ledger setting (off: s36's and s37's, {n_off} of {n_off} runs; on: s38's, {n_on} of {n_on}): the "
+                "ledger, not the session, most plausibly set s38's")
     off_pad = verification.fmt_schedule(fa3sched.PADDING_S37)
+    # the ledger-off sentinel runs: s36's and s37's (the taps and pre-fill matrices) and this matrix's
+    off_sessions = ", ".join(["s36", "s37"] + sorted({_short(x) for x in t[tags.reindex(t.index) == "(a)"]["gpu_session"]}))
     if len(crashes):
         out += "; untapped stock crashed " + ", ".join(f"{int(g['held'].sum())} of {len(g)} at {c}"
                                                       for c, g in crashes.groupby("concurrency"))
         if len(pads) == len(crashes) and set(pads) == {off_pad} and "(a)" in set(tags) and held[tags == "(a)"].all():
             out += (f", and group 7 held the padding {off_pad} in each at its first served step (schedule snapshot on): "
-                    "the ledger-off probes' stale schedule, whose replays the sentinel runs (s36, s37, s39) showed "
+                    f"the ledger-off probes' stale schedule, whose replays the sentinel runs ({off_sessions}) showed "
                     "leaving requests 1..b-1 of b up to 8 unwritten, and every request from 9 on (s36, s38)")
         else:
             out += f"; their group 7 padding at the first served step: {'; '.join(sorted(set(pads)))}"
     return out + "."
+
+
+def _snapcore_clause(df, data_dir: str = "data") -> str:
+    """snap-coredump-tp1 (s40, pre-registered): the unprobed engines with the schedule snapshot, now with core dumps
+    (verification.snapcore_test). Empty without its runs."""
+    from . import fa3sched, verification
+
+    t = verification.snapcore_test(df, data_dir=data_dir)
+    if not len(t):
+        return ""
+    held = t["held"].astype(bool)
+    out = (f" With core dumps ({verification.SNAPCORE_MATRIX}, {', '.join(sorted({_short(x) for x in t['gpu_session']}))}, "
+           f"{t['run'].nunique()} untapped stock runs with the snapshot): {int(held.sum())} of {len(t)} checks held as "
+           "predicted before the run")
+    if not held.all():
+        return out + " (not held: " + "; ".join(f"{r} {p}: {m}" for r, p, m in zip(
+            t[~held]["run"], t[~held]["prediction"], t[~held]["measured"])) + ")."
+    kern = t[t["prediction"].str.startswith("(g)")]
+    return out + ("; every run crashed, group 7 held " + verification.fmt_schedule(fa3sched.STALE_S39)
+                  + " at the first served step in each, and the cores named "
+                  + "; ".join(f"at {c} {', '.join(f'{k} {n} of {len(g)}' for k, n in g['measured'].value_counts().items())}"
+                              for c, g in kern.groupby("concurrency", sort=False)) + ".")
 
 
 def _padding(pad) -> str:

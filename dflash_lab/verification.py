@@ -577,10 +577,25 @@ def fmt_schedule(v) -> str:
     return "[" + ", ".join(fmt_value(x) for x in v) + "]"
 
 
+def ledger_order(df, matrix: str = PADDING_MATRIX) -> dict:
+    """Per GPU session, the build-ledger setting of each probed run of ``matrix`` in the order the runs finished
+    (``finished_at``), and whether it alternated (no two runs in a row with one setting; needs both settings)."""
+    runs = df[(df["matrix"] == matrix) & (df["probe"] == True)] if len(df) and "matrix" in df else df.iloc[:0]  # noqa: E712
+    if len(runs) and "finished_at" not in runs:
+        from .errors import LabError
+        raise LabError(f"{matrix}: its run lines have no finished_at: the order of the ledger settings is not known")
+    out = {}
+    for sess, g in runs.groupby("gpu_session"):
+        seq = [bool(x) for x in g.sort_values("finished_at")["probe_ledger"]]
+        out[sess] = {"order": seq, "alternates": len(set(seq)) == 2 and all(a != b for a, b in zip(seq, seq[1:]))}
+    return out
+
+
 SNAPCORE_MATRIX = "snap-coredump-tp1"
 # (g): the kernels stock cores had named at each concurrency before the matrix was written (its header)
+# (32: triton_poi_fused_2/3 as the header writes it; 8: s20's RoPE core, triton_poi_fused_2)
 SNAPCORE_KERNELS = {32: ("copy_and_expand_dflash_inputs_kernel", "triton_poi_fused_2", "triton_poi_fused_3"),
-                    8: ("fused_sigmoid_gating_delta_rule_update_kernel", "triton_poi_fused_2", "triton_poi_fused_3")}
+                    8: ("fused_sigmoid_gating_delta_rule_update_kernel", "triton_poi_fused_2")}
 
 
 def snapcore_test(df, matrix: str = SNAPCORE_MATRIX, data_dir: str = "data"):

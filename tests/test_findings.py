@@ -51,19 +51,26 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert ("Who wrote it (probe-builds-tp1, s38, the probe's build ledger, 1 stock and 1 fixed engine(s) at 16): 4 of 4 "
             "predictions written before the run held ((a), (b), (c), (d)); group 7's builder built 32 times before the "
             "first served step, the FULL captures from 32 requests down to 1") in text
-    # the padding follows the build ledger, not the session (s39 ran both settings; probe-padding-tp1)
-    assert ("held [0, 31, 0, 0, 0, 0, 0, 0, 0] in every stock tap probe with the build ledger off (s36, s37, s39, 19 "
-            "probes); all 0x7fff7fff in every stock tap probe with the build ledger on (s38, s39, 9 probes); with a "
+    # the padding follows the build ledger, not the session (s39 and s40 each ran both settings; probe-padding-tp1)
+    assert ("held [0, 31, 0, 0, 0, 0, 0, 0, 0] in every stock tap probe with the build ledger off (s36, s37, s39, s40, 20 "
+            "probes); all 0x7fff7fff in every stock tap probe with the build ledger on (s38, s39, s40, 11 probes); with a "
             "sentinel pre-filled, group 7 left unwritten, on FULL steps of 8 requests, requests [1, 2, 3, 4, 5, 6, 7] in "
             "s37 (ledger off); requests [4, 5, 6, 7] in s38 (ledger on); requests [1, 2, 3, 4, 5, 6, 7] in s39 (ledger "
-            "off); requests [4, 5, 6, 7] in s39 (ledger on)") in text
-    # the unprobed engines' snapshot (s39): the crashing engines hold the ledger-off padding
-    assert ("The build ledger tested, and the unprobed engines' schedule (probe-padding-tp1, s39, 6 runs: 3 probed, 3 "
-            "with only a host copy of each FA3 schedule when the first served step began): 15 of 15 checks held as "
-            "predicted before the run; in one session the padding followed the ledger setting (off: s36's and s37's, 2 of "
-            "2 runs; on: s38's, 1 of 1): the ledger, not the session, most plausibly set s38's") in text
-    assert ("untapped stock crashed 1 of 1 at 8, 2 of 2 at 32, and group 7 held the padding [0, 31, 0, 0, 0, 0, 0, 0, "
+            "off); requests [4, 5, 6, 7] in s39 (ledger on); requests [1, 2, 3, 4, 5, 6, 7] in s40 (ledger off); requests "
+            "[4, 5, 6, 7] in s40 (ledger on)") in text
+    # the unprobed engines' snapshot (s39, s40): the crashing engines hold the ledger-off padding
+    assert ("The build ledger tested, and the unprobed engines' schedule (probe-padding-tp1, s39, s40, 11 runs: 6 probed, "
+            "5 with only a host copy of each FA3 schedule when the first served step began): 29 of 29 checks held as "
+            "predicted before the run; in each of s39 and s40, alternating, the padding followed the ledger setting (off: "
+            "s36's and s37's, 3 of 3 runs; on: s38's, 3 of 3): the ledger, not the session, most plausibly set s38's") in text
+    assert ("untapped stock crashed 2 of 2 at 8, 3 of 3 at 32, and group 7 held the padding [0, 31, 0, 0, 0, 0, 0, 0, "
             "0] in each at its first served step (schedule snapshot on)") in text
+    assert "whose replays the sentinel runs (s36, s37, s39, s40) showed" in text
+    # the same engines with core dumps (s40, snap-coredump-tp1): which kernel faults where the schedule was recorded
+    assert ("With core dumps (snap-coredump-tp1, s40, 4 untapped stock runs with the snapshot): 12 of 12 checks held as "
+            "predicted before the run; every run crashed, group 7 held [128, 0, 31, 0, 1, 0, 0, 0, 2] at the first served "
+            "step in each, and the cores named at 32 copy_and_expand_dflash_inputs_kernel 2 of 2; at 8 "
+            "fused_sigmoid_gating_delta_rule_update_kernel 2 of 2.") in text
     assert "matrices/probe-fill-tp1.yaml is the test" not in text
     # s35's split-1 probe completed: the page must not let "0 / 1 crashed" read as "right"
     assert ("Not a workaround: FA3 with one split per graph (attention_config flash_attn_max_num_splits_for_cuda_graph=1) "
@@ -77,15 +84,15 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "Every decided prediction held" in text
     assert "4/4 requests identical to the PIECEWISE reference" in text and "not attributed" not in text
     # s19: the offline counts stay offline, the server path has its own line with what its clients saw
-    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 18/18 crashed" in text
+    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 21/21 crashed" in text
     # s20-s21: every other concurrency with its own count; s21's plain 16 joined the hooked runs
-    assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 7/7 crashed" in text
+    assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 10/10 crashed" in text
     assert "16: 0/8 crashed (0/3 with core dump on (keep running); 0/3 with launch hook; 0/2 plain)" in text
     assert "6: 0/1 crashed (0/1 plain)" in text and "10: 0/1 crashed (0/1 plain)" in text
     assert "24: 4/4 crashed (3/3 with core dump on; 1/1 plain)" in text
     # s21: not monotonic, and the acceptance-8.8 runs counted apart, never pooled with 1.86
     # s22 ran 8, 10, 12 and 16 in one session
-    assert ("Not monotonic in concurrency in the runs so far: 8 (s20, s22, s39) crashed where 10 (s22), 12 (s21, s22), 16 (s21, "
+    assert ("Not monotonic in concurrency in the runs so far: 8 (s20, s22, s39, s40) crashed where 10 (s22), 12 (s21, s22), 16 (s21, "
             "s22, a session before labels) completed (each of these concurrencies also ran in GPU session s22).") in text
     assert "the first draft position was accepted in 100% of drafts, so no step rejected every draft" in text
     # TP=1's: at TP=2 stock crashed at 16 (s27), where the fix has not run
@@ -94,9 +101,10 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "completes too") in text and "the fix has not run at" not in text
     assert ("Part 1 alone there: 3/3 at concurrency 8 (s22, whose stock control crashed), 3/3 at concurrency 20 (s22, whose "
             "stock control crashed), 3/3 at concurrency 32 (s16, whose stock control crashed).") in text
-    # s22: the c8 control's core names the target's GDN kernel and its log has no RoPE assert
-    assert ("in 4 of 5 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
-    assert "the one at concurrency 8 whose core names fused_sigmoid_gating_delta_rule_update_kernel printed none" in text
+    # s22: the c8 control's core names the target's GDN kernel and its log has no RoPE assert; s40's two at 8 the same
+    assert ("in 6 of 9 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
+    assert "; the 3 at concurrency 8 whose cores name fused_sigmoid_gating_delta_rule_update_kernel printed none" in text
+    assert text.count("whose core names fused_sigmoid_gating") + text.count("whose cores name fused_sigmoid_gating") == 1
     assert "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: concurrency 16: 0/3 crashed" in text
     # the fix's runs at 16 are where stock completes: said once, in the sentence that sets each fix concurrency beside stock
     assert "concurrency 16: 3/3 completed" in text and "stock completed there too" not in text
@@ -157,7 +165,7 @@ def test_the_findings_state_tp2_beside_tp1_s27():
 
     df = analysis.load_runs()
     text = findings._tp2_clause(df, *_tp2_inputs(df))
-    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 18/18)" in text
+    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 21/21)" in text
     assert "(2 x NVIDIA H200; " in text
     assert "core dumps name copy_and_expand_dflash_inputs_kernel (1), triton_poi_fused_3 (3)" in text
     assert "in 4 of 4 every rank's core names the same kernel" in text

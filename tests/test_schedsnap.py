@@ -175,9 +175,9 @@ def _padding_matrix(tmp_path, ledger=False, stale=None, unprobed_buffer=None, cr
     p.update(session=stem, engine="sent.a1", path=str(data / "gpu" / stem / "sent.a1.probe" / "probe-1.jsonl"))
     base = {"matrix": "probe-padding-tp1", "file": f"{stem}.jsonl", "gpu_session": "s39", "attempt": 1}
     df = pd.DataFrame([
-        dict(base, run_id="sent/c8/r0", engine_id="sent", started_at="t1", concurrency=8, probe=True,
+        dict(base, run_id="sent/c8/r0", engine_id="sent", started_at="t1", finished_at="t1", concurrency=8, probe=True,
              probe_ledger=ledger, crashed=False, outcome="ok", log="/tmp/x/sent.a1.log"),
-        dict(base, run_id="snap/c32/r0", engine_id="snap", started_at="t2", concurrency=32, probe=False,
+        dict(base, run_id="snap/c32/r0", engine_id="snap", started_at="t2", finished_at="t2", concurrency=32, probe=False,
              probe_ledger=None, crashed=crashed, outcome="crash" if crashed else "ok", log="/tmp/x/snap.a1.log")])
     probes = pd.DataFrame([{"session": stem, "engine": "sent.a1", "path": p["path"]}])
     return df, probes, {p["path"]: p}, str(data)
@@ -321,3 +321,21 @@ def test_snapcore_test_refuses_what_it_cannot_check(tmp_path):
     with pytest.raises(LabError, match="predicts a kernel at 8 and 32 only"):
         V.snapcore_test(df, data_dir=data)
     assert len(V.snapcore_test(df.iloc[:0], data_dir=data)) == 0
+
+
+def test_ledger_order_says_alternating_only_when_it_was():
+    import pandas as pd
+
+    from dflash_lab import verification as V
+
+    def runs(sess, ledgers):
+        return [{"matrix": "probe-padding-tp1", "probe": True, "gpu_session": sess, "probe_ledger": led,
+                 "finished_at": f"2026-12-02T0{i}:00:00"} for i, led in enumerate(ledgers)]
+
+    df = pd.DataFrame(runs("a", [False, True, False]) + runs("b", [True, True, False]) + runs("c", [False, False])
+                      + [{"matrix": "probe-padding-tp1", "probe": False, "gpu_session": "a", "probe_ledger": None,
+                          "finished_at": "2026-12-02T01:30:00"}])
+    o = V.ledger_order(df)
+    assert o["a"] == {"order": [False, True, False], "alternates": True}      # the unprobed run is not in the order
+    assert not o["b"]["alternates"] and not o["c"]["alternates"]              # a repeat, or one setting only
+    assert V.ledger_order(df.iloc[:0]) == {}
