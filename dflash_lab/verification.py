@@ -598,6 +598,23 @@ SNAPCORE_KERNELS = {32: ("copy_and_expand_dflash_inputs_kernel", "triton_poi_fus
                     8: ("fused_sigmoid_gating_delta_rule_update_kernel", "triton_poi_fused_2")}
 
 
+def _snapshot_runs(df, matrix: str, data_dir: str):
+    """The run lines of ``matrix`` in recorded order, each as (line, "stem/run id", its engine's stored schedule
+    snapshot files); a run whose engine has no stored snapshot is an error naming it."""
+    from . import schedsnap
+    from .errors import LabError
+
+    runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
+    for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
+        r = dict(r)
+        stem = r["file"][: -len(".jsonl")]
+        label = f"{stem}/{r['run_id']}"
+        snaps = schedsnap.files_of_run(r, data_dir)
+        if not snaps:
+            raise LabError(f"{label}: no schedule snapshot stored for this run's engine (data/gpu/{stem}/*.sched/)")
+        yield r, label, snaps
+
+
 def snapcore_test(df, matrix: str = SNAPCORE_MATRIX, data_dir: str = "data"):
     """``matrices/snap-coredump-tp1.yaml``'s predictions, written in its header before the run, per run line: (e) the
     untapped stock engine (schedule snapshot and keep-running core dumps on) crashes; (f) its snapshot's group 7 holds
@@ -606,22 +623,15 @@ def snapcore_test(df, matrix: str = SNAPCORE_MATRIX, data_dir: str = "data"):
     stored snapshot is an error naming it; a crash without a core is recorded and does not hold (g)."""
     import pandas as pd
 
-    from . import fa3sched, schedsnap
+    from . import fa3sched
     from .errors import LabError
 
-    runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
     rows = []
-    for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
-        r = dict(r)
-        stem = r["file"][: -len(".jsonl")]
-        label = f"{stem}/{r['run_id']}"
+    for r, label, snaps in _snapshot_runs(df, matrix, data_dir):
         c = int(r["concurrency"])
         if c not in SNAPCORE_KERNELS:
             raise LabError(f"{label}: concurrency {c}: the matrix header predicts a kernel at "
                            f"{' and '.join(map(str, sorted(SNAPCORE_KERNELS)))} only")
-        snaps = schedsnap.files_of_run(r, data_dir)
-        if not snaps:
-            raise LabError(f"{label}: no schedule snapshot stored for this run's engine (data/gpu/{stem}/*.sched/)")
         crashed = bool(r["crashed"])
         add = lambda tag, what, pred, meas, held: rows.append(  # noqa: E731
             {"run": label, "gpu_session": r["gpu_session"], "concurrency": c, "instruments": "snapshot, core dumps",
@@ -649,20 +659,14 @@ def padding_test(df, probes, probe_of, matrix: str = PADDING_MATRIX, b: int = 8,
     without its measurement would read as not held."""
     import pandas as pd
 
-    from . import fa3sched, schedsnap
+    from . import fa3sched
     from .errors import LabError
 
     expect = {False: ("(a)", fa3sched.PADDING_S37, list(range(1, b))),
               True: ("(b)", fa3sched.PADDING_S38, [4, 5, 6, 7])}
-    runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
     rows = []
-    for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
-        r = dict(r)
+    for r, label, snaps in _snapshot_runs(df, matrix, data_dir):
         stem = r["file"][: -len(".jsonl")]
-        label = f"{stem}/{r['run_id']}"
-        snaps = schedsnap.files_of_run(r, data_dir)
-        if not snaps:
-            raise LabError(f"{label}: no schedule snapshot stored for this run's engine (data/gpu/{stem}/*.sched/)")
         crashed = bool(r["crashed"])
         row = lambda tag, what, pred, meas, held, inst: rows.append(  # noqa: E731
             {"run": label, "gpu_session": r["gpu_session"], "concurrency": int(r["concurrency"]), "instruments": inst,
