@@ -166,8 +166,9 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
 
 
 def _drop_already_recorded(stage_gpu: Path, kept: list[str], data: Path, gpu_session: str | None):
-    """Files of this output that another folder of the same GPU session already holds byte for byte (a host
-    folder shared by a session's calls returns earlier calls' logs again): left out, and named in the meta."""
+    """Files of this output that another folder of the same GPU session already holds, byte for byte or, compressed,
+    once decompressed (a host folder shared by a session's calls returns earlier calls' logs again): left out, and
+    named in the meta."""
     if not gpu_session:
         return kept, []
     others = []
@@ -180,13 +181,37 @@ def _drop_already_recorded(stage_gpu: Path, kept: list[str], data: Path, gpu_ses
     out, already = [], []
     for rel in kept:
         mine = stage_gpu / rel
-        twin = next((o for o in others if (o / rel).is_file() and filecmp.cmp(mine, o / rel, shallow=False)), None)
+        twin = next(((o, how) for o in others if (o / rel).is_file() and (how := _same_content(mine, o / rel))), None)
         if twin is None:
             out.append(rel)
         else:
             mine.unlink()
-            already.append(f"{rel} (byte-identical to {twin.name}/{rel})")
+            already.append(f"{rel} ({twin[1]} to {twin[0].name}/{rel})")
     return out, already
+
+
+def _same_content(a: Path, b: Path) -> str | None:
+    """How two recorded files hold the same content: "byte-identical", or, both compressed by ingest (``.xz`` /
+    ``.gz``), "identical once decompressed" (another liblzma, or other settings, may write other bytes for the same
+    log); None when they differ."""
+    if filecmp.cmp(a, b, shallow=False):
+        return "byte-identical"
+    if a.suffix != b.suffix or a.suffix not in (".xz", ".gz"):
+        return None
+    import gzip
+    import lzma
+
+    opener = lzma.open if a.suffix == ".xz" else gzip.open
+    try:
+        with opener(a, "rb") as fa, opener(b, "rb") as fb:
+            while True:
+                x, y = fa.read(1 << 20), fb.read(1 << 20)
+                if x != y:
+                    return None
+                if not x:
+                    return "identical once decompressed"
+    except (OSError, EOFError, lzma.LZMAError):
+        return None   # one of them does not decompress: not the same recording
 
 
 REPRO_FILES = ("repro_min.json", "repro_min.log", "repro_min.rejudged.json", "rejudge.log", "rc.txt",

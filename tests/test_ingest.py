@@ -314,3 +314,33 @@ def test_large_engine_log_kept_xz_and_found_by_its_readers(tmp_path):
     (folder / "e.a1.log").write_text(text)   # the same log stored twice is refused, not read twice
     with pytest.raises(LabError, match="recorded twice"):
         recorded_glob(str(folder / "*.log"))
+
+
+def test_an_earlier_calls_compressed_log_is_recognised_by_its_content(tmp_path):
+    """A large engine log is stored xz-compressed; the copy an earlier call of the session recorded may have been
+    written with other xz settings (or another liblzma): same content, other bytes. It is left out all the same, and
+    a compressed log whose content differs is kept."""
+    import lzma
+
+    data = tmp_path / "data"
+    data.mkdir()
+    big = "".join(f"INFO step {i} of a long engine log\n" for i in range(6000))   # above LOG_XZ_ABOVE
+    assert len(big) > 100_000
+    (tmp_path / "1").mkdir()
+    first = make_out(tmp_path / "1", json.dumps({"run_id": "a", "outcome": "ok", "gpu_session": "S"}) + "\n")
+    ingest(str(first), "call1", data_dir=str(data), gpu_session="S")
+    # call 1 recorded g.a1.log compressed with preset 0 (as another xz might have)
+    (data / "gpu" / "call1" / "g.a1.log.xz").write_bytes(lzma.compress(big.encode(), preset=0))
+    (data / "gpu" / "call1" / "h.a1.log.xz").write_bytes(lzma.compress(big.encode(), preset=0))
+    (tmp_path / "2").mkdir()
+    second = make_out(tmp_path / "2", json.dumps({"run_id": "b", "outcome": "ok", "gpu_session": "S"}) + "\n")
+    logs = tmp_path / "2" / "runlogs"
+    (logs / "g.a1.log").write_text(big)
+    (logs / "h.a1.log").write_text(big + "one more line\n")
+    with tarfile.open(second / "logs.tgz", "w:gz") as tf:
+        tf.add(logs, arcname="runlogs")
+    meta = ingest(str(second), "call2", data_dir=str(data), gpu_session="S")
+    assert (data / "gpu" / "call2" / "h.a1.log.xz").exists() and "h.a1.log.xz" in meta["files"]
+    assert not (data / "gpu" / "call2" / "g.a1.log.xz").exists()
+    assert "g.a1.log.xz (identical once decompressed to call1/g.a1.log.xz)" in meta["already_recorded"]
+    assert "e.a1.log (byte-identical to call1/e.a1.log)" in meta["already_recorded"]
