@@ -144,7 +144,6 @@ def _run_spans_and_text(files: tuple[str, str]) -> tuple[list, str]:
     import json
 
     from . import analysis
-
     from .runner import read_recorded, recorded_path
 
     log, events = files

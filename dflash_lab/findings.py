@@ -956,7 +956,7 @@ def _padding_clause(df, pt, probe_of=None, data_dir: str = "data") -> str:
                 "ledger, not the session, most plausibly set s38's")
     off_pad = verification.fmt_schedule(fa3sched.PADDING_S37)
     # the ledger-off sentinel runs: s36's and s37's (the taps and pre-fill matrices) and this matrix's
-    off_sessions = ", ".join(["s36", "s37"] + sorted({_short(x) for x in t[tags.reindex(t.index) == "(a)"]["gpu_session"]}))
+    off_sessions = ", ".join(["s36", "s37"] + sorted({_short(x) for x in t[t["prediction"].str.startswith("(a)")]["gpu_session"]}))
     if len(crashes):
         out += "; untapped stock crashed " + ", ".join(f"{int(g['held'].sum())} of {len(g)} at {c}"
                                                       for c, g in crashes.groupby("concurrency"))

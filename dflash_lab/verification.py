@@ -580,13 +580,17 @@ def fmt_schedule(v) -> str:
 def ledger_order(df, matrix: str = PADDING_MATRIX) -> dict:
     """Per GPU session, the build-ledger setting of each probed run of ``matrix`` in the order the runs finished
     (``finished_at``), and whether it alternated (no two runs in a row with one setting; needs both settings)."""
+    from .errors import LabError
+
     runs = df[(df["matrix"] == matrix) & (df["probe"] == True)] if len(df) and "matrix" in df else df.iloc[:0]  # noqa: E712
     if len(runs) and "finished_at" not in runs:
-        from .errors import LabError
         raise LabError(f"{matrix}: its run lines have no finished_at: the order of the ledger settings is not known")
     out = {}
     for sess, g in runs.groupby("gpu_session"):
-        seq = [bool(x) for x in g.sort_values("finished_at")["probe_ledger"]]
+        seq = list(g.sort_values("finished_at")["probe_ledger"])
+        if not all(type(x).__name__ in ("bool", "bool_") for x in seq):   # an unknown setting is not "off"
+            raise LabError(f"{matrix}, {sess}: a probed run line does not say whether the build ledger ran (probe_ledger)")
+        seq = [bool(x) for x in seq]
         out[sess] = {"order": seq, "alternates": len(set(seq)) == 2 and all(a != b for a, b in zip(seq, seq[1:]))}
     return out
 

@@ -339,3 +339,7 @@ def test_ledger_order_says_alternating_only_when_it_was():
     assert o["a"] == {"order": [False, True, False], "alternates": True}      # the unprobed run is not in the order
     assert not o["b"]["alternates"] and not o["c"]["alternates"]              # a repeat, or one setting only
     assert V.ledger_order(df.iloc[:0]) == {}
+    bad = df.copy()
+    bad.loc[0, "probe_ledger"] = None                                          # unknown is refused, not read as off
+    with pytest.raises(LabError, match="build ledger"):
+        V.ledger_order(bad)
