@@ -803,8 +803,9 @@ TAPS_MATRIX, BUILDS_MATRIX = "probe-taps-tp1", "probe-builds-tp1"
 # the pre-fill matrices: 8 and 16 (s37, one sentinel run at 8 in s38), 32 (s38) and 20 (added after s40, not run
 # yet), each predicted before its run
 FILL_MATRICES = ("probe-fill-tp1", "probe-fill32-tp1", "probe-fill20-tp1")
-# the build ledger's test and the unprobed engines' schedule snapshot (s39, s40), predicted before its run
-PADDING_MATRIX = "probe-padding-tp1"
+# the build ledger's test and the unprobed engines' schedule snapshot (s39, s40), predicted before its run: the name
+# verification.padding_test reads, one definition
+from .verification import PADDING_MATRIX  # noqa: E402
 
 
 def fill_rows(df, pt):
