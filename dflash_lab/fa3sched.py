@@ -366,6 +366,27 @@ def nan_origin(probe: dict) -> dict | None:
     return None
 
 
+def nan_rows_by_step(probe: dict):
+    """Per FULL step with taps and per target attention layer (model order): the attention-output rows holding NaN/Inf
+    that the reference pass lacks (``new NaN rows``, 0 where none), their requests, and the layer's KV-cache group:
+    how a replay's NaN appears and spreads, step by step (:func:`nan_origin` gives only the first)."""
+    import pandas as pd
+
+    from .probe import layer_number
+
+    group_of = {n: int(gid) for gid, names in group_layers(probe.get("layout")).items() for n in names}
+    rows = []
+    for st in probe["steps"]:
+        if st.get("mode") != "FULL" or not st.get("taps"):
+            continue
+        for name, t in sorted(_target_taps(probe, st["taps"]).items(), key=lambda kv: layer_number(kv[0])):
+            new = max(0, int(t["nonfinite_run"]) - int(t["nonfinite_ref"]))
+            rows.append({"step": st["step"], "num_reqs": st.get("num_reqs"), "layer": name,
+                         "layer number": layer_number(name), "group": group_of.get(name),
+                         "new NaN rows": new, "requests": list(t["req_nonfinite_run"]) if new else []})
+    return pd.DataFrame(rows, columns=["step", "num_reqs", "layer", "layer number", "group", "new NaN rows", "requests"])
+
+
 def has_taps(probe: dict) -> bool:
     return any("taps" in st for st in probe["steps"])
 

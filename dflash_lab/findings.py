@@ -854,15 +854,35 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
         return out + ". Not every outcome held its prediction: the crash is not explained by the unwritten rows' NaN alone."
     # per session and concurrency where some stock run crashed: s38's stale schedules held other padding than s37's
     strata = [x for x in verification.fill_strata(t, by_session=True) if x[3]]
-    if strata and all(ci == e == n_in for _, ci, n_in, e, _ in strata):
-        p = fa3sched.exact_stratified([x[1:] for x in strata])
-        out += (f". At {', '.join(str(c) for c in sorted({x[0][1] for x in strata}))} (TP=1, offline) the crash follows "
-                "the NaN in the rows FA3 leaves unwritten: within each session and concurrency every stock crash was a "
-                "NaN-filled run ("
-                + "; ".join(f"{_short(sx)} at {c}: {e} crashes in {n} runs" for (sx, c), _, _, e, n in strata)
-                + f"), 1 in {round(1 / p)} if the pre-fill did not matter (exact test, one-sided, per session and "
-                "concurrency)")
-    return out + "."
+    if not strata:
+        return out + "."
+    p = fa3sched.exact_stratified([x[1:] for x in strata])
+    where = ", ".join(str(c) for c in sorted({x[0][1] for x in strata}))
+    per = "; ".join(f"{_short(sx)} at {c}: {e} crashes in {n} runs" + ("" if ci == e else f", {n_in} NaN-filled")
+                    for (sx, c), ci, n_in, e, n in strata)
+    odds = (f"), 1 in {round(1 / p)} if the pre-fill did not matter (exact test, one-sided, per session and "
+            "concurrency")
+    stock = t[~t["fix"].astype(bool)]
+    other = stock[(stock["pre-fill"] != "nan") & (stock["outcome"] == "crash")]
+    finite_ok = bool((stock[stock["pre-fill"].isin(["zero", "sentinel"])]["outcome"] == "ok").all())
+    if all(ci == e == n_in for _, ci, n_in, e, _ in strata):
+        return out + (f". At {where} (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within "
+                      "each session and concurrency every stock crash was a NaN-filled run (" + per + odds + ").")
+    own_nan = (len(other) and (other["pre-fill"] == "none").all() and other["first NaN step"].notna().all()
+               and other["NaN only in unwritten requests"].eq(True).all() and other["earlier writes finite"].eq(True).all())
+    if all(ci == n_in for _, ci, n_in, _, _ in strata) and finite_ok and own_nan:
+        from .divergence import short
+
+        own = "; ".join(f"at {r['concurrency']}, first at step {int(r['first NaN step'])} in {short(r['first NaN layer'])}"
+                        for _, r in other.iterrows())
+        them = "the other crash" if len(other) == 1 else f"the {len(other)} other crashes"
+        return out + (f". At {where} (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within "
+                      "each session and concurrency every NaN-filled stock run crashed and every 0- or sentinel-filled one "
+                      f"completed; {them} had no pre-fill, and NaN of its own in the requests FA3 left unwritten before "
+                      f"it died ({own}; what the graph's memory held there) (" + per + odds
+                      + "; a run without a pre-fill counts as not NaN-filled).")
+    return out + (f". Within each session and concurrency the crashes did not all follow the NaN pre-fill (" + per
+                  + odds + "): the crash is not explained by the unwritten rows' NaN alone.")
 
 
 def _builds_clause(df, pt, probe_of=None) -> str:

@@ -468,11 +468,17 @@ def of_matrix(probes, df, matrix: str):
     return probes[(probes["session"] + ".jsonl").isin(files)]
 
 
+def untapped_runs(df, concurrency: int):
+    """Untapped stock FULL_AND_PIECEWISE run lines, offline at TP=1 and ``concurrency`` (synthetic acceptance 1.86),
+    that measured the engine (no deadline cut or failed start)."""
+    s, _, _ = _offline_stock_and_fix(df, analysis.CRASH_ACCEPTANCE)
+    return s[s["concurrency"] == concurrency]
+
+
 def untapped_outcome(df, concurrency: int) -> str | None:
     """What untapped stock FULL_AND_PIECEWISE did offline at TP=1 and ``concurrency`` (synthetic acceptance 1.86):
     ``"ok"`` or ``"crash"`` when every run recorded there did that, else None (none recorded, or mixed)."""
-    s, _, _ = _offline_stock_and_fix(df, analysis.CRASH_ACCEPTANCE)   # no deadline cut or failed start
-    s = s[s["concurrency"] == concurrency]
+    s = untapped_runs(df, concurrency)
     if not len(s):
         return None
     return "crash" if s["crashed"].all() else "ok" if not s["crashed"].any() else None

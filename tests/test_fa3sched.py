@@ -104,6 +104,19 @@ def test_nan_origin_is_the_first_layer_with_nan_the_reference_lacks():
     assert F.nan_origin(probe({2: {"m.layers.7.attn": tap(None)}})) is None
 
 
+def test_nan_rows_by_step_counts_only_the_rows_the_reference_lacks_per_layer_and_step():
+    p = probe({2: {"m.layers.15.attn": tap(None, [1, 2]), "m.layers.3.attn": tap(None, [1], ref=16),
+                   "m.layers.7.attn": tap(None)},
+               3: {"m.layers.7.attn": tap(None, [0, 4, 5], ref=16)}})
+    t = F.nan_rows_by_step(p)
+    # model order within a step; a layer's NaN the reference pass has too is not new (layer 3 at step 2)
+    assert list(zip(t["step"], t["layer number"], t["group"], t["new NaN rows"])) == [
+        (2, 3, 6, 0), (2, 7, 7, 0), (2, 15, 7, 32), (3, 7, 7, 32)]
+    assert list(t["requests"]) == [[], [], [1, 2], [0, 4, 5]]
+    # steps without taps (the PIECEWISE step) give no rows; a probe without FULL taps an empty table with the columns
+    assert F.nan_rows_by_step(probe({})).empty and "new NaN rows" in F.nan_rows_by_step(probe({})).columns
+
+
 def test_tap_summary_and_stale_vectors():
     p = probe({2: {"m.layers.7.attn": tap(list(range(1, 8)), [1]), "m.layers.15.attn": tap([])},
                3: {"m.layers.7.attn": tap([])}})

@@ -39,21 +39,27 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "wrong: consistent with the crash needing that NaN, not decided") in text
     # the pre-registered tests of that (s37 at 8 and 16, s38 at 32): group 7's outputs alone pre-filled, every outcome
     # as predicted; the exact test keeps sessions apart (s38's stale schedules held other padding)
-    assert ("(probe-fill-tp1 and probe-fill32-tp1, s37, s38, every engine under the step probe: group 7's attention "
-            "outputs alone pre-filled before FA3 runs, each outcome predicted in the matrix before the run): 18 of 18 runs "
-            "with a prediction ended as predicted; with NaN there stock crashed 6 of 6 (concurrency 8, 16, 32); with 0 or "
-            "the sentinel it completed 8 of 8 (concurrency 8, 32), 2248 of 2248 FULL steps still differing") in text
+    assert ("(probe-fill-tp1 and probe-fill32-tp1 and probe-fill20-tp1, s37, s38, s41, every engine under the step probe: "
+            "group 7's attention outputs alone pre-filled before FA3 runs, each outcome predicted in the matrix before the "
+            "run): 22 of 22 runs with a prediction ended as predicted; with NaN there stock crashed 7 of 7 (concurrency 8, "
+            "16, 20, 32); with 0 or the sentinel it completed 10 of 10 (concurrency 8, 20, 32), 2806 of 2806 FULL steps "
+            "still differing") in text
+    assert "without a pre-fill stock completed 2 of 3 (concurrency 16, 20)" in text
     assert "fix 2 with the same NaN completed 2 of 2 with 0 FULL steps differing" in text
-    assert ("At 8, 16, 32 (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within each session "
-            "and concurrency every stock crash was a NaN-filled run (s37 at 8: 2 crashes in 5 runs; s37 at 16: 2 crashes in "
-            "4 runs; s38 at 32: 2 crashes in 6 runs), 1 in 900 if the pre-fill did not matter") in text
+    # s41 at 20: the plain-tap run crashed too (predicted: untapped stock crashes there), after NaN of its own
+    assert ("At 8, 16, 20, 32 (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within each "
+            "session and concurrency every NaN-filled stock run crashed and every 0- or sentinel-filled one completed; the "
+            "other crash had no pre-fill, and NaN of its own in the requests FA3 left unwritten before it died (at 20, first "
+            "at step 10 in L15 attn; what the graph's memory held there) (s37 at 8: 2 crashes in 5 runs; s37 at 16: 2 "
+            "crashes in 4 runs; s38 at 32: 2 crashes in 6 runs; s41 at 20: 2 crashes in 4 runs, 1 NaN-filled), 1 in 1800 "
+            "if the pre-fill did not matter") in text
     # s38's build ledger: who wrote the stale schedule, and the padding that differs between sessions
     assert ("Who wrote it (probe-builds-tp1, s38, the probe's build ledger, 1 stock and 1 fixed engine(s) at 16): 4 of 4 "
             "predictions written before the run held ((a), (b), (c), (d)); group 7's builder built 32 times before the "
             "first served step, the FULL captures from 32 requests down to 1") in text
     # the padding follows the build ledger, not the session (s39 and s40 each ran both settings; probe-padding-tp1)
     assert ("held [0, 31, 0, 0, 0, 0, 0, 0, 0] in every stock tap probe with the build ledger off (s36, s37, s39, s40, 20 "
-            "probes); all 0x7fff7fff in every stock tap probe with the build ledger on (s38, s39, s40, 11 probes); with a "
+            "probes); all 0x7fff7fff in every stock tap probe with the build ledger on (s38, s39, s40, s41, 15 probes); with a "
             "sentinel pre-filled, group 7 left unwritten, on FULL steps of 8 requests, requests [1, 2, 3, 4, 5, 6, 7] in "
             "s37 (ledger off); requests [4, 5, 6, 7] in s38 (ledger on); requests [1, 2, 3, 4, 5, 6, 7] in s39 (ledger "
             "off); requests [4, 5, 6, 7] in s39 (ledger on); requests [1, 2, 3, 4, 5, 6, 7] in s40 (ledger off); requests "
@@ -358,5 +364,24 @@ def test_prefill_clause_says_when_an_outcome_missed_its_prediction(monkeypatch):
     table.loc[3, "predicted"] = None
     text = clause()
     assert "3 of 3 runs with a prediction ended as predicted (1 had none)" in text and "Not every" not in text
+    # a crash without a pre-fill (untapped stock crashes there, so predicted): the exact test still runs, and the clause
+    # says whether that run's unwritten rows held NaN of their own before it died (s41's plain taps at 20)
+    table = pd.DataFrame([row("nan", False, 20, "crash", "crash"), row("zero", False, 20, "ok", "ok"),
+                          row("sentinel", False, 20, "ok", "ok"), row("none", False, 20, "crash", "crash")])
+    table["first NaN step"] = [3, None, None, 10]
+    table["first NaN layer"] = ["language_model.model.layers.7.self_attn.attn", None, None,
+                                "language_model.model.layers.15.self_attn.attn"]
+    table["NaN only in unwritten requests"] = [True, None, None, True]
+    table["earlier writes finite"] = [True, None, None, True]
+    text = clause()
+    assert ("every NaN-filled stock run crashed and every 0- or sentinel-filled one completed; the other crash had no "
+            "pre-fill, and NaN of its own in the requests FA3 left unwritten before it died (at 20, first at step 10 in L15 "
+            "attn;") in text
+    assert "s37 at 20: 2 crashes in 4 runs, 1 NaN-filled), 1 in 2 if the pre-fill did not matter" in text
+    # the same crash with no NaN of its own: not explained, and said so
+    table.loc[3, "first NaN step"] = None
+    text = clause()
+    assert "the crashes did not all follow the NaN pre-fill" in text and "not explained by the unwritten rows' NaN alone" in text
+    assert "every NaN-filled stock run crashed" not in text
     monkeypatch.setattr(verification, "of_matrix", lambda probes, df, m: pd.DataFrame({"path": []}))
     assert clause() == ""

@@ -360,6 +360,10 @@ def test_fill_table_puts_each_outcome_beside_its_prediction():
 def test_untapped_outcome_on_the_recorded_runs(df):
     assert V.untapped_outcome(df, 32) == "crash" and V.untapped_outcome(df, 16) == "ok"
     assert V.untapped_outcome(df, 3) is None  # never run there
+    # the lines behind it: offline TP=1 stock at 1.86 only, no probe (s41's probed engines at 20 are not among them)
+    u20 = V.untapped_runs(df, 20)
+    assert len(u20) >= 4 and (u20["concurrency"] == 20).all() and not u20["probe"].fillna(False).astype(bool).any()
+    assert (u20["tensor_parallel_size"] == 1).all() and u20["crashed"].all()
 
 
 def test_fill_strata_by_session_keeps_sessions_apart():
