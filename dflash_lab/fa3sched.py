@@ -367,9 +367,11 @@ def nan_origin(probe: dict) -> dict | None:
 
 
 def nan_rows_by_step(probe: dict):
-    """Per FULL step with taps and per target attention layer (model order): the attention-output rows holding NaN/Inf
-    that the reference pass lacks (``new NaN rows``, 0 where none), their requests, and the layer's KV-cache group:
-    how a replay's NaN appears and spreads, step by step (:func:`nan_origin` gives only the first)."""
+    """Per FULL step with taps and per target attention layer (model order): how many more attention-output rows the
+    graph pass had non-finite (NaN/Inf) than the reference pass (``NaN rows beyond the reference``: a difference of
+    counts, 0 where not more; rows both passes hold non-finite cancel, so once the no-graph pass inherits NaN states the
+    count falls), the graph pass's requests with non-finite rows, and the layer's KV-cache group: how a replay's NaN
+    appears and spreads, step by step (:func:`nan_origin` gives only the first)."""
     import pandas as pd
 
     from .probe import layer_number
@@ -380,11 +382,13 @@ def nan_rows_by_step(probe: dict):
         if st.get("mode") != "FULL" or not st.get("taps"):
             continue
         for name, t in sorted(_target_taps(probe, st["taps"]).items(), key=lambda kv: layer_number(kv[0])):
-            new = max(0, int(t["nonfinite_run"]) - int(t["nonfinite_ref"]))
+            more = max(0, int(t.get("nonfinite_run") or 0) - int(t.get("nonfinite_ref") or 0))
             rows.append({"step": st["step"], "num_reqs": st.get("num_reqs"), "layer": name,
                          "layer number": layer_number(name), "group": group_of.get(name),
-                         "new NaN rows": new, "requests": list(t["req_nonfinite_run"]) if new else []})
-    return pd.DataFrame(rows, columns=["step", "num_reqs", "layer", "layer number", "group", "new NaN rows", "requests"])
+                         "NaN rows beyond the reference": more,
+                         "requests with NaN (graph pass)": list(t.get("req_nonfinite_run") or [])})
+    return pd.DataFrame(rows, columns=["step", "num_reqs", "layer", "layer number", "group",
+                                       "NaN rows beyond the reference", "requests with NaN (graph pass)"])
 
 
 def has_taps(probe: dict) -> bool:

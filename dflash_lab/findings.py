@@ -800,8 +800,8 @@ def _unwritten_clause(df, pt) -> str:
 
 
 TAPS_MATRIX, BUILDS_MATRIX = "probe-taps-tp1", "probe-builds-tp1"
-# the pre-fill matrices: 8 and 16 (s37, one sentinel run at 8 in s38), 32 (s38) and 20 (added after s40, not run
-# yet), each predicted before its run
+# the pre-fill matrices: 8 and 16 (s37, one sentinel run at 8 in s38), 32 (s38) and 20 (s41, once), each predicted
+# before its run
 FILL_MATRICES = ("probe-fill-tp1", "probe-fill32-tp1", "probe-fill20-tp1")
 # the build ledger's test and the unprobed engines' schedule snapshot (s39, s40), predicted before its run: the name
 # verification.padding_test reads, one definition
@@ -864,13 +864,17 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
             "concurrency")
     stock = t[~t["fix"].astype(bool)]
     other = stock[(stock["pre-fill"] != "nan") & (stock["outcome"] == "crash")]
-    finite_ok = bool((stock[stock["pre-fill"].isin(["zero", "sentinel"])]["outcome"] == "ok").all())
+    finite_runs = stock[stock["pre-fill"].isin(["zero", "sentinel"])]
+    nan_runs = stock[stock["pre-fill"] == "nan"]
+    # every NaN-filled stock run crashed and every finite-filled one completed, over all of them (not only the strata)
+    filled_as_ruled = (len(finite_runs) > 0 and bool((finite_runs["outcome"] == "ok").all())
+                       and len(nan_runs) > 0 and bool((nan_runs["outcome"] == "crash").all()))
     if all(ci == e == n_in for _, ci, n_in, e, _ in strata):
         return out + (f". At {where} (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within "
                       "each session and concurrency every stock crash was a NaN-filled run (" + per + odds + ").")
     own_nan = (len(other) and (other["pre-fill"] == "none").all() and other["first NaN step"].notna().all()
                and other["NaN only in unwritten requests"].eq(True).all() and other["earlier writes finite"].eq(True).all())
-    if all(ci == n_in for _, ci, n_in, _, _ in strata) and finite_ok and own_nan:
+    if filled_as_ruled and own_nan:
         from .divergence import short
 
         own = "; ".join(f"at {r['concurrency']}, first at step {int(r['first NaN step'])} in {short(r['first NaN layer'])}"
@@ -879,10 +883,11 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
         return out + (f". At {where} (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within "
                       "each session and concurrency every NaN-filled stock run crashed and every 0- or sentinel-filled one "
                       f"completed; {them} had no pre-fill, and NaN of its own in the requests FA3 left unwritten before "
-                      f"it died ({own}; what the graph's memory held there) (" + per + odds
+                      f"it died ({own}; what a probed engine's graph memory held there) (" + per + odds
                       + "; a run without a pre-fill counts as not NaN-filled).")
-    return out + (f". Within each session and concurrency the crashes did not all follow the NaN pre-fill (" + per
-                  + odds + "): the crash is not explained by the unwritten rows' NaN alone.")
+    return out + (f". Within each session and concurrency the crashes were not all NaN-filled runs, and the others are "
+                  "not shown to have had NaN of their own in the unwritten rows first (" + per + odds + "): these runs do "
+                  "not show the crash following the unwritten rows' NaN.")
 
 
 def _builds_clause(df, pt, probe_of=None) -> str:

@@ -110,11 +110,16 @@ def test_nan_rows_by_step_counts_only_the_rows_the_reference_lacks_per_layer_and
                3: {"m.layers.7.attn": tap(None, [0, 4, 5], ref=16)}})
     t = F.nan_rows_by_step(p)
     # model order within a step; a layer's NaN the reference pass has too is not new (layer 3 at step 2)
-    assert list(zip(t["step"], t["layer number"], t["group"], t["new NaN rows"])) == [
+    assert list(zip(t["step"], t["layer number"], t["group"], t["NaN rows beyond the reference"])) == [
         (2, 3, 6, 0), (2, 7, 7, 0), (2, 15, 7, 32), (3, 7, 7, 32)]
-    assert list(t["requests"]) == [[], [], [1, 2], [0, 4, 5]]
+    # the graph pass's requests with NaN, whether or not the reference had them too (layer 3 at step 2)
+    assert list(t["requests with NaN (graph pass)"]) == [[1], [], [1, 2], [0, 4, 5]]
     # steps without taps (the PIECEWISE step) give no rows; a probe without FULL taps an empty table with the columns
-    assert F.nan_rows_by_step(probe({})).empty and "new NaN rows" in F.nan_rows_by_step(probe({})).columns
+    empty = F.nan_rows_by_step(probe({}))
+    assert empty.empty and "NaN rows beyond the reference" in empty.columns
+    # a tap without counts (None) reads as none, not as an error
+    t = F.nan_rows_by_step(probe({2: {"m.layers.7.attn": {**tap(None), "nonfinite_run": None}}}))
+    assert list(t["NaN rows beyond the reference"]) == [0]
 
 
 def test_tap_summary_and_stale_vectors():

@@ -50,7 +50,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert ("At 8, 16, 20, 32 (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within each "
             "session and concurrency every NaN-filled stock run crashed and every 0- or sentinel-filled one completed; the "
             "other crash had no pre-fill, and NaN of its own in the requests FA3 left unwritten before it died (at 20, first "
-            "at step 10 in L15 attn; what the graph's memory held there) (s37 at 8: 2 crashes in 5 runs; s37 at 16: 2 "
+            "at step 10 in L15 attn; what a probed engine's graph memory held there) (s37 at 8: 2 crashes in 5 runs; s37 at 16: 2 "
             "crashes in 4 runs; s38 at 32: 2 crashes in 6 runs; s41 at 20: 2 crashes in 4 runs, 1 NaN-filled), 1 in 1800 "
             "if the pre-fill did not matter") in text
     # s38's build ledger: who wrote the stale schedule, and the padding that differs between sessions
@@ -378,10 +378,16 @@ def test_prefill_clause_says_when_an_outcome_missed_its_prediction(monkeypatch):
             "pre-fill, and NaN of its own in the requests FA3 left unwritten before it died (at 20, first at step 10 in L15 "
             "attn;") in text
     assert "s37 at 20: 2 crashes in 4 runs, 1 NaN-filled), 1 in 2 if the pre-fill did not matter" in text
+    # without any 0- or sentinel-filled run the clause cannot say they all completed: the neutral ending instead
+    saved = table
+    table = saved.iloc[[0, 3]].reset_index(drop=True)
+    text = clause()
+    assert "every 0- or sentinel-filled one completed" not in text and "not shown to have had NaN of their own" in text
+    table = saved
     # the same crash with no NaN of its own: not explained, and said so
     table.loc[3, "first NaN step"] = None
     text = clause()
-    assert "the crashes did not all follow the NaN pre-fill" in text and "not explained by the unwritten rows' NaN alone" in text
+    assert "the crashes were not all NaN-filled runs, and the others are not shown to have had NaN of their own" in text
     assert "every NaN-filled stock run crashed" not in text
     monkeypatch.setattr(verification, "of_matrix", lambda probes, df, m: pd.DataFrame({"path": []}))
     assert clause() == ""
