@@ -822,7 +822,7 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
     """Does the crash need the NaN the unwritten rows hold? The pre-fill matrices' runs (group 7's attention outputs
     alone pre-filled with NaN, 0 or the sentinel), each outcome against fa3sched.predicted_outcome, and the exact test
     per GPU session and concurrency over stock's runs. Empty without them. ``probe_of``: a :func:`_probe_loader`."""
-    from . import fa3sched, verification
+    from . import verification
 
     rows = fill_rows(df, pt)
     if not len(rows):
@@ -853,28 +853,19 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
     if len(known) and not held.all():
         return out + ". Not every outcome held its prediction: the crash is not explained by the unwritten rows' NaN alone."
     # per session and concurrency where some stock run crashed: s38's stale schedules held other padding than s37's
-    strata = [x for x in verification.fill_strata(t, by_session=True) if x[3]]
-    if not strata:
+    pool = verification.fill_pooled(t)
+    if pool is None:
         return out + "."
-    p = fa3sched.exact_stratified([x[1:] for x in strata])
+    strata, other = pool["strata"], pool["other"]
     where = ", ".join(str(c) for c in sorted({x[0][1] for x in strata}))
     per = "; ".join(f"{_short(sx)} at {c}: {e} crashes in {n} runs" + ("" if ci == e else f", {n_in} NaN-filled")
                     for (sx, c), ci, n_in, e, n in strata)
-    odds = (f"), 1 in {round(1 / p)} if the pre-fill did not matter (exact test, one-sided, per session and "
+    odds = (f"), 1 in {round(1 / pool['p'])} if the pre-fill did not matter (exact test, one-sided, per session and "
             "concurrency")
-    stock = t[~t["fix"].astype(bool)]
-    other = stock[(stock["pre-fill"] != "nan") & (stock["outcome"] == "crash")]
-    finite_runs = stock[stock["pre-fill"].isin(["zero", "sentinel"])]
-    nan_runs = stock[stock["pre-fill"] == "nan"]
-    # every NaN-filled stock run crashed and every finite-filled one completed, over all of them (not only the strata)
-    filled_as_ruled = (len(finite_runs) > 0 and bool((finite_runs["outcome"] == "ok").all())
-                       and len(nan_runs) > 0 and bool((nan_runs["outcome"] == "crash").all()))
-    if all(ci == e == n_in for _, ci, n_in, e, _ in strata):
+    if pool["all_crashes_nan"]:
         return out + (f". At {where} (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within "
                       "each session and concurrency every stock crash was a NaN-filled run (" + per + odds + ").")
-    own_nan = (len(other) and (other["pre-fill"] == "none").all() and other["first NaN step"].notna().all()
-               and other["NaN only in unwritten requests"].eq(True).all() and other["earlier writes finite"].eq(True).all())
-    if filled_as_ruled and own_nan:
+    if pool["filled_as_ruled"] and pool["own_nan"]:
         from .divergence import short
 
         own = "; ".join(f"at {r['concurrency']}, first at step {int(r['first NaN step'])} in {short(r['first NaN layer'])}"

@@ -546,6 +546,34 @@ def fill_strata(t, by_session: bool = False) -> list[tuple]:
     return out
 
 
+def fill_pooled(t) -> dict | None:
+    """The pooled reading of a :func:`fill_table`: the exact test per GPU session and concurrency over stock's runs
+    (strata with a crash; a run without a pre-fill counts as not NaN-filled), and what it rests on. None without a
+    stratum that has a crash. Keys: ``strata`` (:func:`fill_strata` rows), ``p`` (:func:`fa3sched.exact_stratified`),
+    ``all_crashes_nan`` (within each stratum every crash a NaN-filled run and every NaN-filled run a crash),
+    ``filled_as_ruled`` (over all stock runs, not only the strata: every NaN-filled run crashed and every 0- or
+    sentinel-filled one completed, each set non-empty), ``other`` (stock crashes not NaN-filled) and ``own_nan``
+    (they are runs without a pre-fill, each with NaN of its own first: a first NaN step, within the unwritten
+    requests, every earlier write of its step finite)."""
+    from . import fa3sched
+
+    strata = [x for x in fill_strata(t, by_session=True) if x[3]]
+    if not strata:
+        return None
+    stock = t[~t["fix"].astype(bool)]
+    other = stock[(stock["pre-fill"] != "nan") & (stock["outcome"] == "crash")]
+    finite = stock[stock["pre-fill"].isin(["zero", "sentinel"])]
+    nan = stock[stock["pre-fill"] == "nan"]
+    return {"strata": strata, "p": fa3sched.exact_stratified([x[1:] for x in strata]),
+            "all_crashes_nan": all(ci == e == n_in for _, ci, n_in, e, _ in strata),
+            "filled_as_ruled": (len(finite) > 0 and bool((finite["outcome"] == "ok").all())
+                                and len(nan) > 0 and bool((nan["outcome"] == "crash").all())),
+            "other": other,
+            "own_nan": bool(len(other) and (other["pre-fill"] == "none").all() and other["first NaN step"].notna().all()
+                            and other["NaN only in unwritten requests"].eq(True).all()
+                            and other["earlier writes finite"].eq(True).all())}
+
+
 def ledger_label(ledger) -> str:
     """A probe's build-ledger setting for tables and prose."""
     if type(ledger).__name__ not in ("bool", "bool_"):    # None, NaN (a column with unknowns), anything else

@@ -366,6 +366,27 @@ def test_untapped_outcome_on_the_recorded_runs(df):
     assert (u20["tensor_parallel_size"] == 1).all() and u20["crashed"].all()
 
 
+def test_fill_pooled_reads_the_strata_and_the_crashes_outside_the_nan_runs():
+    def row(s, c, fill, outcome, first=None, within=None, finite=None, fix=False):
+        return {"gpu_session": s, "concurrency": c, "fix": fix, "pre-fill": fill, "outcome": outcome,
+                "first NaN step": first, "NaN only in unwritten requests": within, "earlier writes finite": finite}
+
+    t = pd.DataFrame([row("a", 8, "nan", "crash", 3, True, True), row("a", 8, "zero", "ok"),
+                      row("b", 20, "nan", "crash", 3, True, True), row("b", 20, "sentinel", "ok"),
+                      row("b", 20, "none", "crash", 10, True, True), row("b", 20, "nan", "ok", fix=True)])
+    pool = V.fill_pooled(t)
+    assert pool["strata"] == [(("a", 8), 1, 1, 1, 2), (("b", 20), 1, 1, 2, 3)]
+    assert pool["p"] == pytest.approx(1 / 2 * 2 / 3) and not pool["all_crashes_nan"]
+    assert pool["filled_as_ruled"] and pool["own_nan"] and list(pool["other"]["pre-fill"]) == ["none"]
+    # the plain crash without NaN of its own first: not own_nan; a finite-filled crash: not as ruled
+    t.loc[4, "first NaN step"] = None
+    assert not V.fill_pooled(t)["own_nan"]
+    t.loc[3, "outcome"] = "crash"
+    assert not V.fill_pooled(t)["filled_as_ruled"]
+    # no stratum with a crash: nothing to test
+    assert V.fill_pooled(t[t["outcome"] == "ok"]) is None
+
+
 def test_fill_strata_by_session_keeps_sessions_apart():
     t = pd.DataFrame({"gpu_session": ["a", "a", "b", "b", "b"], "concurrency": [8, 8, 8, 8, 32],
                       "fix": [False, False, False, True, False], "pre-fill": ["nan", "zero", "sentinel", "nan", "nan"],
