@@ -391,6 +391,24 @@ def nan_rows_by_step(probe: dict):
                                        "NaN rows beyond the reference", "requests with NaN (graph pass)"])
 
 
+def plot_nan_rows(ax, grid, title: str):
+    """Draw one :func:`nan_rows_by_step` table on ``ax``: target attention layers (rows, with their KV-cache group) by
+    FULL step (columns), colour the non-finite rows beyond the reference pass. Returns the image (for a colour bar)."""
+    col = "NaN rows beyond the reference"
+    if not len(grid):
+        raise LabError(f"{title}: no FULL step with taps to draw")
+    mat = grid.pivot_table(index="layer number", columns="step", values=col, aggfunc="sum")
+    im = ax.imshow(mat.values, aspect="auto", cmap="Reds", vmin=0, vmax=max(1, int(grid[col].max())))
+    ax.set_xticks(range(len(mat.columns)))
+    ax.set_xticklabels(mat.columns, fontsize=7)
+    grp = grid.drop_duplicates("layer number").set_index("layer number")["group"]
+    ax.set_yticks(range(len(mat.index)))
+    ax.set_yticklabels([f"L{n} attn (group {grp[n]})" for n in mat.index], fontsize=7)
+    ax.set_xlabel("target step (FULL steps)")
+    ax.set_title(title, fontsize=8)
+    return im
+
+
 def has_taps(probe: dict) -> bool:
     return any("taps" in st for st in probe["steps"])
 

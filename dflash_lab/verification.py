@@ -468,6 +468,18 @@ def of_matrix(probes, df, matrix: str):
     return probes[(probes["session"] + ".jsonl").isin(files)]
 
 
+def matrix_run_lines(df, matrices):
+    """The run lines of ``matrices`` (names), in the order they were recorded, start-up errors included: which run,
+    its outcome, the engine's start-up and the run's wall seconds, the probe's build-ledger setting and the error."""
+    import pandas as pd
+
+    r = df[df["matrix"].isin(list(matrices))] if len(df) and "matrix" in df else df.iloc[0:0]
+    col = lambda c: r[c] if c in r else pd.Series([None] * len(r), index=r.index, dtype=object)  # noqa: E731
+    return pd.DataFrame({"run": r["file"].str.replace(".jsonl", "", regex=False) + "/" + r["run_id"],
+                         "outcome": r["outcome"], "engine start s": col("startup_s"), "run wall s": col("runner_wall_s"),
+                         "build ledger": col("probe_ledger"), "error": col("error").fillna("")})
+
+
 def untapped_runs(df, concurrency: int):
     """Untapped stock FULL_AND_PIECEWISE run lines, offline at TP=1 and ``concurrency`` (synthetic acceptance 1.86),
     that measured the engine (no deadline cut or failed start)."""
@@ -572,6 +584,40 @@ def fill_pooled(t) -> dict | None:
             "own_nan": bool(len(other) and (other["pre-fill"] == "none").all() and other["first NaN step"].notna().all()
                             and other["NaN only in unwritten requests"].eq(True).all()
                             and other["earlier writes finite"].eq(True).all())}
+
+
+PLAIN_SITE_COLUMNS = ["concurrency", "runs", "crashed", "GPU sessions", "first FULL step", "sites", "first NaN step",
+                      "first NaN layer", "NaN requests", "own NaN", "last steps"]
+
+
+def plain_sites(t):
+    """Where the stock runs without a pre-fill of a :func:`fill_table` turned NaN first, per concurrency: how many ran
+    and crashed, in which GPU sessions, how many distinct first sites (first NaN step, layer and requests) they show,
+    that site when there is one (else None), whether every run had NaN of its own first (a first NaN step, within the
+    requests the stale schedule leaves unwritten, every earlier write of that step finite) and the last steps their
+    probes recorded. A run with no NaN at all is a site of its own (step None)."""
+    import pandas as pd
+
+    plain = t[~t["fix"].astype(bool) & (t["pre-fill"] == "none")]
+    rows = []
+    for c, g in plain.groupby("concurrency"):
+        site = lambda r: (None if pd.isna(r["first NaN step"]) else int(r["first NaN step"]),  # noqa: E731
+                          r["first NaN layer"] if isinstance(r["first NaN layer"], str) else None,
+                          tuple(r["NaN requests"]) if isinstance(r["NaN requests"], (list, tuple)) else None)
+        sites = {site(r) for _, r in g.iterrows()}
+        one = next(iter(sites)) if len(sites) == 1 else (None, None, None)
+        rows.append({"concurrency": int(c), "runs": len(g), "crashed": int((g["outcome"] == "crash").sum()),
+                     "GPU sessions": ", ".join(sorted({str(s) for s in g["gpu_session"]})),
+                     "first FULL step": ", ".join(str(int(x)) for x in sorted(set(g["first FULL step"].dropna()))),
+                     "sites": len(sites), "first NaN step": one[0], "first NaN layer": one[1],
+                     "NaN requests": list(one[2]) if one[2] is not None else None,
+                     "own NaN": bool(g["first NaN step"].notna().all()
+                                     and g["NaN only in unwritten requests"].eq(True).all()
+                                     and g["earlier writes finite"].eq(True).all()),
+                     "last steps": sorted({int(x) for x in g["last step"].dropna()})})
+    out = pd.DataFrame(rows, columns=PLAIN_SITE_COLUMNS)
+    out["first NaN step"] = out["first NaN step"].astype("Int64")   # stays an integer beside a concurrency without one
+    return out
 
 
 def ledger_label(ledger) -> str:

@@ -122,6 +122,30 @@ def test_nan_rows_by_step_counts_only_the_rows_the_reference_lacks_per_layer_and
     assert list(t["NaN rows beyond the reference"]) == [0]
 
 
+def test_plot_nan_rows_draws_layers_by_step_with_their_groups():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p = probe({2: {"m.layers.15.attn": tap(None, [1, 2]), "m.layers.3.attn": tap(None, [1], ref=16),
+                   "m.layers.7.attn": tap(None)},
+               3: {"m.layers.7.attn": tap(None, [0, 4, 5], ref=16)}})
+    fig, ax = plt.subplots()
+    try:
+        im = F.plot_nan_rows(ax, F.nan_rows_by_step(p), "t")
+        # rows: layers in model order with their group; columns: the FULL steps; a layer with no tap at a step is blank
+        assert [x.get_text() for x in ax.get_yticklabels()] == ["L3 attn (group 6)", "L7 attn (group 7)", "L15 attn (group 7)"]
+        assert [x.get_text() for x in ax.get_xticklabels()] == ["2", "3"]
+        a = im.get_array()
+        assert a[2, 0] == 32 and a[1, 1] == 32 and a[0, 0] == 0 and bool(a.mask[0, 1])
+        assert im.get_clim() == (0, 32) and ax.get_title() == "t"
+        # nothing to draw (no FULL step with taps): one clear error, not a pandas one
+        with pytest.raises(LabError, match="no FULL step with taps"):
+            F.plot_nan_rows(ax, F.nan_rows_by_step(probe({})), "empty")
+    finally:
+        plt.close(fig)
+
+
 def test_tap_summary_and_stale_vectors():
     p = probe({2: {"m.layers.7.attn": tap(list(range(1, 8)), [1]), "m.layers.15.attn": tap([])},
                3: {"m.layers.7.attn": tap([])}})

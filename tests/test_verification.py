@@ -387,6 +387,50 @@ def test_fill_pooled_reads_the_strata_and_the_crashes_outside_the_nan_runs():
     assert V.fill_pooled(t[t["outcome"] == "ok"]) is None
 
 
+def test_plain_sites_groups_the_unfilled_stock_runs_by_their_first_nan_site():
+    L15, L23 = "language_model.model.layers.15.self_attn.attn", "language_model.model.layers.23.self_attn.attn"
+
+    def row(s, c, fill="none", outcome="crash", first=10, layer=L15, reqs=(10, 12), last=16, fix=False):
+        return {"gpu_session": s, "concurrency": c, "fix": fix, "pre-fill": fill, "outcome": outcome,
+                "first FULL step": 3, "first NaN step": first, "first NaN layer": layer,
+                "NaN requests": list(reqs) if reqs is not None else None, "NaN only in unwritten requests": first is not None,
+                "earlier writes finite": first is not None, "last step": last}
+
+    t = pd.DataFrame([row("s41", 20), row("s42", 20), row("s42", 20, last=17),
+                      row("s42", 28, first=11, layer=L23, reqs=(14, 15), last=23),
+                      row("s42", 28, first=11, layer=L23, reqs=(14, 16), last=23),
+                      row("s42", 28, fill="nan", first=3, layer="x", reqs=(0,), last=3),   # filled: not a plain run
+                      row("s42", 20, first=5, fix=True)])                                   # the fix: not stock
+    sites = V.plain_sites(t).set_index("concurrency")
+    assert list(sites.columns) == V.PLAIN_SITE_COLUMNS[1:]
+    r20, r28 = sites.loc[20], sites.loc[28]
+    assert (r20["runs"], r20["crashed"], r20["GPU sessions"], r20["sites"]) == (3, 3, "s41, s42", 1)
+    assert (r20["first NaN step"], r20["first NaN layer"], r20["NaN requests"]) == (10, L15, [10, 12])
+    assert r20["own NaN"] and r20["last steps"] == [16, 17] and r20["first FULL step"] == "3"
+    # other requests are another site: no single site to report
+    assert r28["sites"] == 2 and pd.isna(r28["first NaN step"]) and r28["NaN requests"] is None and r28["runs"] == 2
+    # a run with no NaN at all is a site of its own and not "own NaN"
+    t2 = pd.concat([t, pd.DataFrame([row("s43", 20, outcome="ok", first=None, layer=None, reqs=None, last=281)])])
+    r = V.plain_sites(t2).set_index("concurrency").loc[20]
+    assert r["sites"] == 2 and not r["own NaN"] and r["crashed"] == 3 and r["runs"] == 4
+    assert len(V.plain_sites(t[t["pre-fill"] == "nan"])) == 0
+
+
+def test_matrix_run_lines_keeps_the_recorded_order_and_the_start_up_errors():
+    df = pd.DataFrame({"matrix": ["m1", "other", "m1", "m2"], "file": ["a.jsonl", "x.jsonl", "a.jsonl", "b.jsonl"],
+                       "run_id": ["e1/c28/r0", "e/c8/r0", "e2/c20/r0", "e3/c28/r0"],
+                       "outcome": ["startup_error", "ok", "crash", "ok"], "startup_s": [None, 50.0, 62.3, 55.8],
+                       "runner_wall_s": [None, 80.0, 11.1, None], "probe_ledger": [None, None, True, True],
+                       "error": ["start-up limit", None, "CUDA error", None]})
+    t = V.matrix_run_lines(df, ["m1", "m2"])
+    assert list(t["run"]) == ["a/e1/c28/r0", "a/e2/c20/r0", "b/e3/c28/r0"]
+    assert list(t["outcome"]) == ["startup_error", "crash", "ok"] and list(t["error"]) == ["start-up limit", "CUDA error", ""]
+    assert list(t.columns) == ["run", "outcome", "engine start s", "run wall s", "build ledger", "error"]
+    # run lines recorded before a column existed read as unknown, not as an error
+    assert list(V.matrix_run_lines(df.drop(columns=["probe_ledger"]), ["m2"])["build ledger"]) == [None]
+    assert V.matrix_run_lines(df, ["none"]).empty
+
+
 def test_fill_strata_by_session_keeps_sessions_apart():
     t = pd.DataFrame({"gpu_session": ["a", "a", "b", "b", "b"], "concurrency": [8, 8, 8, 8, 32],
                       "fix": [False, False, False, True, False], "pre-fill": ["nan", "zero", "sentinel", "nan", "nan"],
