@@ -800,9 +800,10 @@ def _unwritten_clause(df, pt) -> str:
 
 
 TAPS_MATRIX, BUILDS_MATRIX = "probe-taps-tp1", "probe-builds-tp1"
-# the pre-fill matrices: 8 and 16 (s37, one sentinel run at 8 in s38), 32 (s38) and 20 (s41, once), each predicted
-# before its run
-FILL_MATRICES = ("probe-fill-tp1", "probe-fill32-tp1", "probe-fill20-tp1")
+# the pre-fill matrices: 8 and 16 (s37, one sentinel run at 8 in s38), 32 (s38), 20 (s41, once) and 28 (s42, once, with
+# a plain-tap run at 20), each predicted before its run; probe-early2-tp1 (s42) repeats probe-early-tp1's plain-tap
+# engines, and its header, copied from probe-early-tp1's, counts it here too
+FILL_MATRICES = ("probe-fill-tp1", "probe-fill32-tp1", "probe-fill20-tp1", "probe-early-tp1", "probe-early2-tp1")
 # the build ledger's test and the unprobed engines' schedule snapshot (s39, s40), predicted before its run: the name
 # verification.padding_test reads, one definition
 from .verification import PADDING_MATRIX  # noqa: E402
@@ -858,7 +859,8 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
         return out + "."
     strata, other = pool["strata"], pool["other"]
     where = ", ".join(str(c) for c in sorted({x[0][1] for x in strata}))
-    per = "; ".join(f"{_short(sx)} at {c}: {e} crashes in {n} runs" + ("" if ci == e else f", {n_in} NaN-filled")
+    per = "; ".join(f"{_short(sx)} at {c}: {e} crash{'es' if e != 1 else ''} in {n} run{'s' if n != 1 else ''}"
+                    + ("" if ci == e else f", {n_in} NaN-filled")
                     for (sx, c), ci, n_in, e, n in strata)
     odds = (f"), 1 in {round(1 / pool['p'])} if the pre-fill did not matter (exact test, one-sided, per session and "
             "concurrency")
@@ -866,19 +868,32 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
         return out + (f". At {where} (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within "
                       "each session and concurrency every stock crash was a NaN-filled run (" + per + odds + ").")
     if pool["filled_as_ruled"] and pool["own_nan"]:
-        from .divergence import short
-
-        own = "; ".join(f"at {r['concurrency']}, first at step {int(r['first NaN step'])} in {short(r['first NaN layer'])}"
-                        for _, r in other.iterrows())
         them = "the other crash" if len(other) == 1 else f"the {len(other)} other crashes"
         return out + (f". At {where} (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within "
                       "each session and concurrency every NaN-filled stock run crashed and every 0- or sentinel-filled one "
-                      f"completed; {them} had no pre-fill, and NaN of its own in the requests FA3 left unwritten before "
-                      f"it died ({own}; what a probed engine's graph memory held there) (" + per + odds
-                      + "; a run without a pre-fill counts as not NaN-filled).")
+                      f"completed; {them} had no pre-fill, and NaN of {'its' if len(other) == 1 else 'their'} own in the "
+                      f"requests FA3 left unwritten before {'it' if len(other) == 1 else 'they'} died ("
+                      + plain_sites_text(verification.plain_sites(other)) + "; what a probed engine's graph memory held "
+                      "there) (" + per + odds + "; a run without a pre-fill counts as not NaN-filled).")
     return out + (f". Within each session and concurrency the crashes were not all NaN-filled runs, and the others are "
                   "not shown to have had NaN of their own in the unwritten rows first (" + per + odds + "): these runs do "
                   "not show the crash following the unwritten rows' NaN.")
+
+
+def plain_sites_text(sites) -> str:
+    """:func:`verification.plain_sites` rows as prose: per concurrency, the runs and their one first NaN site."""
+    import pandas as pd
+
+    from .divergence import short
+
+    def one(r):
+        n = f"{r['runs']} run{'s' if r['runs'] != 1 else ''}"
+        if r["sites"] != 1:
+            return f"at {r['concurrency']}, {n} at {r['sites']} different first sites"
+        if pd.isna(r["first NaN step"]):
+            return f"at {r['concurrency']}, {n}, no NaN recorded"
+        return f"at {r['concurrency']}, {n}, first at step {int(r['first NaN step'])} in {short(r['first NaN layer'])}"
+    return "; ".join(one(r) for _, r in sites.iterrows())
 
 
 def _builds_clause(df, pt, probe_of=None) -> str:

@@ -39,27 +39,29 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "wrong: consistent with the crash needing that NaN, not decided") in text
     # the pre-registered tests of that (s37 at 8 and 16, s38 at 32): group 7's outputs alone pre-filled, every outcome
     # as predicted; the exact test keeps sessions apart (s38's stale schedules held other padding)
-    assert ("(probe-fill-tp1 and probe-fill32-tp1 and probe-fill20-tp1, s37, s38, s41, every engine under the step probe: "
-            "group 7's attention outputs alone pre-filled before FA3 runs, each outcome predicted in the matrix before the "
-            "run): 22 of 22 runs with a prediction ended as predicted; with NaN there stock crashed 7 of 7 (concurrency 8, "
-            "16, 20, 32); with 0 or the sentinel it completed 10 of 10 (concurrency 8, 20, 32), 2806 of 2806 FULL steps "
-            "still differing") in text
-    assert "without a pre-fill stock completed 2 of 3 (concurrency 16, 20)" in text
+    assert ("(probe-fill-tp1 and probe-fill32-tp1 and probe-fill20-tp1 and probe-early-tp1 and probe-early2-tp1, s37, s38, "
+            "s41, s42, every engine under the step probe: group 7's attention outputs alone pre-filled before FA3 runs, each "
+            "outcome predicted in the matrix before the run): 31 of 31 runs with a prediction ended as predicted; with NaN there "
+            "stock crashed 8 of 8 (concurrency 8, 16, 20, 28, 32); with 0 or the sentinel it completed 12 of 12 "
+            "(concurrency 8, 20, 28, 32), 3366 of 3366 FULL steps still differing") in text
+    assert "without a pre-fill stock completed 2 of 9 (concurrency 16, 20, 28)" in text
     assert "fix 2 with the same NaN completed 2 of 2 with 0 FULL steps differing" in text
-    # s41 at 20: the plain-tap run crashed too (predicted: untapped stock crashes there), after NaN of its own
-    assert ("At 8, 16, 20, 32 (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within each "
+    # s41 at 20, s42 at 20 and 28 (probe-early2-tp1 repeating them): the plain-tap runs crashed too (predicted: untapped
+    # stock crashes there), after NaN of their own, one first NaN site per concurrency
+    assert ("At 8, 16, 20, 28, 32 (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within each "
             "session and concurrency every NaN-filled stock run crashed and every 0- or sentinel-filled one completed; the "
-            "other crash had no pre-fill, and NaN of its own in the requests FA3 left unwritten before it died (at 20, first "
-            "at step 10 in L15 attn; what a probed engine's graph memory held there) (s37 at 8: 2 crashes in 5 runs; s37 at 16: 2 "
-            "crashes in 4 runs; s38 at 32: 2 crashes in 6 runs; s41 at 20: 2 crashes in 4 runs, 1 NaN-filled), 1 in 1800 "
-            "if the pre-fill did not matter") in text
+            "7 other crashes had no pre-fill, and NaN of their own in the requests FA3 left unwritten before they died (at "
+            "20, 4 runs, first at step 10 in L15 attn; at 28, 3 runs, first at step 11 in L23 attn; what a probed engine's "
+            "graph memory held there) (s37 at 8: 2 crashes in 5 runs; s37 at 16: 2 crashes in 4 runs; s38 at 32: 2 crashes "
+            "in 6 runs; s41 at 20: 2 crashes in 4 runs, 1 NaN-filled; s42 at 20: 3 crashes in 3 runs, 0 NaN-filled; s42 at "
+            "28: 4 crashes in 6 runs, 1 NaN-filled), 1 in 2700 if the pre-fill did not matter") in text
     # s38's build ledger: who wrote the stale schedule, and the padding that differs between sessions
     assert ("Who wrote it (probe-builds-tp1, s38, the probe's build ledger, 1 stock and 1 fixed engine(s) at 16): 4 of 4 "
             "predictions written before the run held ((a), (b), (c), (d)); group 7's builder built 32 times before the "
             "first served step, the FULL captures from 32 requests down to 1") in text
     # the padding follows the build ledger, not the session (s39 and s40 each ran both settings; probe-padding-tp1)
     assert ("held [0, 31, 0, 0, 0, 0, 0, 0, 0] in every stock tap probe with the build ledger off (s36, s37, s39, s40, 20 "
-            "probes); all 0x7fff7fff in every stock tap probe with the build ledger on (s38, s39, s40, s41, 15 probes); with a "
+            "probes); all 0x7fff7fff in every stock tap probe with the build ledger on (s38, s39, s40, s41, s42, 24 probes); with a "
             "sentinel pre-filled, group 7 left unwritten, on FULL steps of 8 requests, requests [1, 2, 3, 4, 5, 6, 7] in "
             "s37 (ledger off); requests [4, 5, 6, 7] in s38 (ledger on); requests [1, 2, 3, 4, 5, 6, 7] in s39 (ledger "
             "off); requests [4, 5, 6, 7] in s39 (ledger on); requests [1, 2, 3, 4, 5, 6, 7] in s40 (ledger off); requests "
@@ -355,7 +357,7 @@ def test_prefill_clause_says_when_an_outcome_missed_its_prediction(monkeypatch):
     table.loc[1, "outcome"] = "ok"
     text = clause()
     # the fix run is no stratum member (it completes whatever the fill): 1 crash in stock's 2 runs at 16
-    assert "s37 at 16: 1 crashes in 2 runs), 1 in 2 if the pre-fill did not matter" in text and "Not every" not in text
+    assert "s37 at 16: 1 crash in 2 runs), 1 in 2 if the pre-fill did not matter" in text and "Not every" not in text
     # every prediction held but nothing crashed (zero and fix runs only): no test, and no false "not every outcome held"
     table.loc[0, ["pre-fill", "predicted", "outcome"]] = ["zero", "ok", "ok"]
     text = clause()
@@ -373,10 +375,13 @@ def test_prefill_clause_says_when_an_outcome_missed_its_prediction(monkeypatch):
                                 "language_model.model.layers.15.self_attn.attn"]
     table["NaN only in unwritten requests"] = [True, None, None, True]
     table["earlier writes finite"] = [True, None, None, True]
+    table["NaN requests"] = [list(range(20)), None, None, [10, 12, 15, 17]]
+    table["first FULL step"] = [3, 3, 3, 3]
+    table["last step"] = [16, 281, 281, 16]
     text = clause()
     assert ("every NaN-filled stock run crashed and every 0- or sentinel-filled one completed; the other crash had no "
-            "pre-fill, and NaN of its own in the requests FA3 left unwritten before it died (at 20, first at step 10 in L15 "
-            "attn;") in text
+            "pre-fill, and NaN of its own in the requests FA3 left unwritten before it died (at 20, 1 run, first at step 10 "
+            "in L15 attn;") in text
     assert "s37 at 20: 2 crashes in 4 runs, 1 NaN-filled), 1 in 2 if the pre-fill did not matter" in text
     # without any 0- or sentinel-filled run the clause cannot say they all completed: the neutral ending instead
     saved = table
@@ -391,3 +396,19 @@ def test_prefill_clause_says_when_an_outcome_missed_its_prediction(monkeypatch):
     assert "every NaN-filled stock run crashed" not in text
     monkeypatch.setattr(verification, "of_matrix", lambda probes, df, m: pd.DataFrame({"path": []}))
     assert clause() == ""
+
+
+def test_plain_sites_text_names_one_site_or_says_there_are_several():
+    import pandas as pd
+
+    from dflash_lab import findings
+
+    sites = pd.DataFrame([{"concurrency": 20, "runs": 4, "sites": 1, "first NaN step": 10,
+                           "first NaN layer": "language_model.model.layers.15.self_attn.attn"},
+                          {"concurrency": 28, "runs": 1, "sites": 1, "first NaN step": 11,
+                           "first NaN layer": "language_model.model.layers.23.self_attn.attn"},
+                          {"concurrency": 32, "runs": 2, "sites": 2, "first NaN step": float("nan"), "first NaN layer": None},
+                          {"concurrency": 16, "runs": 2, "sites": 1, "first NaN step": float("nan"), "first NaN layer": None}])
+    assert findings.plain_sites_text(sites) == ("at 20, 4 runs, first at step 10 in L15 attn; at 28, 1 run, first at "
+                                                 "step 11 in L23 attn; at 32, 2 runs at 2 different first sites; at 16, "
+                                                 "2 runs, no NaN recorded")
