@@ -581,9 +581,14 @@ def fill_pooled(t) -> dict | None:
             "filled_as_ruled": (len(finite) > 0 and bool((finite["outcome"] == "ok").all())
                                 and len(nan) > 0 and bool((nan["outcome"] == "crash").all())),
             "other": other,
-            "own_nan": bool(len(other) and (other["pre-fill"] == "none").all() and other["first NaN step"].notna().all()
-                            and other["NaN only in unwritten requests"].eq(True).all()
-                            and other["earlier writes finite"].eq(True).all())}
+            "own_nan": bool(len(other) and (other["pre-fill"] == "none").all() and nan_of_their_own(other))}
+
+
+def nan_of_their_own(rows) -> bool:
+    """Whether every :func:`fill_table` row had NaN of its own first: a first NaN step, within the requests the stale
+    schedule leaves unwritten, every earlier write of that step finite."""
+    return bool(rows["first NaN step"].notna().all() and rows["NaN only in unwritten requests"].eq(True).all()
+                and rows["earlier writes finite"].eq(True).all())
 
 
 PLAIN_SITE_COLUMNS = ["concurrency", "runs", "crashed", "GPU sessions", "first FULL step", "sites", "first NaN step",
@@ -611,9 +616,7 @@ def plain_sites(t):
                      "first FULL step": ", ".join(str(int(x)) for x in sorted(set(g["first FULL step"].dropna()))),
                      "sites": len(sites), "first NaN step": one[0], "first NaN layer": one[1],
                      "NaN requests": list(one[2]) if one[2] is not None else None,
-                     "own NaN": bool(g["first NaN step"].notna().all()
-                                     and g["NaN only in unwritten requests"].eq(True).all()
-                                     and g["earlier writes finite"].eq(True).all()),
+                     "own NaN": nan_of_their_own(g),
                      "last steps": sorted({int(x) for x in g["last step"].dropna()})})
     out = pd.DataFrame(rows, columns=PLAIN_SITE_COLUMNS)
     out["first NaN step"] = out["first NaN step"].astype("Int64")   # stays an integer beside a concurrency without one
