@@ -139,6 +139,9 @@ def cell_label(r: dict) -> str:
         if r.get("probe_ledger") == True:  # noqa: E712 (a DataFrame row may hold numpy booleans or NaN)
             # the ledger copies each FA buffer after every build: other allocations around capture (s38)
             extra.append("build ledger")
+    if r.get("probe_oor") is True:
+        # an intervention: the run's sampled ids were changed, so its outcome is not stock's
+        extra.append("out-of-vocabulary sampled ids replaced by 0")
     if r.get("canary") is True:
         extra.append("canaries raise")
     if r.get("async_scheduling") is False:

@@ -76,6 +76,13 @@ ENV_FILL_LAYERS = "DFLASH_LAB_PROBE_FILL_LAYERS"  # "7,15,23": pre-fill only the
 # "0": no build ledger with the taps. The ledger clones each FA builder's buffer after every build, which changes the
 # caching allocator's blocks around capture; s38's stale schedules held other padding than s37's (without it)
 ENV_LEDGER = "DFLASH_LAB_PROBE_LEDGER"
+# "1": an intervention, not an observation. Every sampled token id at or above the vocabulary size is replaced by
+# OOR_TOKEN right after sampling, before anything reads it. vLLM 0.22.1's rejection sampler returns vocab_size itself
+# for some rows of NaN logits (s43, from the recorded sample lines), and the drafter's next-token kernel counts such a
+# row as holding no valid token (spec_decode/utils.py:220, `token_ids < vocab_size`), which no other row of a served
+# request can be. With the replacement the row keeps one valid token: whether the crash needs those ids is the test.
+ENV_OOR = "DFLASH_LAB_PROBE_OOR"
+OOR_TOKEN = 0  # what argmax returns for an all-NaN row: the token the other NaN rows already carry
 FILLS = {"sentinel": 8192.0, "nan": float("nan"), "zero": 0.0}
 TAP_ROWS = 1024  # rows copied per layer: FULL graphs replay at most the largest capture size (512 here)
 SENTINEL = 8192.0  # exact in bf16/fp16/fp32; a softmax-weighted mean of V rows does not land on it by chance
@@ -622,8 +629,9 @@ class StepProbe:
     """Per-process state: step counter, request ids, output file."""
 
     def __init__(self, outdir: str | None, raise_on_violation: bool, reference: bool, rel_tol: float = 1e-3,
-                 taps: AttnTaps | None = None, ledger: bool = True):
+                 taps: AttnTaps | None = None, ledger: bool = True, oor: bool = False):
         self.outdir = outdir
+        self.oor = oor  # replace out-of-vocabulary sampled ids (ENV_OOR): an intervention
         self.taps = taps if reference else None
         self.builds = BuildLedger() if self.taps is not None and ledger else None
         self.raise_on_violation = raise_on_violation
@@ -907,6 +915,20 @@ class StepProbe:
         self.pending_sample = {"logits_rows": int(logits.shape[0]), "logits_nonfinite": len(rows),
                                "logits_first_bad": rows[:8]}
 
+    def after_sampler(self, runner, sampler_output) -> None:
+        """Out-of-vocabulary sampled ids: counted on every step, and replaced first when ``oor`` is on (the sample
+        line's ``oor_sampled`` is the count the sampler returned, ``oor_replaced`` how many were replaced)."""
+        ids = getattr(sampler_output, "sampled_token_ids", None)
+        if ids is None or self.step == 0:
+            return
+        vocab = int(runner.input_batch.vocab_size)
+        pending = self.pending_sample if self.pending_sample is not None else {}
+        if self.oor:
+            pending["oor_sampled"] = pending["oor_replaced"] = replace_out_of_vocab(ids, vocab)
+        else:
+            pending["oor_sampled"] = out_of_vocab(ids, vocab)
+        self.pending_sample = pending
+
     def after_update(self, runner, sampled_token_ids) -> None:
         """Valid sampled tokens per request (what num_accepted must be next step); one 'sample' line."""
         if self.step == 0:
@@ -993,6 +1015,32 @@ def taps_from_env() -> AttnTaps | None:
     return AttnTaps(fill=FILLS.get(v), fill_layers=layers)
 
 
+def oor_from_env() -> bool:
+    """``DFLASH_LAB_PROBE_OOR``: ``1`` replaces out-of-vocabulary sampled ids (:func:`replace_out_of_vocab`), unset
+    or ``0`` leaves them as sampled."""
+    v = os.environ.get(ENV_OOR, "").strip()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"{ENV_OOR}={v!r}: expected 0 or 1")
+    return v == "1"
+
+
+def out_of_vocab(sampled, vocab_size: int) -> int:
+    """How many sampled ids are ``>= vocab_size`` (``-1``, the rejected placeholder, is not counted)."""
+    return int((sampled >= vocab_size).sum().item())
+
+
+def replace_out_of_vocab(sampled, vocab_size: int, token: int = OOR_TOKEN) -> int:
+    """In place: every id ``>= vocab_size`` becomes ``token``; placeholders (``-1``) and valid ids are left alone.
+    Returns how many ids were replaced."""
+    if not 0 <= token < vocab_size:
+        raise ValueError(f"replacement token {token} is not a valid id for a vocabulary of {vocab_size}")
+    bad = sampled >= vocab_size
+    n = int(bad.sum().item())
+    if n:
+        sampled.masked_fill_(bad, token)
+    return n
+
+
 def ledger_from_env() -> bool:
     """``DFLASH_LAB_PROBE_LEDGER``: unset or ``1`` keeps the build ledger (with the taps), ``0`` leaves it out."""
     v = os.environ.get(ENV_LEDGER, "").strip()
@@ -1011,7 +1059,7 @@ def install() -> StepProbe:
     probe = StepProbe(os.environ.get(ENV_PROBE) or None,
                       raise_on_violation=os.environ.get(ENV_CANARY, "0") not in ("", "0"),
                       reference=os.environ.get(ENV_REF, "1") not in ("", "0"), taps=taps,
-                      ledger=ledger_from_env())
+                      ledger=ledger_from_env(), oor=oor_from_env())
     _PROBE["probe"] = probe
     if probe.taps is not None:
         from vllm.v1.attention.backends import flash_attn as fa
@@ -1038,7 +1086,9 @@ def install() -> StepProbe:
 
         def _sample(self, logits, *a, **kw):
             probe.after_sample(self, logits)
-            return orig_sample(self, logits, *a, **kw)
+            out = orig_sample(self, logits, *a, **kw)
+            probe.after_sampler(self, out)  # before _update_states_after_model_execute and the drafter read it
+            return out
 
         R._sample = _sample
         orig_update = R._update_states_after_model_execute

@@ -80,6 +80,9 @@ ENGINE_DEFAULTS = {
     "probe_taps": None,  # with probe: "1" attention-output taps; "sentinel" / "nan" / "zero": taps + that pre-fill
     "probe_fill_layers": None,  # with a pre-fill: only these layer numbers (probe.py DFLASH_LAB_PROBE_FILL_LAYERS)
     "probe_ledger": None,  # with probe_taps: false leaves the build ledger out (probe.py DFLASH_LAB_PROBE_LEDGER=0)
+    # with probe: true replaces sampled ids >= the vocabulary size by token 0 right after sampling (probe.py
+    # DFLASH_LAB_PROBE_OOR=1): an intervention, recorded in the run line
+    "probe_oor": False,
     "sched_snapshot": False,  # the target groups' FA3 schedules when the first served step begins (schedsnap.py)
     "canary": False,
     "acceptance": "natural",
@@ -141,7 +144,7 @@ def load_matrix(path: str) -> dict:
 # a matrix's env entry for one of them is refused (it would contradict the keys the line records)
 KEYED_ENV = ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_PROBE",
              "DFLASH_LAB_CANARY", "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", "DFLASH_LAB_PROBE_LEDGER",
-             "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV)
+             "DFLASH_LAB_PROBE_OOR", "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV)
 # every variable the engine-side code (plugin, hook, probe, schedsnap, splits) reads: none is inherited by an engine;
 # those without a matrix key (the hook's fatal mode, the probe's reference-pass switch) reach it only as env entries
 ENGINE_ENV = KEYED_ENV + ("DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF")
@@ -182,7 +185,7 @@ def validate_matrix(m, where="matrix") -> dict:
         keyed = sorted(set(eng["env"]) & set(KEYED_ENV))
         _check(not keyed, f"{where}: engine {e['id']}: env sets {keyed}, which the runner sets from matrix keys "
                           "(fix, fix_parts, hook, hook_sync, probe, canary, probe_taps, probe_fill_layers, probe_ledger, "
-                          "sched_snapshot, fa_splits): use the key")
+                          "probe_oor, sched_snapshot, fa_splits): use the key")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
         _check(eng["probe_taps"] in (None, "1", "sentinel", "nan", "zero"),
@@ -197,6 +200,9 @@ def validate_matrix(m, where="matrix") -> dict:
                f"{where}: engine {e['id']}: probe_ledger must be true or false (or left out)")
         _check(eng["probe_ledger"] is None or eng["probe_taps"] is not None,
                f"{where}: engine {e['id']}: probe_ledger needs probe_taps (the ledger only runs with the taps)")
+        _check(isinstance(eng["probe_oor"], bool), f"{where}: engine {e['id']}: probe_oor must be true or false")
+        _check(not eng["probe_oor"] or eng["probe"],
+               f"{where}: engine {e['id']}: probe_oor needs probe: true (the probe's sampler wrapper replaces the ids)")
         _check(isinstance(eng["sched_snapshot"], bool),
                f"{where}: engine {e['id']}: sched_snapshot must be true or false")
         _check(eng["probe_taps"] is None or eng["probe"],
@@ -357,6 +363,7 @@ class Runner:
             "probe": e["probe"], "probe_taps": e["probe_taps"], "probe_fill_layers": e["probe_fill_layers"],
             # the ledger runs with the taps unless turned off: the line says which it was
             "probe_ledger": (e["probe_ledger"] is not False) if e["probe_taps"] else None,
+            "probe_oor": e["probe_oor"],
             "sched_snapshot": e["sched_snapshot"],
             "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
@@ -474,6 +481,8 @@ class Runner:
                 env["DFLASH_LAB_PROBE_FILL_LAYERS"] = ",".join(str(x) for x in e["probe_fill_layers"])
             if e["probe_ledger"] is not None:
                 env["DFLASH_LAB_PROBE_LEDGER"] = "1" if e["probe_ledger"] else "0"
+            if e["probe_oor"]:
+                env["DFLASH_LAB_PROBE_OOR"] = "1"
         if e["sched_snapshot"]:
             env["DFLASH_LAB_SCHED_SNAPSHOT"] = str(self.logdir / f"{tag}.sched")
         if e["canary"]:

@@ -8,6 +8,7 @@ the slot mapping. A "replay bug" can be switched on in one layer for FULL-graph 
 """
 
 import enum
+import json
 import sys
 import types
 from contextlib import contextmanager
@@ -577,3 +578,46 @@ def test_the_ledger_can_be_left_out_of_a_tapped_probe(tmp_path, monkeypatch):
     monkeypatch.delenv(P.ENV_TAPS)
     with pytest.raises(ValueError, match="needs DFLASH_LAB_PROBE_TAPS"):
         P.ledger_from_env()
+
+
+def test_out_of_vocabulary_ids_are_counted_and_replaced_in_place_only():
+    t = torch.tensor([[248320, -1, -1], [5, 7, -1], [0, 248320, 248321]])
+    assert P.out_of_vocab(t, 248320) == 3
+    before = t.clone()
+    assert P.out_of_vocab(t, 248321) == 1 and torch.equal(t, before)   # counting changes nothing
+    assert P.replace_out_of_vocab(t, 248320) == 3
+    assert t.tolist() == [[0, -1, -1], [5, 7, -1], [0, 0, 0]]            # placeholders and valid ids kept
+    assert P.replace_out_of_vocab(t, 248320) == 0
+    with pytest.raises(ValueError, match="not a valid id"):
+        P.replace_out_of_vocab(t, 248320, token=248320)
+
+
+def test_the_replacement_switch_reads_only_0_or_1(monkeypatch):
+    monkeypatch.delenv(P.ENV_OOR, raising=False)
+    assert P.oor_from_env() is False
+    monkeypatch.setenv(P.ENV_OOR, "1")
+    assert P.oor_from_env() is True
+    monkeypatch.setenv(P.ENV_OOR, "yes")
+    with pytest.raises(ValueError, match="expected 0 or 1"):
+        P.oor_from_env()
+
+
+@pytest.mark.parametrize("oor", [False, True])
+def test_the_sample_line_says_how_many_ids_were_out_of_vocabulary(tmp_path, oor):
+    """The sampler's ids as returned (oor_sampled); with the intervention they are replaced before the runner's
+    state update reads them, so the valid counts and first tokens the line records are the replaced ones."""
+    probe = P.StepProbe(str(tmp_path), raise_on_violation=False, reference=False, oor=oor)
+    probe.step = 3
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(vocab_size=100, req_ids=["a", "b", "c"]))
+    logits = torch.zeros(3, 100)
+    logits[1] = float("nan")
+    probe.after_sample(runner, logits)
+    ids = torch.tensor([[4, 4, -1], [100, -1, -1], [4, -1, -1]])
+    probe.after_sampler(runner, types.SimpleNamespace(sampled_token_ids=ids))
+    probe.after_update(runner, ids)
+    line = [json.loads(x) for x in open(probe.path)][-1]
+    assert line["kind"] == "sample" and line["oor_sampled"] == 1 and line["logits_nonfinite"] == 1
+    if oor:
+        assert line["oor_replaced"] == 1 and line["first_token"] == [4, 0, 4] and line["valid"] == [2, 1, 1]
+    else:
+        assert "oor_replaced" not in line and line["first_token"] == [4, 100, 4]

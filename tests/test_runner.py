@@ -271,6 +271,22 @@ def test_ledger_switch_and_schedule_snapshot_reach_only_the_engine_that_asked(tm
     assert "DFLASH_LAB_PROBE_LEDGER= DFLASH_LAB_SCHED_SNAPSHOT=\n" in env["plain"]
 
 
+def test_the_out_of_vocabulary_replacement_reaches_only_the_engine_that_asked(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    monkeypatch.setenv("DFLASH_LAB_PROBE_OOR", "1")             # inherited: must not leak
+    lines, _ = run(tmp_path, [
+        {"id": "oor", "probe": True, "probe_taps": "1", "probe_oor": True, "runs": [{"concurrency": 1}]},
+        {"id": "taps", "probe": True, "probe_taps": "1", "runs": [{"concurrency": 1}]}], extra=("--logs", str(logs)))
+    by = {l["engine_id"]: l for l in lines}
+    assert by["oor"]["probe_oor"] is True and by["taps"]["probe_oor"] is False
+    env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+    assert "fake engine oor: DFLASH_LAB_PROBE_OOR=1\n" in env["oor"]
+    assert "fake engine oor: DFLASH_LAB_PROBE_OOR=\n" in env["taps"]
+    from dflash_lab import analysis
+    assert "out-of-vocabulary sampled ids replaced by 0" in analysis.cell_label(by["oor"])
+    assert "out-of-vocabulary" not in analysis.cell_label(by["taps"])
+
+
 def test_no_engine_switch_is_inherited_and_env_entries_reach_the_engine(tmp_path, monkeypatch):
     logs = tmp_path / "logs"
     for k in ("DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF"):
@@ -304,6 +320,8 @@ def test_every_variable_the_engine_side_reads_is_controlled_by_the_runner(root):
     ({"probe": True, "probe_taps": "1", "probe_ledger": "no"}, "probe_ledger must be true or false"),
     ({"probe": True, "probe_taps": "1", "probe_ledger": 1}, "probe_ledger must be true or false"),
     ({"sched_snapshot": "yes"}, "sched_snapshot must be true or false"),
+    ({"probe_oor": True}, "probe_oor needs probe: true"),
+    ({"probe": True, "probe_oor": "yes"}, "probe_oor must be true or false"),
     ({"probe_taps": "sentinel"}, "probe_taps needs probe: true"),
     ({"probe": True, "probe_taps": 1}, "probe_taps must be '1', 'sentinel', 'nan' or 'zero'"),
     ({"probe": True, "probe_taps": "1", "probe_fill_layers": [7]}, "probe_fill_layers needs a pre-fill"),
