@@ -144,6 +144,69 @@ def zero_accepted(probe: dict, group: str = "gdn0"):
     return pd.DataFrame(rows, columns=ZERO_ACCEPTED_COLUMNS)
 
 
+OOR_COLUMNS = ["step", "row", "request", "token"]
+
+
+def out_of_vocab_ids(probe: dict, vocab_size: int):
+    """Every (step, batch row, request) whose first sampled id, as the probe's sample line recorded it, is at or above
+    ``vocab_size``. vLLM 0.22.1's drafter counts only ids below it as valid (spec_decode/utils.py:220), so such a row
+    holds no valid token: the next step's accepted count for it is 0. With the probe's replacement on (probe_oor) the
+    line records the replaced ids, and ``oor_replaced`` says how many there were."""
+    import pandas as pd
+
+    rows = [{"step": st, "row": row, "request": req, "token": int(tok)}
+            for st, smp in sorted(probe["samples"].items())
+            for row, (req, tok) in enumerate(zip(smp.get("reqs") or [], smp.get("first_token") or []))
+            if int(tok) >= vocab_size]
+    return pd.DataFrame(rows, columns=OOR_COLUMNS)
+
+
+def oor_links(probe: dict, vocab_size: int, group: str = "gdn0") -> dict:
+    """Whether a step's accepted-0 rows (:func:`zero_accepted`) are exactly the requests whose first sampled id the
+    step before was out of vocabulary (:func:`out_of_vocab_ids`), on every step that has either and whose previous
+    step's sample line was recorded: ``linked`` such steps, ``unlinked`` the steps where the two sets differ."""
+    oor = out_of_vocab_ids(probe, vocab_size)
+    zero = zero_accepted(probe, group)
+    by_step_oor = {s: set(g["request"]) for s, g in oor.groupby("step")}
+    by_step_zero = {s: set(g["request"]) for s, g in zero.groupby("step")}
+    linked, unlinked = 0, []
+    for s in probe["steps"]:
+        st = s["step"]
+        g = (s.get("gdn") or {}).get(group)
+        if not g or g.get("na") is None or (st - 1) not in probe["samples"]:
+            continue
+        running = set(s.get("reqs") or [])
+        want = by_step_oor.get(st - 1, set()) & running   # a request that finished is not in the next step
+        got = by_step_zero.get(st, set())
+        if want or got:
+            if want == got:
+                linked += 1
+            else:
+                unlinked.append(st)
+    return {"linked": linked, "unlinked": unlinked}
+
+
+ROW0_HOW = {"sampled": "row 0's own sampled id out of vocabulary (the same step's drafter inputs read it)",
+            "moved": "a request with an accepted count of 0 moved into row 0 (the GDN kernel reads state column -1)"}
+
+
+def row0_without_token(probe: dict, vocab_size: int, group: str = "gdn0") -> dict | None:
+    """The first step in which batch row 0 holds a request with no valid token from its last step: its GDN accepted
+    count is 0 at the step's start (``moved``: the request got an out-of-vocabulary id while in another row, then
+    moved into row 0 when the batch was condensed), or its first sampled id in that step is out of vocabulary
+    (``sampled``). In row 0 the column before the first is the element before the tensor (fused_sigmoid_gating.py
+    106-111 for the GDN state indices; for the DFlash input kernel, v1/spec_decode/utils.py:526, the position read
+    before a request's first context token). None when it never happened."""
+    for s in probe["steps"]:
+        g = (s.get("gdn") or {}).get(group) or {}
+        if g.get("na") and int(g["na"][0]) == 0:
+            return {"step": s["step"], "how": "moved"}
+        smp = probe["samples"].get(s["step"]) or {}
+        if smp.get("first_token") and int(smp["first_token"][0]) >= vocab_size:
+            return {"step": s["step"], "how": "sampled"}
+    return None
+
+
 def nan_onset(probe: dict) -> dict | None:
     """The first step whose graph replay produced NaN/Inf outputs where the reference pass did not."""
     for s in probe["steps"]:

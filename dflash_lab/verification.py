@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from . import analysis, divergence
+from .errors import LabError
 
 FULL = "FULL_AND_PIECEWISE"
 
@@ -621,6 +622,120 @@ def plain_sites(t):
     out = pd.DataFrame(rows, columns=PLAIN_SITE_COLUMNS)
     out["first NaN step"] = out["first NaN step"].astype("Int64")   # stays an integer beside a concurrency without one
     return out
+
+
+OOR_TABLE_COLUMNS = ["session", "engine", "matrix", "gpu_session", "concurrency", "outcome", "ids replaced",
+                     "first NaN-logits step", "NaN-logits steps", "first out-of-vocabulary step",
+                     "out-of-vocabulary first ids", "ids replaced (count)", "accepted-0 rows", "linked steps",
+                     "unlinked steps", "row-0 step", "row-0 how", "last step"]
+
+
+def _vocab_size(runs) -> int:
+    from . import models
+
+    targets = ({t.get("name") if isinstance(t, dict) else t for t in runs["target"]}
+               if len(runs) and "target" in runs else set())
+    if len(targets) != 1 or next(iter(targets)) not in models.TARGETS:
+        raise LabError(f"cannot tell the vocabulary size of a probe whose run lines name the targets {sorted(targets)}")
+    return int(models.TARGETS[next(iter(targets))]["text"]["vocab_size"])
+
+
+def oor_table(df, pattern: str = divergence.PROBE_GLOB):
+    """Every step-probe log, matched to its run lines: its first step with non-finite verify logits and how many
+    steps had them, its first step whose first sampled id was out of vocabulary (>= the target's vocabulary size) and
+    how many such ids it recorded, how many ids the probe's replacement changed (``probe_oor``; None when it was
+    off), its accepted-0 rows and whether they were, step by step, the requests that got an out-of-vocabulary id the
+    step before (:func:`divergence.oor_links`). A probe without run lines is left out (nothing says its target)."""
+    import pandas as pd
+
+    rows = []
+    for path in divergence.probe_files(pattern):
+        p = divergence.load_probe(path)
+        runs = probe_runs(df, p["session"], p["engine"])
+        if not len(runs):
+            continue
+        vocab = _vocab_size(runs)
+        smp = [p["samples"][k] for k in sorted(p["samples"])]
+        nan_steps = [x["step"] for x in smp if x.get("logits_nonfinite")]
+        oor = divergence.out_of_vocab_ids(p, vocab)
+        links = divergence.oor_links(p, vocab)
+        replaced = "probe_oor" in runs and bool(runs["probe_oor"].fillna(False).astype(bool).any())
+        r0 = divergence.row0_without_token(p, vocab) or {"step": None, "how": None}
+        rows.append({"session": p["session"], "engine": p["engine"],
+                     "matrix": ", ".join(sorted({str(x) for x in runs["matrix"]})) if "matrix" in runs else None,
+                     "gpu_session": ", ".join(sorted({str(x) for x in runs["gpu_session"]})),
+                     "concurrency": ", ".join(str(int(c)) for c in sorted(set(runs["concurrency"]))),
+                     "outcome": ", ".join(sorted(set(runs["outcome"]))), "ids replaced": replaced,
+                     "first NaN-logits step": nan_steps[0] if nan_steps else None, "NaN-logits steps": len(nan_steps),
+                     "first out-of-vocabulary step": int(oor["step"].min()) if len(oor) else None,
+                     "out-of-vocabulary first ids": len(oor),
+                     "ids replaced (count)": sum(int(x.get("oor_replaced") or 0) for x in smp) if replaced else None,
+                     "accepted-0 rows": len(divergence.zero_accepted(p)), "linked steps": links["linked"],
+                     "unlinked steps": links["unlinked"], "row-0 step": r0["step"], "row-0 how": r0["how"],
+                     "last step": p["steps"][-1]["step"] if p["steps"] else None})
+    out = pd.DataFrame(rows, columns=OOR_TABLE_COLUMNS)
+    for c in ("first NaN-logits step", "first out-of-vocabulary step", "ids replaced (count)", "row-0 step", "last step"):
+        out[c] = out[c].astype("Int64")
+    return out
+
+
+OOR_MATRIX = "probe-oor-tp1"
+
+
+def oor_predictions(t):
+    """The runs of ``probe-oor-tp1`` (s43) in an :func:`oor_table`, each against the prediction its matrix header wrote
+    before the run: the stock control (ids not replaced) crashes; with the ids replaced the run completes, its logits
+    still non-finite on later steps and no row's accepted count 0. ``held``: all of that, measured."""
+    x = t[t["matrix"] == OOR_MATRIX].copy()
+    x["predicted"] = x["ids replaced"].map(lambda r: "ok" if r else "crash")
+    x["held"] = [(o == pr) and (not r or (int(n) > 1 and int(z) == 0 and int(c or 0) > 0))
+                 for o, pr, r, n, z, c in zip(x["outcome"], x["predicted"], x["ids replaced"], x["NaN-logits steps"],
+                                              x["accepted-0 rows"], x["ids replaced (count)"].fillna(0))]
+    return x[["engine", "gpu_session", "concurrency", "ids replaced", "predicted", "outcome", "held",
+              "first NaN-logits step", "NaN-logits steps", "ids replaced (count)", "out-of-vocabulary first ids",
+              "accepted-0 rows", "last step"]]
+
+
+def row0_rule(t) -> dict:
+    """Over an :func:`oor_table`: the crashing runs whose last recorded step is their first row-0 step
+    (:func:`divergence.row0_without_token`), those where it is not (or that had none), and the completed runs that had
+    a row-0 step all the same. ``holds``: every crash at its first row-0 step and no completed run with one."""
+    crash, ok = t[t["outcome"] == "crash"], t[t["outcome"] == "ok"]
+    at = crash[crash["row-0 step"].notna() & (crash["row-0 step"] == crash["last step"])]
+    return {"crashes": len(crash), "at row-0 step": len(at), "not": crash[~crash.index.isin(at.index)],
+            "completed": len(ok), "completed with one": ok[ok["row-0 step"].notna()],
+            "by how": at.groupby("row-0 how")["concurrency"].agg(lambda c: sorted(set(c), key=int)).to_dict(),
+            "holds": len(at) == len(crash) > 0 and not ok["row-0 step"].notna().any()}
+
+
+def plot_row0(ax, t):
+    """One line per crashing run of an :func:`oor_table`: from its first step with non-finite logits to its last
+    recorded step, its first row-0 step marked; runs sorted by concurrency."""
+    import pandas as pd
+
+    x = t[t["outcome"] == "crash"].copy()
+    if not len(x):
+        raise LabError("no crashing run to plot")
+    x["c"] = x["concurrency"].map(lambda c: int(str(c).split(", ")[0]))
+    x = x.sort_values(["c", "last step"]).reset_index(drop=True)
+    for i, r in x.iterrows():
+        if not pd.isna(r["first NaN-logits step"]):
+            ax.plot([int(r["first NaN-logits step"]), int(r["last step"])], [i, i], color="0.6", lw=1.5)
+            ax.plot([int(r["first NaN-logits step"])], [i], "o", color="tab:orange", ms=4)
+        if not pd.isna(r["row-0 step"]):
+            ax.plot([int(r["row-0 step"])], [i], "x" if r["row-0 how"] == "sampled" else "s", color="tab:red", ms=7,
+                    mfc="none")
+        ax.plot([int(r["last step"])], [i], "|", color="k", ms=10)
+    ax.set_yticks(range(len(x)), [f"c{r['c']} {r['engine'].removesuffix('.a1')}" for _, r in x.iterrows()], fontsize=6)
+    ax.set_xscale("symlog", linthresh=30)
+    ax.set_xlabel("engine step")
+    for style, lab in ((dict(marker="o", color="tab:orange", ms=4), "first non-finite logits"),
+                       (dict(marker="|", color="k", ms=10), "last recorded step"),
+                       (dict(marker="x", color="tab:red", ms=7), "row 0 sampled an out-of-vocabulary id"),
+                       (dict(marker="s", color="tab:red", ms=7, mfc="none"), "accepted count 0 moved into row 0")):
+        ax.plot([], [], ls="none", label=lab, **style)
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
+    return ax
 
 
 def ledger_label(ledger) -> str:

@@ -157,3 +157,42 @@ def test_s35_split_1_probe_completes_with_wrong_full_replays():
     assert all(s["diverge"]["first_layer"].endswith("layers.8.linear_attn") for s in full if s not in same)
     assert D.nan_onset(p) is None
     assert {v["field"] for v in D.first_violations(p, 10**6)} == {"attn.scheduler_metadata"}
+
+
+def _oor_probe():
+    """Synthetic: step 2 samples id 100 (= the vocabulary size) for request 5 in row 1; step 3's accepted count is 0
+    there; request 5 then moves into row 0 at step 4."""
+    return {"steps": [{"step": 2, "mode": "FULL", "reqs": [4, 5], "gdn": {"gdn0": {"na": [1, 1]}}},
+                      {"step": 3, "mode": "FULL", "reqs": [4, 5], "gdn": {"gdn0": {"na": [2, 0]}}},
+                      {"step": 4, "mode": "FULL", "reqs": [5], "gdn": {"gdn0": {"na": [0]}}}],
+            "samples": {2: {"step": 2, "reqs": [4, 5], "first_token": [7, 100]},
+                        3: {"step": 3, "reqs": [4, 5], "first_token": [7, 3]}}}
+
+
+def test_out_of_vocabulary_ids_link_to_the_next_steps_accepted_count_of_0():
+    p = _oor_probe()
+    assert D.out_of_vocab_ids(p, 100).values.tolist() == [[2, 1, 5, 100]]
+    assert D.out_of_vocab_ids(p, 101).empty                       # 100 is a valid id of a 101-token vocabulary
+    # step 3: {5} both ways; step 4: a count of 0 with no out-of-vocabulary id the step before: unlinked
+    assert D.oor_links(p, 100) == {"linked": 1, "unlinked": [4]}
+    p["samples"][3]["first_token"] = [7, 100]
+    assert D.oor_links(p, 100) == {"linked": 2, "unlinked": []}
+    del p["samples"][3]                                           # no sample line before step 4: not checked
+    assert D.oor_links(p, 100) == {"linked": 1, "unlinked": []}
+
+
+def test_row0_without_a_token_is_the_first_moved_in_count_of_0_or_own_out_of_vocabulary_id():
+    p = _oor_probe()
+    assert D.row0_without_token(p, 100) == {"step": 4, "how": "moved"}
+    p["samples"][3]["first_token"] = [100, 3]                     # row 0's own id at step 3 comes first
+    assert D.row0_without_token(p, 100) == {"step": 3, "how": "sampled"}
+    assert D.row0_without_token({"steps": p["steps"][:1], "samples": {}}, 100) is None
+    assert set(D.ROW0_HOW) == {"moved", "sampled"}
+
+
+def test_every_recorded_crash_came_at_its_first_row0_step():
+    """The recorded probes (s13-s43): where row 0 first held a request with no valid token is the crash step."""
+    c8 = [D.load_probe(f) for f in D.probe_files() if "probe-c8-a-tp1/stock-probe-c8.a1.probe/" in f][0]
+    assert D.row0_without_token(c8, 248320) == {"step": c8["steps"][-1]["step"], "how": "moved"}
+    c12 = [D.load_probe(f) for f in D.probe_files() if "/stock-probe-c12.a1.probe/" in f][0]
+    assert D.row0_without_token(c12, 248320) is None and D.out_of_vocab_ids(c12, 248320).empty

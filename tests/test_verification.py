@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from dflash_lab import analysis, verification as V
+from dflash_lab.errors import LabError
 
 SESSION = "2026-11-30-s14"
 
@@ -437,3 +438,55 @@ def test_fill_strata_by_session_keeps_sessions_apart():
                       "outcome": ["crash", "ok", "ok", "ok", "crash"]})
     assert V.fill_strata(t) == [(8, 1, 1, 1, 3), (32, 1, 1, 1, 1)]
     assert V.fill_strata(t, by_session=True) == [(("a", 8), 1, 1, 1, 2), (("b", 8), 0, 0, 0, 1), (("b", 32), 1, 1, 1, 1)]
+
+
+def _oor_rows():
+    base = {"matrix": "probe-oor-tp1", "gpu_session": "s", "concurrency": "20", "first NaN-logits step": 10,
+            "out-of-vocabulary first ids": 0, "row-0 how": None}
+    return pd.DataFrame([
+        dict(base, engine="ctl", **{"ids replaced": False, "outcome": "crash", "NaN-logits steps": 7,
+                                    "ids replaced (count)": pd.NA, "accepted-0 rows": 18, "row-0 step": 16,
+                                    "row-0 how": "sampled", "last step": 16}),
+        dict(base, engine="oor", **{"ids replaced": True, "outcome": "ok", "NaN-logits steps": 272,
+                                    "ids replaced (count)": 5357, "accepted-0 rows": 0, "row-0 step": pd.NA,
+                                    "last step": 281}),
+        dict(base, engine="other", matrix="probe-fill-tp1", **{"ids replaced": False, "outcome": "ok",
+                                                               "NaN-logits steps": 0, "ids replaced (count)": pd.NA,
+                                                               "accepted-0 rows": 0, "row-0 step": pd.NA,
+                                                               "last step": 281})])
+
+
+def test_oor_predictions_hold_only_when_the_replacement_run_also_kept_its_nan_and_lost_no_count():
+    t = _oor_rows()
+    x = V.oor_predictions(t)
+    assert list(x["engine"]) == ["ctl", "oor"] and list(x["predicted"]) == ["crash", "ok"] and x["held"].all()
+    t.loc[1, "accepted-0 rows"] = 3                                # an accepted count of 0 despite the replacement
+    assert list(V.oor_predictions(t)["held"]) == [True, False]
+    t.loc[1, ["accepted-0 rows", "NaN-logits steps"]] = [0, 0]     # no NaN at all: the intervention was not tested
+    assert list(V.oor_predictions(t)["held"]) == [True, False]
+
+
+def test_row0_rule_needs_every_crash_at_its_row0_step_and_no_completed_run_with_one():
+    t = _oor_rows()
+    r = V.row0_rule(t)
+    assert r["holds"] and (r["crashes"], r["at row-0 step"], r["completed"]) == (1, 1, 2)
+    assert r["by how"] == {"sampled": ["20"]}
+    t.loc[0, "last step"] = 17                                     # crashed a step after it
+    assert not V.row0_rule(t)["holds"] and len(V.row0_rule(t)["not"]) == 1
+    t.loc[0, "last step"] = 16
+    t.loc[1, "row-0 step"] = 40                                     # a completed run that had one
+    assert not V.row0_rule(t)["holds"] and len(V.row0_rule(t)["completed with one"]) == 1
+    with pytest.raises(LabError, match="no crashing run"):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        V.plot_row0(plt.subplots()[1], t[t["outcome"] == "ok"])
+
+
+def test_oor_table_reads_the_recorded_probes():
+    df = analysis.load_runs()
+    t = V.oor_table(df)
+    x = V.oor_predictions(t)
+    assert len(x) == 5 and x["held"].all()
+    assert V.row0_rule(t)["holds"]
+    assert (t["unlinked steps"].map(len) == 0).all() and t["linked steps"].sum() > 1000
