@@ -42,6 +42,15 @@ def launch_summary(rec: Record, res) -> dict:
     }
 
 
+def scenario_row(name: str, kernel: str = "stock") -> dict:
+    """One standard scenario (:func:`scenarios.standard_scenarios`) replayed: the row :func:`scenario_table` gives it."""
+    sc = {x.name: x for x in standard_scenarios()}
+    if name not in sc:
+        raise LabError(f"no standard scenario {name!r} (have {sorted(sc)})")
+    rec = make_record(sc[name].step)
+    return {"scenario": name, "what": sc[name].why, **launch_summary(rec, replay(rec, kernel))}
+
+
 def scenario_table(kernel: str = "stock") -> list[dict]:
     rows = []
     for sc in standard_scenarios():

@@ -149,7 +149,7 @@ def write_findings(root: Path, out: Path) -> Path:
                + ", each log first at "
                f"{', '.join(sorted(set(low['first layer written differently'].dropna())))}; "
                + _low_nan(low) + "." if len(low) else "")
-            + _unwritten_clause(df, pt))
+            + _unwritten_clause(df, pt) + oor_clause(df))
     can = verification.canary_table(df)
     stock_can = can[(can["fix"] == "stock") & (can["field"] == "attn.scheduler_metadata")]
     summary.append(
@@ -878,6 +878,46 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
     return out + (f". Within each session and concurrency the crashes were not all NaN-filled runs, and the others are "
                   "not shown to have had NaN of their own in the unwritten rows first (" + per + odds + "): these runs do "
                   "not show the crash following the unwritten rows' NaN.")
+
+
+def oor_clause(df, pattern: str | None = None) -> str:
+    """From the NaN to the illegal address (s43): the sampler's out-of-vocabulary ids, their link to the accepted counts
+    of 0, probe-oor-tp1's pre-registered outcome and the row-0 rule over every probe record
+    (verification.oor_table). Empty without a probe with non-finite logits."""
+    from . import divergence, verification
+
+    t = verification.oor_table(df, pattern or divergence.PROBE_GLOB)
+    plain = t[~t["ids replaced"]] if len(t) else t
+    nan = plain[plain["NaN-logits steps"] > 0] if len(plain) else plain
+    if not len(nan):
+        return ""
+    fin = plain[plain["NaN-logits steps"] == 0]
+    every = bool((nan["out-of-vocabulary first ids"] > 0).all()) and bool((fin["out-of-vocabulary first ids"] == 0).all())
+    unlinked = int(t["unlinked steps"].map(len).sum())
+    text = (f" From the NaN to the illegal address (s43): in {'every one' if every else 'not every one'} of the "
+            f"{len(nan)} probed runs whose verify logits held NaN the rejection sampler returned an id equal to the "
+            f"vocabulary size (248320, one past the last valid id) as some request's first token"
+            + (f", and in none of the {len(fin)} others" if every else "")
+            + "; vLLM's drafter and parse_output count only ids below it, so such a row has no valid token, and on "
+            f"{int(t['linked steps'].sum())} recorded steps the GDN accepted counts of 0 were "
+            + ("exactly those requests, the step after" if not unlinked else f"not always those requests ({unlinked} steps differ)")
+            + ".")
+    pred = verification.oor_predictions(t)
+    if len(pred):
+        on, ctl = pred[pred["ids replaced"]], pred[~pred["ids replaced"]]
+        text += (f" Pre-registered ({verification.OOR_MATRIX}): with those ids replaced by token 0 after sampling, "
+                 f"{int((on['outcome'] == 'ok').sum())} of {len(on)} runs at "
+                 f"{', '.join(sorted(set(on['concurrency']), key=int))} completed with NaN logits to the end and no "
+                 f"count of 0, and the same session's stock control crashed {int((ctl['outcome'] == 'crash').sum())} of "
+                 f"{len(ctl)}; {int(pred['held'].sum())} of {len(pred)} predictions held. The replacement is an "
+                 "intervention, not a fix: outputs stay wrong.")
+    rule = verification.row0_rule(t)
+    if rule["crashes"]:
+        text += (f" Found afterwards in the records, not predicted: {rule['at row-0 step']} of the {rule['crashes']} "
+                 "crashing probed runs ended at the first step in which batch row 0 held a request with no valid token "
+                 "(where the DFlash input kernel, or with a moved-in count of 0 the GDN kernel, reads before its "
+                 f"buffer), and {len(rule['completed with one'])} of the {rule['completed']} completed ones ever had one.")
+    return text
 
 
 def plain_sites_text(sites) -> str:

@@ -120,6 +120,14 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "The OpenAI server at TP=1" in text and "concurrency 32: 5/5 crashed" in text and '"code": 500' in text
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
+    # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
+    assert ("From the NaN to the illegal address (s43): in every one of the 24 probed runs whose verify logits held NaN "
+            "the rejection sampler returned an id equal to the vocabulary size") in text
+    assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
+    assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
+            "end and no count of 0, and the same session's stock control crashed 1 of 1; 5 of 5 predictions held") in text
+    assert "24 of the 24 crashing probed runs ended at the first step in which batch row 0 held" in text
+    assert "and 0 of the 43 completed ones ever had one." in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):

@@ -39,3 +39,16 @@ def test_later_request_all_rejected_borrows_the_previous_position():
     assert res.ok
     pos = query_slots(rec, res.outputs)[1]["positions"]
     assert pos[0] == 116  # request 0's last context position + 1, not 200
+
+
+def test_one_standard_scenario_replays_by_name():
+    import pytest
+
+    from dflash_lab import bounds
+    from dflash_lab.errors import LabError
+
+    r = bounds.scenario_row("req0_all_rejected")
+    assert r["requests_all_rejected"] == [0] and r["violations"].startswith("load target_positions_ptr[-1]")
+    assert bounds.scenario_row("req1_all_rejected")["violations"] == "none"
+    with pytest.raises(LabError, match="no standard scenario 'nope'"):
+        bounds.scenario_row("nope")
