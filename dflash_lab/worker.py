@@ -302,6 +302,9 @@ def server_ready(base: str, name: str) -> bool:
         return False
 
 
+SETTLE_S = 5.0  # how long a run whose requests failed waits for the server process to be seen exiting
+
+
 def serve_run(base: str, name: str, prompt: str, run: dict, alive, scrape, hook_dir=None,
               timeout: float = 300.0) -> dict:
     """One server-mode run: ``run["concurrency"]`` concurrent chat requests, measured by
@@ -321,6 +324,13 @@ def serve_run(base: str, name: str, prompt: str, run: dict, alive, scrape, hook_
     n = run["concurrency"]
     results, wall = servebench.run_requests(base + "/v1/chat/completions", body, n, n, timeout=timeout)
     dead = not alive()
+    if not dead and any(not r.success for r in results):
+        # a server that dropped its streams may still be exiting: its sockets close before its process has ended,
+        # so one look right after the requests can see it alive (a flaky "alive" crash line before this wait)
+        deadline = time.monotonic() + SETTLE_S
+        while not dead and time.monotonic() < deadline:
+            time.sleep(0.05)
+            dead = not alive()
     after = scrape() if not dead else before
     ok = [r for r in results if r.success]
     ntok = sum(servebench.output_len(r) for r in ok)

@@ -80,3 +80,34 @@ def test_a_hung_server_is_killed_and_the_next_engine_gets_its_own(tmp_path):
     assert ok["outcome"] == "ok" and ok["requests_completed"] == 2 and ok["spec_decode_metrics"]["num_drafts"] == 10
     # every engine's server is gone once the runner is done: none holds the GPU or a port for the next call
     assert _servers_alive(logs) == []
+
+
+def test_a_run_with_failed_requests_waits_for_the_exiting_server_to_be_seen_dead(monkeypatch):
+    """A server that dropped its streams closes its sockets before its process ends: one look right after the
+    requests may still see it alive (a crash line with server_alive true, seen once in a full test run). The run
+    looks again for a while; a run whose requests all succeeded does not wait."""
+    from dflash_lab import servebench, worker
+
+    looks = []
+
+    def alive():
+        looks.append(1)
+        return len(looks) < 3                  # seen alive twice, then gone
+
+    def requests(failed):
+        def run_requests(url, body, n, c, timeout):
+            if failed:
+                return [servebench.RequestResult(index=i, elapsed=0.5) for i in range(n)], 1.0
+            return [servebench.RequestResult(index=i, status=200, success=True, ttft=0.1, latency=0.5, elapsed=0.5,
+                                             output_tokens=4, done=True) for i in range(n)], 1.0
+        return run_requests
+
+    run = {"concurrency": 2, "max_tokens": 4, "temperature": 0.7, "stream": True, "ignore_eos": True}
+    monkeypatch.setattr(servebench, "run_requests", requests(True))
+    scrape = lambda: {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": None}  # noqa: E731
+    out = worker.serve_run("http://x", "m", "p", run, alive, scrape)
+    assert out["outcome"] == "crash" and out["server_alive"] is False and len(looks) == 3
+    looks.clear()
+    monkeypatch.setattr(servebench, "run_requests", requests(False))
+    out = worker.serve_run("http://x", "m", "p", run, lambda: looks.append(1) or True, scrape)
+    assert out["outcome"] == "ok" and out["server_alive"] is True and len(looks) == 1
