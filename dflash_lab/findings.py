@@ -909,14 +909,15 @@ def oor_clause(df, pattern: str | None = None) -> str:
                  f"{int((on['outcome'] == 'ok').sum())} of {len(on)} runs at "
                  f"{', '.join(sorted(set(on['concurrency']), key=int))} completed with NaN logits to the end and no "
                  f"count of 0, and the same session's stock control crashed {int((ctl['outcome'] == 'crash').sum())} of "
-                 f"{len(ctl)}; {int(pred['held'].sum())} of {len(pred)} predictions held. The replacement is an "
-                 "intervention, not a fix: outputs stay wrong.")
+                 f"{len(ctl)}; {int(pred['held'].sum())} of {len(pred)} predictions held. Few runs of a seeded "
+                 "workload (close replicas); the replacement is an intervention, not a fix: outputs stay wrong.")
     rule = verification.row0_rule(t)
     if rule["crashes"]:
-        text += (f" Found afterwards in the records, not predicted: {rule['at row-0 step']} of the {rule['crashes']} "
-                 "crashing probed runs ended at the first step in which batch row 0 held a request with no valid token "
-                 "(where the DFlash input kernel, or with a moved-in count of 0 the GDN kernel, reads before its "
-                 f"buffer), and {len(rule['completed with one'])} of the {rule['completed']} completed ones ever had one.")
+        text += (f" Found afterwards in the records, not predicted or tested: {rule['at row-0 step']} of the "
+                 f"{rule['crashes']} crashing probe logs ended at the first step in which batch row 0 held a request "
+                 "with no valid token (where, by vLLM's source, the DFlash input kernel, or with a moved-in count of 0 "
+                 "the GDN kernel, reads before its buffer; these probes took no core dumps), while rows above 0 held "
+                 f"such requests on {rule['earlier steps above row 0']} earlier steps without a fault.")
     return text
 
 

@@ -930,7 +930,10 @@ class StepProbe:
         self.pending_sample = pending
 
     def after_update(self, runner, sampled_token_ids) -> None:
-        """Valid sampled tokens per request (what num_accepted must be next step); one 'sample' line."""
+        """Sampled tokens per request that are not the placeholder -1 (``valid``), and each row's first id; one
+        'sample' line. ``valid`` counts an id at or above the vocabulary size too, which vLLM does not (s43: the
+        sampler returns one from NaN logits); such a row's next accepted count is 0, not ``valid``, so the accepted-count
+        continuity check flags it (``divergence.oor_links`` reads those rows from ``first_token``)."""
         if self.step == 0:
             return
         ib = runner.input_batch

@@ -185,6 +185,11 @@ def probe_runs(df, session: str, engine: str):
     return df[(df["file"] == f"{session}.jsonl") & ((df["engine_id"] + ".a" + df["attempt"].astype(str)) == engine)]
 
 
+def _oor(runs) -> bool:
+    """Whether a probed engine's run lines had the probe's out-of-vocabulary replacement on (``probe_oor``)."""
+    return "probe_oor" in runs and bool(runs["probe_oor"].fillna(False).astype(bool).any())
+
+
 def probe_table(df, pattern: str = divergence.PROBE_GLOB):
     """Every step-probe log, matched to its run lines: fix or stock, configuration, FULL steps, diverging steps,
     largest output difference, first divergence and first NaN (None when there is none). ``concurrencies``: what
@@ -206,7 +211,9 @@ def probe_table(df, pattern: str = divergence.PROBE_GLOB):
         sizes = {s.get("num_reqs") for s in full}
         rows.append({
             "session": p["session"], "engine": p["engine"], "path": path,
-            "fix": (analysis.fix_label(dict(runs.iloc[0])) or "stock") if len(runs) else "unmatched",
+            # an intervention's runs (probe_oor: sampled ids changed) are not stock's, whatever else they share
+            "fix": ((analysis.fix_label(dict(runs.iloc[0])) or ("stock, ids replaced" if _oor(runs) else "stock"))
+                    if len(runs) else "unmatched"),
             "configuration": configuration(dict(runs.iloc[0])) if len(runs) else None,
             # the taps' build ledger (probe.py BuildLedger; the runner records the effective value, an amendment the
             # older lines'): what a 1-request schedule's padding held followed it (s39)
@@ -624,10 +631,11 @@ def plain_sites(t):
     return out
 
 
-OOR_TABLE_COLUMNS = ["session", "engine", "matrix", "gpu_session", "concurrency", "outcome", "ids replaced",
+OOR_TABLE_COLUMNS = ["session", "engine", "path", "matrix", "gpu_session", "concurrency", "outcome", "ids replaced",
                      "first NaN-logits step", "NaN-logits steps", "first out-of-vocabulary step",
                      "out-of-vocabulary first ids", "ids replaced (count)", "accepted-0 rows", "linked steps",
-                     "unlinked steps", "row-0 step", "row-0 how", "last step"]
+                     "unlinked steps", "row-0 step", "row-0 how", "earlier steps without a token above row 0",
+                     "last step"]
 
 
 def _vocab_size(runs) -> int:
@@ -659,9 +667,15 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
         nan_steps = [x["step"] for x in smp if x.get("logits_nonfinite")]
         oor = divergence.out_of_vocab_ids(p, vocab)
         links = divergence.oor_links(p, vocab)
-        replaced = "probe_oor" in runs and bool(runs["probe_oor"].fillna(False).astype(bool).any())
+        replaced = _oor(runs)
         r0 = divergence.row0_without_token(p, vocab) or {"step": None, "how": None}
-        rows.append({"session": p["session"], "engine": p["engine"],
+        zero = divergence.zero_accepted(p)
+        end = r0["step"] if r0["step"] is not None else (p["steps"][-1]["step"] + 1 if p["steps"] else 0)
+        # steps before row 0's (or, without one, any step) in which a row above 0 held a request with no valid token:
+        # its own out-of-vocabulary id, or an accepted count of 0 at the step's start
+        above = set(oor.loc[(oor["row"] > 0) & (oor["step"] < end), "step"]) | set(
+            zero.loc[(zero["row"] > 0) & (zero["step"] < end), "step"])
+        rows.append({"session": p["session"], "engine": p["engine"], "path": path,
                      "matrix": ", ".join(sorted({str(x) for x in runs["matrix"]})) if "matrix" in runs else None,
                      "gpu_session": ", ".join(sorted({str(x) for x in runs["gpu_session"]})),
                      "concurrency": ", ".join(str(int(c)) for c in sorted(set(runs["concurrency"]))),
@@ -670,8 +684,9 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
                      "first out-of-vocabulary step": int(oor["step"].min()) if len(oor) else None,
                      "out-of-vocabulary first ids": len(oor),
                      "ids replaced (count)": sum(int(x.get("oor_replaced") or 0) for x in smp) if replaced else None,
-                     "accepted-0 rows": len(divergence.zero_accepted(p)), "linked steps": links["linked"],
+                     "accepted-0 rows": len(zero), "linked steps": links["linked"],
                      "unlinked steps": links["unlinked"], "row-0 step": r0["step"], "row-0 how": r0["how"],
+                     "earlier steps without a token above row 0": len(above),
                      "last step": p["steps"][-1]["step"] if p["steps"] else None})
     out = pd.DataFrame(rows, columns=OOR_TABLE_COLUMNS)
     for c in ("first NaN-logits step", "first out-of-vocabulary step", "ids replaced (count)", "row-0 step", "last step"):
@@ -702,8 +717,20 @@ def row0_rule(t) -> dict:
     a row-0 step all the same. ``holds``: every crash at its first row-0 step and no completed run with one."""
     crash, ok = t[t["outcome"] == "crash"], t[t["outcome"] == "ok"]
     at = crash[crash["row-0 step"].notna() & (crash["row-0 step"] == crash["last step"])]
+    # completed logs that could have shown a counter-example: ids not replaced (a replaced id is recorded as 0) and
+    # some request without a valid token at some step
+    testable = ok[~ok["ids replaced"].astype(bool) & (ok["out-of-vocabulary first ids"] > 0)]
     return {"crashes": len(crash), "at row-0 step": len(at), "not": crash[~crash.index.isin(at.index)],
             "completed": len(ok), "completed with one": ok[ok["row-0 step"].notna()],
+            "completed testable": len(testable),
+            # what the crashing logs show before their row-0 step: rows above 0 without a token, and no fault
+            "earlier steps above row 0": int(at["earlier steps without a token above row 0"].sum()),
+            # distinct (concurrency, first NaN-logits step, row-0 step, last step): repeats are close replicas
+            "distinct": len({(str(c), str(a), str(b), str(d)) for c, a, b, d in zip(
+                at["concurrency"], at["first NaN-logits step"], at["row-0 step"], at["last step"])}),
+            # crashes whose row-0 step is their first out-of-vocabulary step: there row 0 and "the first such id"
+            # cannot be told apart
+            "at the first id": int((at["row-0 step"] == at["first out-of-vocabulary step"]).sum()),
             "by how": at.groupby("row-0 how")["concurrency"].agg(lambda c: sorted(set(c), key=int)).to_dict(),
             "holds": len(at) == len(crash) > 0 and not ok["row-0 step"].notna().any()}
 

@@ -187,6 +187,8 @@ def test_row0_without_a_token_is_the_first_moved_in_count_of_0_or_own_out_of_voc
     p["samples"][3]["first_token"] = [100, 3]                     # row 0's own id at step 3 comes first
     assert D.row0_without_token(p, 100) == {"step": 3, "how": "sampled"}
     assert D.row0_without_token({"steps": p["steps"][:1], "samples": {}}, 100) is None
+    p["steps"][1]["gdn"]["gdn0"]["na"] = [0, 0]                   # both at step 3: the count of 0 is read first
+    assert D.row0_without_token(p, 100) == {"step": 3, "how": "moved"}
     assert set(D.ROW0_HOW) == {"moved", "sampled"}
 
 

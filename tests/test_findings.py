@@ -126,8 +126,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
             "end and no count of 0, and the same session's stock control crashed 1 of 1; 5 of 5 predictions held") in text
-    assert "24 of the 24 crashing probed runs ended at the first step in which batch row 0 held" in text
-    assert "and 0 of the 43 completed ones ever had one." in text
+    assert "24 of the 24 crashing probe logs ended at the first step in which batch row 0 held" in text
+    assert "while rows above 0 held such requests on 1522 earlier steps without a fault." in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):

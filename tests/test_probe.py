@@ -621,3 +621,41 @@ def test_the_sample_line_says_how_many_ids_were_out_of_vocabulary(tmp_path, oor)
         assert line["oor_replaced"] == 1 and line["first_token"] == [4, 0, 4] and line["valid"] == [2, 1, 1]
     else:
         assert "oor_replaced" not in line and line["first_token"] == [4, 100, 4]
+
+
+def test_install_replaces_out_of_vocabulary_ids_before_the_runner_reads_them(tmp_path, monkeypatch):
+    """The wiring, on a stand-in GPUModelRunner: the probe's _sample wrapper replaces the ids in the sampler's output
+    before it returns, so _update_states_after_model_execute (and everything after it) sees only valid ids."""
+    seen = {}
+
+    class Runner:
+        def __init__(self):
+            self.input_batch = types.SimpleNamespace(vocab_size=100, req_ids=["a", "b"])
+
+        def _model_forward(self, *a, **kw):
+            return None
+
+        def _sample(self, logits, *a, **kw):
+            return types.SimpleNamespace(sampled_token_ids=torch.tensor([[100, -1], [3, 100]]))
+
+        def _update_states_after_model_execute(self, output_token_ids, *a, **kw):
+            seen["ids"] = output_token_ids.clone()
+
+    gmr = types.ModuleType("vllm.v1.worker.gpu_model_runner")
+    gmr.GPUModelRunner = Runner
+    for name in ("vllm.v1", "vllm.v1.worker"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner", gmr)
+    monkeypatch.setattr(P, "_PROBE", {})
+    monkeypatch.setenv(P.ENV_PROBE, str(tmp_path))
+    monkeypatch.setenv(P.ENV_OOR, "1")
+    monkeypatch.delenv(P.ENV_TAPS, raising=False)
+    probe = P.install()
+    assert probe.oor is True
+    r = Runner()
+    probe.step = 1
+    out = r._sample(torch.zeros(2, 100))
+    r._update_states_after_model_execute(out.sampled_token_ids)
+    assert seen["ids"].tolist() == [[0, -1], [3, 0]]
+    line = [json.loads(x) for x in open(probe.path)][-1]
+    assert line["oor_sampled"] == line["oor_replaced"] == 2 and line["first_token"] == [0, 3]

@@ -442,11 +442,14 @@ def test_fill_strata_by_session_keeps_sessions_apart():
 
 def _oor_rows():
     base = {"matrix": "probe-oor-tp1", "gpu_session": "s", "concurrency": "20", "first NaN-logits step": 10,
-            "out-of-vocabulary first ids": 0, "row-0 how": None}
+            "out-of-vocabulary first ids": 0, "row-0 how": None, "first out-of-vocabulary step": pd.NA,
+            "earlier steps without a token above row 0": 0}
     return pd.DataFrame([
         dict(base, engine="ctl", **{"ids replaced": False, "outcome": "crash", "NaN-logits steps": 7,
                                     "ids replaced (count)": pd.NA, "accepted-0 rows": 18, "row-0 step": 16,
-                                    "row-0 how": "sampled", "last step": 16}),
+                                    "row-0 how": "sampled", "last step": 16, "out-of-vocabulary first ids": 22,
+                                    "first out-of-vocabulary step": 10,
+                                    "earlier steps without a token above row 0": 5}),
         dict(base, engine="oor", **{"ids replaced": True, "outcome": "ok", "NaN-logits steps": 272,
                                     "ids replaced (count)": 5357, "accepted-0 rows": 0, "row-0 step": pd.NA,
                                     "last step": 281}),
@@ -471,6 +474,9 @@ def test_row0_rule_needs_every_crash_at_its_row0_step_and_no_completed_run_with_
     r = V.row0_rule(t)
     assert r["holds"] and (r["crashes"], r["at row-0 step"], r["completed"]) == (1, 1, 2)
     assert r["by how"] == {"sampled": ["20"]}
+    assert (r["earlier steps above row 0"], r["distinct"], r["at the first id"], r["completed testable"]) == (5, 1, 0, 0)
+    t.loc[2, "out-of-vocabulary first ids"] = 3                     # a completed run that did have such ids
+    assert V.row0_rule(t)["completed testable"] == 1
     t.loc[0, "last step"] = 17                                     # crashed a step after it
     assert not V.row0_rule(t)["holds"] and len(V.row0_rule(t)["not"]) == 1
     t.loc[0, "last step"] = 16
