@@ -139,9 +139,11 @@ def cell_label(r: dict) -> str:
         if r.get("probe_ledger") == True:  # noqa: E712 (a DataFrame row may hold numpy booleans or NaN)
             # the ledger copies each FA buffer after every build: other allocations around capture (s38)
             extra.append("build ledger")
-    if r.get("probe_oor") is True:
+    oor = r.get("probe_oor")
+    if oor is True or oor in ("row0", "others"):
         # an intervention: the run's sampled ids were changed, so its outcome is not stock's
-        extra.append("out-of-vocabulary sampled ids replaced by 0")
+        extra.append("out-of-vocabulary sampled ids replaced by 0"
+                     + {"row0": " in batch row 0 only", "others": " in rows above 0 only"}.get(oor, ""))
     if r.get("canary") is True:
         extra.append("canaries raise")
     if r.get("async_scheduling") is False:

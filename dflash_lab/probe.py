@@ -81,7 +81,10 @@ ENV_LEDGER = "DFLASH_LAB_PROBE_LEDGER"
 # for some rows of NaN logits (s43, from the recorded sample lines), and the drafter's next-token kernel counts such a
 # row as holding no valid token (spec_decode/utils.py:220, `token_ids < vocab_size`), which no other row of a served
 # request can be. With the replacement the row keeps one valid token: whether the crash needs those ids is the test.
+# "row0" / "others": the same for batch row 0 only / the rows above it only, to tell the two entries of the row-0
+# coincidence (notebook 03) apart.
 ENV_OOR = "DFLASH_LAB_PROBE_OOR"
+OOR_ROWS = {"all": slice(None), "row0": slice(0, 1), "others": slice(1, None)}  # which batch rows a replacement covers
 OOR_TOKEN = 0  # what argmax returns for an all-NaN row: the token the other NaN rows already carry
 FILLS = {"sentinel": 8192.0, "nan": float("nan"), "zero": 0.0}
 TAP_ROWS = 1024  # rows copied per layer: FULL graphs replay at most the largest capture size (512 here)
@@ -629,9 +632,11 @@ class StepProbe:
     """Per-process state: step counter, request ids, output file."""
 
     def __init__(self, outdir: str | None, raise_on_violation: bool, reference: bool, rel_tol: float = 1e-3,
-                 taps: AttnTaps | None = None, ledger: bool = True, oor: bool = False):
+                 taps: AttnTaps | None = None, ledger: bool = True, oor: str | None = None):
         self.outdir = outdir
-        self.oor = oor  # replace out-of-vocabulary sampled ids (ENV_OOR): an intervention
+        if oor is not None and oor not in OOR_ROWS:
+            raise ValueError(f"oor={oor!r}: expected one of {sorted(OOR_ROWS)} or None")
+        self.oor = oor  # which rows' out-of-vocabulary sampled ids are replaced (ENV_OOR): an intervention
         self.taps = taps if reference else None
         self.builds = BuildLedger() if self.taps is not None and ledger else None
         self.raise_on_violation = raise_on_violation
@@ -923,10 +928,9 @@ class StepProbe:
             return
         vocab = int(runner.input_batch.vocab_size)
         pending = self.pending_sample if self.pending_sample is not None else {}
+        pending["oor_sampled"] = out_of_vocab(ids, vocab)
         if self.oor:
-            pending["oor_sampled"] = pending["oor_replaced"] = replace_out_of_vocab(ids, vocab)
-        else:
-            pending["oor_sampled"] = out_of_vocab(ids, vocab)
+            pending["oor_replaced"] = replace_out_of_vocab(ids[OOR_ROWS[self.oor]], vocab)
         self.pending_sample = pending
 
     def after_update(self, runner, sampled_token_ids) -> None:
@@ -1018,13 +1022,13 @@ def taps_from_env() -> AttnTaps | None:
     return AttnTaps(fill=FILLS.get(v), fill_layers=layers)
 
 
-def oor_from_env() -> bool:
-    """``DFLASH_LAB_PROBE_OOR``: ``1`` replaces out-of-vocabulary sampled ids (:func:`replace_out_of_vocab`), unset
-    or ``0`` leaves them as sampled."""
+def oor_from_env() -> str | None:
+    """``DFLASH_LAB_PROBE_OOR``: ``1`` replaces out-of-vocabulary sampled ids in every row ("all"), ``row0`` / ``others``
+    in batch row 0 / the rows above it only (:func:`replace_out_of_vocab`); unset or ``0`` leaves them (None)."""
     v = os.environ.get(ENV_OOR, "").strip()
-    if v not in ("", "0", "1"):
-        raise ValueError(f"{ENV_OOR}={v!r}: expected 0 or 1")
-    return v == "1"
+    if v not in ("", "0", "1", "row0", "others"):
+        raise ValueError(f"{ENV_OOR}={v!r}: expected 0, 1, row0 or others")
+    return {"": None, "0": None, "1": "all"}.get(v, v)
 
 
 def out_of_vocab(sampled, vocab_size: int) -> int:

@@ -81,7 +81,8 @@ ENGINE_DEFAULTS = {
     "probe_fill_layers": None,  # with a pre-fill: only these layer numbers (probe.py DFLASH_LAB_PROBE_FILL_LAYERS)
     "probe_ledger": None,  # with probe_taps: false leaves the build ledger out (probe.py DFLASH_LAB_PROBE_LEDGER=0)
     # with probe: true replaces sampled ids >= the vocabulary size by token 0 right after sampling (probe.py
-    # DFLASH_LAB_PROBE_OOR=1): an intervention, recorded in the run line
+    # DFLASH_LAB_PROBE_OOR=1), "row0" / "others" in batch row 0 / the rows above it only: an intervention, recorded in
+    # the run line
     "probe_oor": False,
     "sched_snapshot": False,  # the target groups' FA3 schedules when the first served step begins (schedsnap.py)
     "canary": False,
@@ -200,7 +201,8 @@ def validate_matrix(m, where="matrix") -> dict:
                f"{where}: engine {e['id']}: probe_ledger must be true or false (or left out)")
         _check(eng["probe_ledger"] is None or eng["probe_taps"] is not None,
                f"{where}: engine {e['id']}: probe_ledger needs probe_taps (the ledger only runs with the taps)")
-        _check(isinstance(eng["probe_oor"], bool), f"{where}: engine {e['id']}: probe_oor must be true or false")
+        _check(isinstance(eng["probe_oor"], bool) or eng["probe_oor"] in ("row0", "others"),
+               f"{where}: engine {e['id']}: probe_oor must be true, false, 'row0' or 'others'")
         _check(not eng["probe_oor"] or eng["probe"],
                f"{where}: engine {e['id']}: probe_oor needs probe: true (the probe's sampler wrapper replaces the ids)")
         _check(isinstance(eng["sched_snapshot"], bool),
@@ -482,7 +484,7 @@ class Runner:
             if e["probe_ledger"] is not None:
                 env["DFLASH_LAB_PROBE_LEDGER"] = "1" if e["probe_ledger"] else "0"
             if e["probe_oor"]:
-                env["DFLASH_LAB_PROBE_OOR"] = "1"
+                env["DFLASH_LAB_PROBE_OOR"] = "1" if e["probe_oor"] is True else e["probe_oor"]
         if e["sched_snapshot"]:
             env["DFLASH_LAB_SCHED_SNAPSHOT"] = str(self.logdir / f"{tag}.sched")
         if e["canary"]:

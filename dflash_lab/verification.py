@@ -187,7 +187,7 @@ def probe_runs(df, session: str, engine: str):
 
 def _oor(runs) -> bool:
     """Whether a probed engine's run lines had the probe's out-of-vocabulary replacement on (``probe_oor``)."""
-    return "probe_oor" in runs and bool(runs["probe_oor"].fillna(False).astype(bool).any())
+    return "probe_oor" in runs and any(v is True or v in ("row0", "others") for v in runs["probe_oor"])
 
 
 def probe_table(df, pattern: str = divergence.PROBE_GLOB):
@@ -632,6 +632,7 @@ def plain_sites(t):
 
 
 OOR_TABLE_COLUMNS = ["session", "engine", "path", "matrix", "gpu_session", "concurrency", "outcome", "ids replaced",
+                     "replaced in",
                      "first NaN-logits step", "NaN-logits steps", "first out-of-vocabulary step",
                      "out-of-vocabulary first ids", "ids replaced (count)", "accepted-0 rows", "linked steps",
                      "unlinked steps", "row-0 step", "row-0 how", "earlier steps without a token above row 0",
@@ -680,6 +681,8 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
                      "gpu_session": ", ".join(sorted({str(x) for x in runs["gpu_session"]})),
                      "concurrency": ", ".join(str(int(c)) for c in sorted(set(runs["concurrency"]))),
                      "outcome": ", ".join(sorted(set(runs["outcome"]))), "ids replaced": replaced,
+                     "replaced in": (", ".join(sorted({"all rows" if v is True else f"{v} only" for v in runs["probe_oor"]
+                                                      if v is True or v in ("row0", "others")})) if replaced else None),
                      "first NaN-logits step": nan_steps[0] if nan_steps else None, "NaN-logits steps": len(nan_steps),
                      "first out-of-vocabulary step": int(oor["step"].min()) if len(oor) else None,
                      "out-of-vocabulary first ids": len(oor),

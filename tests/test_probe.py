@@ -594,15 +594,18 @@ def test_out_of_vocabulary_ids_are_counted_and_replaced_in_place_only():
 
 def test_the_replacement_switch_reads_only_0_or_1(monkeypatch):
     monkeypatch.delenv(P.ENV_OOR, raising=False)
-    assert P.oor_from_env() is False
-    monkeypatch.setenv(P.ENV_OOR, "1")
-    assert P.oor_from_env() is True
+    assert P.oor_from_env() is None
+    for v, want in (("0", None), ("1", "all"), ("row0", "row0"), ("others", "others")):
+        monkeypatch.setenv(P.ENV_OOR, v)
+        assert P.oor_from_env() == want
     monkeypatch.setenv(P.ENV_OOR, "yes")
-    with pytest.raises(ValueError, match="expected 0 or 1"):
+    with pytest.raises(ValueError, match="expected 0, 1, row0 or others"):
         P.oor_from_env()
+    with pytest.raises(ValueError, match="expected one of"):
+        P.StepProbe(None, raise_on_violation=False, reference=False, oor="row1")
 
 
-@pytest.mark.parametrize("oor", [False, True])
+@pytest.mark.parametrize("oor", [None, "all", "row0", "others"])
 def test_the_sample_line_says_how_many_ids_were_out_of_vocabulary(tmp_path, oor):
     """The sampler's ids as returned (oor_sampled); with the intervention they are replaced before the runner's
     state update reads them, so the valid counts and first tokens the line records are the replaced ones."""
@@ -612,15 +615,14 @@ def test_the_sample_line_says_how_many_ids_were_out_of_vocabulary(tmp_path, oor)
     logits = torch.zeros(3, 100)
     logits[1] = float("nan")
     probe.after_sample(runner, logits)
-    ids = torch.tensor([[4, 4, -1], [100, -1, -1], [4, -1, -1]])
+    ids = torch.tensor([[101, 4, -1], [100, -1, -1], [4, -1, -1]])
     probe.after_sampler(runner, types.SimpleNamespace(sampled_token_ids=ids))
     probe.after_update(runner, ids)
     line = [json.loads(x) for x in open(probe.path)][-1]
-    assert line["kind"] == "sample" and line["oor_sampled"] == 1 and line["logits_nonfinite"] == 1
-    if oor:
-        assert line["oor_replaced"] == 1 and line["first_token"] == [4, 0, 4] and line["valid"] == [2, 1, 1]
-    else:
-        assert "oor_replaced" not in line and line["first_token"] == [4, 100, 4]
+    assert line["kind"] == "sample" and line["oor_sampled"] == 2 and line["logits_nonfinite"] == 1
+    first = {None: [101, 100, 4], "all": [0, 0, 4], "row0": [0, 100, 4], "others": [101, 0, 4]}[oor]
+    assert line["first_token"] == first and line["valid"] == [2, 1, 1]
+    assert line.get("oor_replaced") == {None: None, "all": 2, "row0": 1, "others": 1}[oor]
 
 
 def test_install_replaces_out_of_vocabulary_ids_before_the_runner_reads_them(tmp_path, monkeypatch):
@@ -651,7 +653,7 @@ def test_install_replaces_out_of_vocabulary_ids_before_the_runner_reads_them(tmp
     monkeypatch.setenv(P.ENV_OOR, "1")
     monkeypatch.delenv(P.ENV_TAPS, raising=False)
     probe = P.install()
-    assert probe.oor is True
+    assert probe.oor == "all"
     r = Runner()
     probe.step = 1
     out = r._sample(torch.zeros(2, 100))

@@ -276,13 +276,17 @@ def test_the_out_of_vocabulary_replacement_reaches_only_the_engine_that_asked(tm
     monkeypatch.setenv("DFLASH_LAB_PROBE_OOR", "1")             # inherited: must not leak
     lines, _ = run(tmp_path, [
         {"id": "oor", "probe": True, "probe_taps": "1", "probe_oor": True, "runs": [{"concurrency": 1}]},
-        {"id": "taps", "probe": True, "probe_taps": "1", "runs": [{"concurrency": 1}]}], extra=("--logs", str(logs)))
+        {"id": "taps", "probe": True, "probe_taps": "1", "runs": [{"concurrency": 1}]},
+        {"id": "row0", "probe": True, "probe_taps": "1", "probe_oor": "row0", "runs": [{"concurrency": 1}]}],
+        extra=("--logs", str(logs)))
     by = {l["engine_id"]: l for l in lines}
-    assert by["oor"]["probe_oor"] is True and by["taps"]["probe_oor"] is False
+    assert by["oor"]["probe_oor"] is True and by["taps"]["probe_oor"] is False and by["row0"]["probe_oor"] == "row0"
     env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
     assert "fake engine oor: DFLASH_LAB_PROBE_OOR=1\n" in env["oor"]
     assert "fake engine oor: DFLASH_LAB_PROBE_OOR=\n" in env["taps"]
+    assert "fake engine oor: DFLASH_LAB_PROBE_OOR=row0\n" in env["row0"]
     from dflash_lab import analysis
+    assert "replaced by 0 in batch row 0 only" in analysis.cell_label(by["row0"])
     assert "out-of-vocabulary sampled ids replaced by 0" in analysis.cell_label(by["oor"])
     assert "out-of-vocabulary" not in analysis.cell_label(by["taps"])
 
@@ -321,7 +325,7 @@ def test_every_variable_the_engine_side_reads_is_controlled_by_the_runner(root):
     ({"probe": True, "probe_taps": "1", "probe_ledger": 1}, "probe_ledger must be true or false"),
     ({"sched_snapshot": "yes"}, "sched_snapshot must be true or false"),
     ({"probe_oor": True}, "probe_oor needs probe: true"),
-    ({"probe": True, "probe_oor": "yes"}, "probe_oor must be true or false"),
+    ({"probe": True, "probe_oor": "yes"}, "probe_oor must be true, false, 'row0' or 'others'"),
     ({"probe_taps": "sentinel"}, "probe_taps needs probe: true"),
     ({"probe": True, "probe_taps": 1}, "probe_taps must be '1', 'sentinel', 'nan' or 'zero'"),
     ({"probe": True, "probe_taps": "1", "probe_fill_layers": [7]}, "probe_fill_layers needs a pre-fill"),
