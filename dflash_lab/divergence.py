@@ -161,12 +161,13 @@ def out_of_vocab_ids(probe: dict, vocab_size: int):
     return pd.DataFrame(rows, columns=OOR_COLUMNS)
 
 
-def oor_links(probe: dict, vocab_size: int, group: str = "gdn0") -> dict:
+def oor_links(probe: dict, vocab_size: int, group: str = "gdn0", oor=None, zero=None) -> dict:
     """Whether a step's accepted-0 rows (:func:`zero_accepted`) are exactly the requests whose first sampled id the
     step before was out of vocabulary (:func:`out_of_vocab_ids`), on every step that has either and whose previous
-    step's sample line was recorded: ``linked`` such steps, ``unlinked`` the steps where the two sets differ."""
-    oor = out_of_vocab_ids(probe, vocab_size)
-    zero = zero_accepted(probe, group)
+    step's sample line was recorded: ``linked`` such steps, ``unlinked`` the steps where the two sets differ.
+    ``oor`` / ``zero``: those two tables when the caller has them already."""
+    oor = out_of_vocab_ids(probe, vocab_size) if oor is None else oor
+    zero = zero_accepted(probe, group) if zero is None else zero
     by_step_oor = {s: set(g["request"]) for s, g in oor.groupby("step")}
     by_step_zero = {s: set(g["request"]) for s, g in zero.groupby("step")}
     linked, unlinked = 0, []

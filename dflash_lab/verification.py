@@ -667,10 +667,10 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
         smp = [p["samples"][k] for k in sorted(p["samples"])]
         nan_steps = [x["step"] for x in smp if x.get("logits_nonfinite")]
         oor = divergence.out_of_vocab_ids(p, vocab)
-        links = divergence.oor_links(p, vocab)
         replaced = _oor(runs)
         r0 = divergence.row0_without_token(p, vocab) or {"step": None, "how": None}
         zero = divergence.zero_accepted(p)
+        links = divergence.oor_links(p, vocab, oor=oor, zero=zero)
         end = r0["step"] if r0["step"] is not None else (p["steps"][-1]["step"] + 1 if p["steps"] else 0)
         # steps before row 0's (or, without one, any step) in which a row above 0 held a request with no valid token:
         # its own out-of-vocabulary id, or an accepted count of 0 at the step's start
