@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .errors import LabError
 from .patch import FIX_PARTS, FIX_PARTS_BEFORE_ROOT_CAUSE
-from .runner import is_deadline_cut, read_lines, read_recorded, recorded_glob  # noqa: F401 (is_deadline_cut, recorded_glob: used by the notebooks)
+from .runner import is_deadline_cut, oor_rows, read_lines, read_recorded, recorded_glob  # noqa: F401 (is_deadline_cut, recorded_glob: used by the notebooks)
 
 SCHED_RE = re.compile(r"Dumping scheduler output for model execution: (.*)$")
 STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\((.*)\)")
@@ -139,8 +139,8 @@ def cell_label(r: dict) -> str:
         if r.get("probe_ledger") == True:  # noqa: E712 (a DataFrame row may hold numpy booleans or NaN)
             # the ledger copies each FA buffer after every build: other allocations around capture (s38)
             extra.append("build ledger")
-    oor = r.get("probe_oor")
-    if oor is True or oor in ("row0", "others"):
+    oor = oor_rows(r.get("probe_oor"))
+    if oor:
         # an intervention: the run's sampled ids were changed, so its outcome is not stock's
         extra.append("out-of-vocabulary sampled ids replaced by 0"
                      + {"row0": " in batch row 0 only", "others": " in rows above 0 only"}.get(oor, ""))

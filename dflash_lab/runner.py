@@ -100,6 +100,12 @@ RUN_DEFAULTS = {"concurrency": 16, "rounds": 1, "max_tokens": 512, "temperature"
                 # flagged; the bench counts its outcome, not its metrics
                 "warmup": False}
 SPEC_METHODS = ("dflash", "ngram", "mtp", "none")
+OOR_PARTS = ("row0", "others")  # probe_oor values besides true: the replacement in batch row 0 / the rows above only
+
+
+def oor_rows(value) -> str | None:
+    """Which rows a run's ``probe_oor`` replaced: "all" (true), "row0" or "others"; None when it was off or unknown."""
+    return "all" if value is True else value if value in OOR_PARTS else None
 OUTCOMES = ("ok", "crash", "timeout", "startup_error")
 CUDA_ERR = re.compile(r"(CUDA error:[^\n]*|cudaError\w+[^\n]*|illegal memory access[^\n]*|"
                       r"device-side assert[^\n]*|Xid[^\n]*|EngineDeadError[^\n]*|RuntimeError: cancelled)")
@@ -201,7 +207,7 @@ def validate_matrix(m, where="matrix") -> dict:
                f"{where}: engine {e['id']}: probe_ledger must be true or false (or left out)")
         _check(eng["probe_ledger"] is None or eng["probe_taps"] is not None,
                f"{where}: engine {e['id']}: probe_ledger needs probe_taps (the ledger only runs with the taps)")
-        _check(isinstance(eng["probe_oor"], bool) or eng["probe_oor"] in ("row0", "others"),
+        _check(isinstance(eng["probe_oor"], bool) or eng["probe_oor"] in OOR_PARTS,
                f"{where}: engine {e['id']}: probe_oor must be true, false, 'row0' or 'others'")
         _check(not eng["probe_oor"] or eng["probe"],
                f"{where}: engine {e['id']}: probe_oor needs probe: true (the probe's sampler wrapper replaces the ids)")

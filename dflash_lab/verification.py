@@ -187,7 +187,7 @@ def probe_runs(df, session: str, engine: str):
 
 def _oor(runs) -> bool:
     """Whether a probed engine's run lines had the probe's out-of-vocabulary replacement on (``probe_oor``)."""
-    return "probe_oor" in runs and any(v is True or v in ("row0", "others") for v in runs["probe_oor"])
+    return "probe_oor" in runs and any(analysis.oor_rows(v) for v in runs["probe_oor"])
 
 
 def probe_table(df, pattern: str = divergence.PROBE_GLOB):
@@ -681,8 +681,8 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
                      "gpu_session": ", ".join(sorted({str(x) for x in runs["gpu_session"]})),
                      "concurrency": ", ".join(str(int(c)) for c in sorted(set(runs["concurrency"]))),
                      "outcome": ", ".join(sorted(set(runs["outcome"]))), "ids replaced": replaced,
-                     "replaced in": (", ".join(sorted({"all rows" if v is True else f"{v} only" for v in runs["probe_oor"]
-                                                      if v is True or v in ("row0", "others")})) if replaced else None),
+                     "replaced in": (", ".join(sorted({"all rows" if w == "all" else f"{w} only" for v in runs["probe_oor"]
+                                                      if (w := analysis.oor_rows(v))})) if replaced else None),
                      "first NaN-logits step": nan_steps[0] if nan_steps else None, "NaN-logits steps": len(nan_steps),
                      "first out-of-vocabulary step": int(oor["step"].min()) if len(oor) else None,
                      "out-of-vocabulary first ids": len(oor),
