@@ -208,6 +208,24 @@ def row0_without_token(probe: dict, vocab_size: int, group: str = "gdn0") -> dic
     return None
 
 
+def row0_changes(probe: dict, group: str = "gdn0") -> list[dict]:
+    """Every step at which batch row 0 holds another request than the step before (a finished request's slot taken
+    when vLLM condenses the batch): the step, the request that left and the one that came, and the newcomer's GDN
+    accepted count at that step's start (``accepted``; None where the step recorded no GDN metadata). A count of 0
+    there is :func:`row0_without_token`'s ``moved``; a positive count is the same move without the fault's cause."""
+    out, prev = [], None
+    for s in probe["steps"]:
+        reqs = s.get("reqs") or []
+        if not reqs:
+            continue
+        if prev is not None and reqs[0] != prev:
+            na = ((s.get("gdn") or {}).get(group) or {}).get("na")
+            out.append({"step": s["step"], "left": prev, "came": reqs[0],
+                        "accepted": int(na[0]) if na else None})
+        prev = reqs[0]
+    return out
+
+
 def nan_onset(probe: dict) -> dict | None:
     """The first step whose graph replay produced NaN/Inf outputs where the reference pass did not."""
     for s in probe["steps"]:

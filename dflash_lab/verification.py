@@ -636,7 +636,7 @@ OOR_TABLE_COLUMNS = ["session", "engine", "path", "matrix", "gpu_session", "conc
                      "first NaN-logits step", "NaN-logits steps", "first out-of-vocabulary step",
                      "out-of-vocabulary first ids", "ids replaced (count)", "accepted-0 rows", "linked steps",
                      "unlinked steps", "row-0 step", "row-0 how", "earlier steps without a token above row 0",
-                     "last step"]
+                     "row-0 changes", "row-0 changes with a count of 0", "first row-0 change", "last step"]
 
 
 def _vocab_size(runs) -> int:
@@ -671,6 +671,7 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
         r0 = divergence.row0_without_token(p, vocab) or {"step": None, "how": None}
         zero = divergence.zero_accepted(p)
         links = divergence.oor_links(p, vocab, oor=oor, zero=zero)
+        changes = divergence.row0_changes(p)
         end = r0["step"] if r0["step"] is not None else (p["steps"][-1]["step"] + 1 if p["steps"] else 0)
         # steps before row 0's (or, without one, any step) in which a row above 0 held a request with no valid token:
         # its own out-of-vocabulary id, or an accepted count of 0 at the step's start
@@ -690,9 +691,15 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
                      "accepted-0 rows": len(zero), "linked steps": links["linked"],
                      "unlinked steps": links["unlinked"], "row-0 step": r0["step"], "row-0 how": r0["how"],
                      "earlier steps without a token above row 0": len(above),
+                     # row 0's request replaced by another (a finished request's slot), and how often the newcomer
+                     # had an accepted count of 0 (divergence.row0_changes)
+                     "row-0 changes": len(changes),
+                     "row-0 changes with a count of 0": sum(c["accepted"] == 0 for c in changes),
+                     "first row-0 change": changes[0]["step"] if changes else None,
                      "last step": p["steps"][-1]["step"] if p["steps"] else None})
     out = pd.DataFrame(rows, columns=OOR_TABLE_COLUMNS)
-    for c in ("first NaN-logits step", "first out-of-vocabulary step", "ids replaced (count)", "row-0 step", "last step"):
+    for c in ("first NaN-logits step", "first out-of-vocabulary step", "ids replaced (count)", "row-0 step",
+              "first row-0 change", "last step"):
         out[c] = out[c].astype("Int64")
     return out
 
@@ -736,6 +743,76 @@ def row0_rule(t) -> dict:
             "at the first id": int((at["row-0 step"] == at["first out-of-vocabulary step"]).sum()),
             "by how": at.groupby("row-0 how")["concurrency"].agg(lambda c: sorted(set(c), key=int)).to_dict(),
             "holds": len(at) == len(crash) > 0 and not ok["row-0 step"].notna().any()}
+
+
+ROW0_MATRIX = "probe-oor-row0-tp1"
+ROW0_PREDICTED = {"others": "crash at row 0's own out-of-vocabulary id",
+                  "row0": "crash at a count of 0 moved into row 0, if one is; else complete"}
+
+
+def row0_predictions(t, stock_last: dict | None = None):
+    """The runs of ``probe-oor-row0-tp1`` (s44) in an :func:`oor_table`, each against what its matrix header
+    predicted before the run from the row-0 rule. ``others`` (the ids replaced in rows above 0 only): the run crashes
+    and its last recorded step is its first row-0 step, row 0's own out-of-vocabulary id (``sampled``). ``row0`` (row
+    0's ids replaced only): rows above 0 get accepted counts of 0 as in stock, and the run crashes exactly at the step
+    a count of 0 is moved into row 0 (``moved``; none before row 0's request first changes), and completes if that
+    never happens. Every run: NaN logits. ``held``: all of that, measured. ``stock_last``: concurrency -> the last
+    recorded steps of stock plain-tap runs there, for the header's less confident prediction that ``others`` crashes
+    at the same step (``as stock``; None without them, and for ``row0``, where it was not predicted)."""
+    import pandas as pd
+
+    x = t[t["matrix"] == ROW0_MATRIX].copy()
+    part = {"others only": "others", "row0 only": "row0"}
+    x["rows replaced"] = x["replaced in"].map(lambda v: part.get(v))
+    if x["rows replaced"].isna().any():
+        bad = ", ".join(x.loc[x["rows replaced"].isna(), "engine"])
+        raise LabError(f"{ROW0_MATRIX}: runs whose replacement was not one part of the batch: {bad}")
+    x["predicted"] = x["rows replaced"].map(ROW0_PREDICTED)
+    held = []
+    for _, r in x.iterrows():
+        at = (not pd.isna(r["row-0 step"])) and r["row-0 step"] == r["last step"]
+        ok = int(r["NaN-logits steps"]) > 0
+        if r["rows replaced"] == "others":
+            ok = ok and r["outcome"] == "crash" and at and r["row-0 how"] == "sampled"
+        else:
+            ok = ok and int(r["accepted-0 rows"]) > 0 and (
+                (r["outcome"] == "crash" and at and r["row-0 how"] == "moved"
+                 and not pd.isna(r["first row-0 change"]) and r["last step"] >= r["first row-0 change"])
+                or (r["outcome"] == "ok" and pd.isna(r["row-0 step"])))
+        held.append(bool(ok))
+    x["held"] = held
+    conc = x["concurrency"].map(lambda c: int(str(c).split(", ")[0]))
+    x["stock plain-tap last steps"] = [", ".join(map(str, sorted(set((stock_last or {}).get(c, []))))) or None
+                                       for c in conc]
+    x["as stock"] = [None if w != "others" or not (stock_last or {}).get(c) else int(s) in set(stock_last[c])
+                     for c, s, w in zip(conc, x["last step"], x["rows replaced"])]
+    return x[["engine", "gpu_session", "concurrency", "rows replaced", "predicted", "outcome", "held", "row-0 step",
+              "row-0 how", "last step", "first row-0 change", "row-0 changes", "row-0 changes with a count of 0",
+              "accepted-0 rows", "first NaN-logits step", "NaN-logits steps", "ids replaced (count)",
+              "stock plain-tap last steps", "as stock"]]
+
+
+def plot_row0_changes(ax, probe: dict, title: str):
+    """One probe log: per step, how many batch rows above 0 began it with an accepted count of 0 (no valid token the
+    step before), and every step at which row 0's request changed (:func:`divergence.row0_changes`), marked by the
+    newcomer's count; the last recorded step marked."""
+    z = divergence.zero_accepted(probe)
+    steps = [s["step"] for s in probe["steps"]]
+    if not steps:
+        raise LabError(f"{title}: the probe log records no step")
+    above = z[z["row"] > 0].groupby("step").size()
+    ax.plot(steps, [int(above.get(s, 0)) for s in steps], color="0.5", lw=1, label="rows above 0 with a count of 0")
+    for c in divergence.row0_changes(probe):
+        zero = c["accepted"] == 0
+        ax.axvline(c["step"], color="tab:red" if zero else "tab:green", lw=1.5 if zero else 1, ls="-" if zero else "--")
+    ax.plot([], [], color="tab:green", ls="--", label="row 0's request changed, newcomer's count > 0")
+    ax.plot([], [], color="tab:red", label="row 0's request changed, newcomer's count 0")
+    ax.plot([steps[-1]], [0], marker="|", color="k", ms=14, ls="none", label="last recorded step")
+    ax.set_xlabel("engine step")
+    ax.set_ylabel("batch rows")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=6, loc="upper left")
+    return ax
 
 
 def plot_row0(ax, t):

@@ -192,6 +192,17 @@ def test_row0_without_a_token_is_the_first_moved_in_count_of_0_or_own_out_of_voc
     assert set(D.ROW0_HOW) == {"moved", "sampled"}
 
 
+def test_row0_changes_name_each_newcomer_and_its_accepted_count():
+    p = _oor_probe()
+    assert D.row0_changes(p) == [{"step": 4, "left": 4, "came": 5, "accepted": 0}]
+    p["steps"].append({"step": 5, "mode": "FULL", "reqs": [], "gdn": {}})          # an empty step is skipped
+    p["steps"].append({"step": 6, "mode": "FULL", "reqs": [6, 5], "gdn": {"gdn0": {"na": [3, 1]}}})
+    p["steps"].append({"step": 7, "mode": "FULL", "reqs": [7]})                      # no GDN metadata recorded
+    assert D.row0_changes(p)[1:] == [{"step": 6, "left": 5, "came": 6, "accepted": 3},
+                                     {"step": 7, "left": 6, "came": 7, "accepted": None}]
+    assert D.row0_changes({"steps": [], "samples": {}}) == []
+
+
 def test_every_recorded_crash_came_at_its_first_row0_step():
     """The recorded probes (s13-s43): where row 0 first held a request with no valid token is the crash step."""
     c8 = [D.load_probe(f) for f in D.probe_files() if "probe-c8-a-tp1/stock-probe-c8.a1.probe/" in f][0]

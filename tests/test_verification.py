@@ -489,10 +489,58 @@ def test_row0_rule_needs_every_crash_at_its_row0_step_and_no_completed_run_with_
         V.plot_row0(plt.subplots()[1], t[t["outcome"] == "ok"])
 
 
+def _row0_rows():
+    base = {"matrix": V.ROW0_MATRIX, "gpu_session": "s", "ids replaced": True, "outcome": "crash",
+            "first NaN-logits step": 10, "first out-of-vocabulary step": 10, "out-of-vocabulary first ids": 1,
+            "earlier steps without a token above row 0": 0, "ids replaced (count)": 100}
+    return pd.DataFrame([
+        dict(base, engine="others", concurrency="20", **{
+            "replaced in": "others only", "NaN-logits steps": 7, "accepted-0 rows": 0, "row-0 step": 16,
+            "row-0 how": "sampled", "last step": 16, "row-0 changes": 0, "row-0 changes with a count of 0": 0,
+            "first row-0 change": pd.NA}),
+        dict(base, engine="row0", concurrency="28", **{
+            "replaced in": "row0 only", "NaN-logits steps": 480, "accepted-0 rows": 900, "row-0 step": 591,
+            "row-0 how": "moved", "last step": 591, "row-0 changes": 10, "row-0 changes with a count of 0": 1,
+            "first row-0 change": 275}),
+        dict(_oor_rows().iloc[0].to_dict(), **{"replaced in": None, "row-0 changes": 0,
+                                               "row-0 changes with a count of 0": 0, "first row-0 change": pd.NA})])
+
+
+def test_row0_predictions_hold_only_at_the_predicted_row0_step():
+    t = _row0_rows()
+    x = V.row0_predictions(t, {20: [16], 28: [23]})
+    assert list(x["engine"]) == ["others", "row0"] and x["held"].all()       # the stock control is another matrix's
+    assert list(x["rows replaced"]) == ["others", "row0"] and list(x["as stock"]) == [True, None]
+    assert V.row0_predictions(t)["as stock"].isna().all()                   # no stock steps given: not compared
+    t.loc[0, "last step"] = 17                                             # others crashed a step after row 0's id
+    assert list(V.row0_predictions(t)["held"]) == [False, True]
+    t.loc[0, ["last step", "outcome", "row-0 step"]] = [300, "ok", pd.NA]   # others completed: the rule fails
+    assert list(V.row0_predictions(t)["held"]) == [False, True]
+    t = _row0_rows()
+    t.loc[1, "row-0 how"] = "sampled"                                       # row 0's own id: the replacement missed it
+    assert list(V.row0_predictions(t)["held"]) == [True, False]
+    t.loc[1, ["outcome", "row-0 step", "row-0 how", "last step"]] = ["crash", pd.NA, None, 400]
+    assert list(V.row0_predictions(t)["held"]) == [True, False]             # a crash with no row-0 step
+    t.loc[1, "outcome"] = "ok"                                              # completed, never a count of 0 in row 0
+    assert list(V.row0_predictions(t)["held"]) == [True, True]
+    t.loc[1, "accepted-0 rows"] = 0                                         # ... but no row lost its token: untested
+    assert list(V.row0_predictions(t)["held"]) == [True, False]
+    t.loc[1, "replaced in"] = "all rows"
+    with pytest.raises(LabError, match="not one part of the batch: row0"):
+        V.row0_predictions(t)
+
+
 def test_oor_table_reads_the_recorded_probes():
     df = analysis.load_runs()
     t = V.oor_table(df)
     x = V.oor_predictions(t)
     assert len(x) == 5 and x["held"].all()
     assert V.row0_rule(t)["holds"]
+    # s44: the pre-registered row-0 test, 4 runs, every prediction held; each row0 run's request in row 0 changed
+    # several times before the one whose newcomer had a count of 0, the crash step
+    r = V.row0_predictions(t)
+    assert len(r) == 4 and r["held"].all()
+    z = r[r["rows replaced"] == "row0"]
+    assert (z["row-0 changes with a count of 0"] == 1).all() and (z["row-0 changes"] > 1).all()
+    assert (t.loc[t["outcome"] == "ok", "row-0 changes with a count of 0"] == 0).all()
     assert (t["unlinked steps"].map(len) == 0).all() and t["linked steps"].sum() > 1000
