@@ -874,7 +874,9 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
                       f"completed; {them} had no pre-fill, and NaN of {'its' if len(other) == 1 else 'their'} own in the "
                       f"requests FA3 left unwritten before {'it' if len(other) == 1 else 'they'} died ("
                       + plain_sites_text(verification.plain_sites(other)) + "; what a probed engine's graph memory held "
-                      "there) (" + per + odds + "; a run without a pre-fill counts as not NaN-filled).")
+                      "there" + first_sites_text(verification.first_sites(
+                          verification.first_site_runs(df, pt, probe_of))) + ") (" + per + odds
+                      + "; a run without a pre-fill counts as not NaN-filled).")
     return out + (f". Within each session and concurrency the crashes were not all NaN-filled runs, and the others are "
                   "not shown to have had NaN of their own in the unwritten rows first (" + per + odds + "): these runs do "
                   "not show the crash following the unwritten rows' NaN.")
@@ -911,14 +913,37 @@ def oor_clause(df, pattern: str | None = None) -> str:
                  f"count of 0, and the same session's stock control crashed {int((ctl['outcome'] == 'crash').sum())} of "
                  f"{len(ctl)}; {int(pred['held'].sum())} of {len(pred)} predictions held. Few runs of a seeded "
                  "workload (close replicas); the replacement is an intervention, not a fix: outputs stay wrong.")
-    rule = verification.row0_rule(t)
+    rule = verification.row0_rule(t, verification.ROW0_FOUND_IN)
     if rule["crashes"]:
-        text += (f" Found afterwards in the records, not predicted or tested: {rule['at row-0 step']} of the "
-                 f"{rule['crashes']} crashing probe logs ended at the first step in which batch row 0 held a request "
+        text += (f" Found afterwards in the records of s13-s{verification.ROW0_FOUND_IN}: {rule['at row-0 step']} of "
+                 f"the {rule['crashes']} crashing probe logs ended at the first step in which batch row 0 held a request "
                  "with no valid token (where, by vLLM's source, the DFlash input kernel, or with a moved-in count of 0 "
                  "the GDN kernel, reads before its buffer; these probes took no core dumps), while rows above 0 held "
                  f"such requests on {rule['earlier steps above row 0']} earlier steps without a fault.")
+    r0 = verification.row0_predictions(t)
+    if len(r0):
+        oth, row0 = r0[r0["rows replaced"] == "others"], r0[r0["rows replaced"] == "row0"]
+        text += (f" Tested ({verification.ROW0_MATRIX}, pre-registered, {', '.join(sorted(set(map(_short, r0['gpu_session']))))}): "
+                 f"{int(r0['held'].sum())} of {len(r0)} runs ended as predicted. With the ids replaced in rows above 0 "
+                 f"only, {int((oth['outcome'] == 'crash').sum())} of {len(oth)} crashed at row 0's own id (steps "
+                 f"{', '.join(map(str, oth['last step']))} at {', '.join(oth['concurrency'])}); with row 0's replaced "
+                 f"only, rows above 0 went without a token on {int(row0['accepted-0 rows'].sum())} request-steps "
+                 f"without a fault, row 0's request changed {' and '.join(map(str, row0['row-0 changes']))} times as "
+                 "requests finished, and each run crashed at the one change that moved in a request with an accepted "
+                 f"count of 0 (steps {' and '.join(map(str, row0['last step']))}). One run per cell, no core dumps.")
     return text
+
+
+def first_sites_text(by: dict) -> str:
+    """:func:`verification.first_sites` as a clause: over every stock engine probed with plain taps (any matrix), how
+    many first NaN sites each concurrency showed. Empty when each concurrency showed one."""
+    many = {c: v for c, v in by.items() if len(v) > 1}
+    if not many:
+        return ""
+    return ("; over every stock engine probed with plain taps, any matrix (" + ", ".join(
+        f"{sum(x['runs'] for x in v)} at {c}" for c, v in sorted(by.items())) + "), the first site moved: " + "; ".join(
+        f"at {c}, " + " and ".join(f"{x['runs']} run(s) at {x['site'] or 'no NaN'} ({x['sessions']}; {x['ledger']})"
+                                   for x in v) for c, v in sorted(many.items())))
 
 
 def plain_sites_text(sites) -> str:

@@ -314,9 +314,9 @@ def _paired_runs(df, session: str, reference: str):
     """(FULL-graph run, the ``reference``-mode stock runs of the same concurrency, round and temperature)
     for every FULL run of ``session`` that recorded its outputs and has such a reference."""
     d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")]
-    if "output_digests" not in d:
+    if "output_digests" not in d or d.empty:   # (s44: a session whose runs all crashed) an empty mask would select columns
         return
-    d = d[d["output_digests"].apply(lambda x: isinstance(x, list))]
+    d = d[d["output_digests"].map(lambda x: isinstance(x, list)).astype(bool)]
     ref = d[(d["cudagraph_mode"] == reference) & (d["fix"] != True)]
     for _, r in d[d["cudagraph_mode"] == FULL].iterrows():
         m = ref[(ref["concurrency"] == r["concurrency"]) & (ref["round"] == r["round"])
@@ -631,6 +631,56 @@ def plain_sites(t):
     return out
 
 
+FIRST_SITE_COLUMNS = ["probe", "gpu_session", "concurrency", "build ledger", "ids replaced in", "outcome",
+                      "first NaN step", "first NaN layer", "NaN requests", "earlier writes finite", "last step", "site"]
+
+
+def first_site_runs(df, probes, probe_of, concurrencies=(20, 28)):
+    """Every probed stock engine with plain taps and no pre-fill at ``concurrencies``, whatever matrix ran it: its
+    first NaN site (:func:`fill_table`: step, layer as :func:`divergence.short`, requests) and last step, its build
+    ledger and where the probe replaced out-of-vocabulary ids ("none", "all", "row0", "others"). The replacement acts
+    only on ids NaN logits produced, so never before the first NaN step; it is labelled all the same, since its
+    per-step work may change what device memory holds. ``probes``: a :func:`probe_table`; ``probe_of``: path -> probe
+    log."""
+    import pandas as pd
+
+    t = tapped(probes)
+    if not len(t):
+        return pd.DataFrame(columns=FIRST_SITE_COLUMNS)
+    t = t[t["fix"].isin(["stock", "stock, ids replaced"])
+          & t["concurrencies"].map(lambda v: any(str(c) in str(v).split(", ") for c in concurrencies)).astype(bool)]
+    if not len(t):
+        return pd.DataFrame(columns=FIRST_SITE_COLUMNS)
+    ft = fill_table(df, [probe_of(x) for x in t["path"]])
+    ft = ft[(ft["pre-fill"] == "none") & ~ft["fix"].astype(bool)].copy()
+    ft["first NaN layer"] = ft["first NaN layer"].map(lambda x: divergence.short(x) if isinstance(x, str) else x)
+    led = {f"{a}/{b}": ledger_label(x) for a, b, x in zip(t["session"], t["engine"], t["build ledger"])}
+    ft["build ledger"] = ft["probe"].map(led)
+    rep = {}
+    for key in ft["probe"]:
+        runs = probe_runs(df, *key.split("/", 1))
+        parts = {analysis.oor_rows(v) for v in runs["probe_oor"]} if "probe_oor" in runs else {None}
+        rep[key] = ", ".join(sorted(x or "none" for x in parts))
+    ft["ids replaced in"] = ft["probe"].map(rep)
+    ft["site"] = [None if pd.isna(st) else f"step {int(st)}, {lay}, requests {q}"
+                  for st, lay, q in zip(ft["first NaN step"], ft["first NaN layer"], ft["NaN requests"])]
+    return ft[FIRST_SITE_COLUMNS].sort_values(["concurrency", "gpu_session", "probe"]).reset_index(drop=True)
+
+
+def first_sites(runs) -> dict:
+    """:func:`first_site_runs` per concurrency and first site: runs, GPU sessions (short) and build ledgers."""
+    import pandas as pd
+
+    out = {}
+    for c, g in runs.groupby("concurrency"):
+        out[int(c)] = [{"site": None if pd.isna(site) else site, "runs": len(h),
+                        "sessions": ", ".join(sorted({str(x).split("-")[-1] for x in h["gpu_session"]})),
+                        "ledger": ", ".join(sorted({str(x) for x in h["build ledger"]})),
+                        "replaced": ", ".join(sorted(set(h["ids replaced in"])))}
+                       for site, h in g.groupby("site", dropna=False)]
+    return out
+
+
 OOR_TABLE_COLUMNS = ["session", "engine", "path", "matrix", "gpu_session", "concurrency", "outcome", "ids replaced",
                      "replaced in",
                      "first NaN-logits step", "NaN-logits steps", "first out-of-vocabulary step",
@@ -721,10 +771,24 @@ def oor_predictions(t):
               "accepted-0 rows", "last step"]]
 
 
-def row0_rule(t) -> dict:
+def session_no(label) -> int | None:
+    """The number of a GPU session label ("2026-12-02-s44" -> 44); None for a label without one."""
+    m = re.search(r"-s(\d+)$", str(label))
+    return int(m.group(1)) if m else None
+
+
+ROW0_FOUND_IN = 43   # the row-0 rule was read from the logs of GPU sessions up to s43, then tested in s44
+
+
+def row0_rule(t, up_to_session: int | None = None) -> dict:
     """Over an :func:`oor_table`: the crashing runs whose last recorded step is their first row-0 step
     (:func:`divergence.row0_without_token`), those where it is not (or that had none), and the completed runs that had
-    a row-0 step all the same. ``holds``: every crash at its first row-0 step and no completed run with one."""
+    a row-0 step all the same. ``holds``: every crash at its first row-0 step and no completed run with one.
+    ``up_to_session``: only logs whose GPU sessions are all numbered at most this (``ROW0_FOUND_IN``: the logs the
+    rule was found in, before any run tested it)."""
+    if up_to_session is not None:
+        t = t[t["gpu_session"].map(lambda v: all((session_no(x.strip()) or 0) <= up_to_session
+                                                 for x in str(v).split(",")))]
     crash, ok = t[t["outcome"] == "crash"], t[t["outcome"] == "ok"]
     at = crash[crash["row-0 step"].notna() & (crash["row-0 step"] == crash["last step"])]
     # completed logs that could have shown a counter-example: ids not replaced (a replaced id is recorded as 0) and

@@ -52,7 +52,10 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "session and concurrency every NaN-filled stock run crashed and every 0- or sentinel-filled one completed; the "
             "7 other crashes had no pre-fill, and NaN of their own in the requests FA3 left unwritten before they died (at "
             "20, 4 runs, first at step 10 in L15 attn; at 28, 3 runs, first at step 11 in L23 attn; what a probed engine's "
-            "graph memory held there) (s37 at 8: 2 crashes in 5 runs; s37 at 16: 2 crashes in 4 runs; s38 at 32: 2 crashes "
+            "graph memory held there; over every stock engine probed with plain taps, any matrix (9 at 20, 8 at 28), the "
+            "first site moved: at 28, 2 run(s) at step 10, L23 attn, requests [14, 17, 21, 24] (s44; ledger off, ledger on) "
+            "and 6 run(s) at step 11, L23 attn, requests [14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27] (s42, "
+            "s43, s44; ledger on)) (s37 at 8: 2 crashes in 5 runs; s37 at 16: 2 crashes in 4 runs; s38 at 32: 2 crashes "
             "in 6 runs; s41 at 20: 2 crashes in 4 runs, 1 NaN-filled; s42 at 20: 3 crashes in 3 runs, 0 NaN-filled; s42 at "
             "28: 4 crashes in 6 runs, 1 NaN-filled), 1 in 2700 if the pre-fill did not matter") in text
     # s38's build ledger: who wrote the stale schedule, and the padding that differs between sessions
@@ -121,13 +124,18 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
-    assert ("From the NaN to the illegal address (s43): in every one of the 24 probed runs whose verify logits held NaN "
+    assert ("From the NaN to the illegal address (s43): in every one of the 25 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
             "end and no count of 0, and the same session's stock control crashed 1 of 1; 5 of 5 predictions held") in text
     assert "24 of the 24 crashing probe logs ended at the first step in which batch row 0 held" in text
     assert "while rows above 0 held such requests on 1522 earlier steps without a fault." in text
+    # s44: the row-0 rule tested (probe-oor-row0-tp1), and the first NaN site at 28 no longer one site
+    assert ("Tested (probe-oor-row0-tp1, pre-registered, s44): 4 of 4 runs ended as predicted. With the ids replaced "
+            "in rows above 0 only, 2 of 2 crashed at row 0's own id (steps 16, 23 at 20, 28)") in text
+    assert "row 0's request changed 3 and 10 times as requests finished" in text
+    assert "the first site moved: at 28, 2 run(s) at step 10, L23 attn" in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):
@@ -404,6 +412,17 @@ def test_prefill_clause_says_when_an_outcome_missed_its_prediction(monkeypatch):
     assert "every NaN-filled stock run crashed" not in text
     monkeypatch.setattr(verification, "of_matrix", lambda probes, df, m: pd.DataFrame({"path": []}))
     assert clause() == ""
+
+
+def test_first_sites_text_speaks_only_of_a_concurrency_with_several_sites():
+    from dflash_lab import findings
+
+    one = {"site": "step 10, L15 attn", "runs": 2, "sessions": "s41", "ledger": "ledger on", "replaced": "none"}
+    assert findings.first_sites_text({20: [one]}) == ""
+    two = dict(one, site="step 11, L23 attn", runs=1, sessions="s44", ledger="ledger off")
+    assert findings.first_sites_text({20: [one], 28: [one, two]}) == (
+        "; over every stock engine probed with plain taps, any matrix (2 at 20, 3 at 28), the first site moved: at 28, "
+        "2 run(s) at step 10, L15 attn (s41; ledger on) and 1 run(s) at step 11, L23 attn (s44; ledger off)")
 
 
 def test_plain_sites_text_names_one_site_or_says_there_are_several():

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from dflash_lab import analysis, verification as V
+from dflash_lab import analysis, divergence as D, verification as V
 from dflash_lab.errors import LabError
 
 SESSION = "2026-11-30-s14"
@@ -482,6 +482,9 @@ def test_row0_rule_needs_every_crash_at_its_row0_step_and_no_completed_run_with_
     t.loc[0, "last step"] = 16
     t.loc[1, "row-0 step"] = 40                                     # a completed run that had one
     assert not V.row0_rule(t)["holds"] and len(V.row0_rule(t)["completed with one"]) == 1
+    t.loc[1, "gpu_session"] = "2026-12-02-s44"                     # the offending run came after the rule was read
+    assert V.row0_rule(t, up_to_session=43)["holds"] and not V.row0_rule(t)["holds"]
+    assert (V.session_no("2026-12-02-s44"), V.session_no("local")) == (44, None)
     with pytest.raises(LabError, match="no crashing run"):
         import matplotlib
         matplotlib.use("Agg")
@@ -544,3 +547,36 @@ def test_oor_table_reads_the_recorded_probes():
     assert (z["row-0 changes with a count of 0"] == 1).all() and (z["row-0 changes"] > 1).all()
     assert (t.loc[t["outcome"] == "ok", "row-0 changes with a count of 0"] == 0).all()
     assert (t["unlinked steps"].map(len) == 0).all() and t["linked steps"].sum() > 1000
+
+
+def test_first_sites_group_runs_by_concurrency_and_site():
+    r = pd.DataFrame([
+        {"concurrency": 28, "site": "step 11, L23 attn", "gpu_session": "2026-12-02-s42", "build ledger": "ledger on",
+         "ids replaced in": "none"},
+        {"concurrency": 28, "site": "step 10, L23 attn", "gpu_session": "2026-12-02-s44", "build ledger": "ledger off",
+         "ids replaced in": "none"},
+        {"concurrency": 28, "site": "step 10, L23 attn", "gpu_session": "2026-12-02-s44", "build ledger": "ledger on",
+         "ids replaced in": "others"},
+        {"concurrency": 20, "site": None, "gpu_session": "s41", "build ledger": "ledger on", "ids replaced in": "none"}])
+    s = V.first_sites(r)
+    assert [x["runs"] for x in s[28]] == [2, 1] and s[28][0]["ledger"] == "ledger off, ledger on"
+    assert s[28][0]["replaced"] == "none, others" and s[28][1]["sessions"] == "s42"
+    assert s[20] == [{"site": None, "runs": 1, "sessions": "s41", "ledger": "ledger on", "replaced": "none"}]
+
+
+def test_first_site_runs_read_every_plain_tap_stock_engine():
+    df = analysis.load_runs()
+    r = V.first_site_runs(df, V.probe_table(df), D.load_probe)
+    assert set(r["concurrency"]) == {20, 28} and r["earlier writes finite"].all()
+    assert {"none", "all", "row0", "others"} <= set(r["ids replaced in"]) and "ledger off" in set(r["build ledger"])
+    s = V.first_sites(r)
+    assert len(s[20]) == 1 and len(s[28]) == 2       # s44: the step at 28 moved (ledger off, and on)
+    assert V.first_site_runs(df.iloc[0:0], V.probe_table(df).iloc[0:0], D.load_probe).empty
+
+
+def test_output_agreement_of_a_session_whose_runs_all_crashed_is_empty():
+    # s44's runs all crashed: an empty mask over no completed run once selected columns, not rows (KeyError)
+    df = pd.DataFrame([{"gpu_session": "s44", "outcome": "crash", "output_digests": None, "cudagraph_mode": "FULL",
+                        "fix": False, "concurrency": 20, "round": 0, "temperature": 0.0, "run_id": "a"}])
+    assert V.output_agreement(df, "s44").empty
+    assert V.output_agreement(df.assign(outcome="ok"), "s44").empty      # completed, but recorded no outputs
