@@ -212,7 +212,8 @@ def row0_changes(probe: dict, group: str = "gdn0") -> list[dict]:
     """Every step at which batch row 0 holds another request than the step before (a finished request's slot taken
     when vLLM condenses the batch): the step, the request that left and the one that came, and the newcomer's GDN
     accepted count at that step's start (``accepted``; None where the step recorded no GDN metadata). A count of 0
-    there is :func:`row0_without_token`'s ``moved``; a positive count is the same move without the fault's cause."""
+    there is :func:`row0_without_token`'s ``moved``; a positive count is the same move without the fault's cause.
+    ``returned``: whether the request that left row 0 appears in a later step (moved, not finished)."""
     out, prev = [], None
     for s in probe["steps"]:
         reqs = s.get("reqs") or []
@@ -223,6 +224,27 @@ def row0_changes(probe: dict, group: str = "gdn0") -> list[dict]:
             out.append({"step": s["step"], "left": prev, "came": reqs[0],
                         "accepted": int(na[0]) if na else None})
         prev = reqs[0]
+    # a request that left row 0 and is never seen again had finished (or was aborted); one seen later was moved
+    later: dict = {}
+    for s in probe["steps"]:
+        for r in s.get("reqs") or []:
+            later[r] = s["step"]
+    for c in out:
+        c["returned"] = later.get(c["left"], -1) >= c["step"]
+    return out
+
+
+def row0_replaced_steps(probe: dict) -> list[int]:
+    """The steps on which the probe's replacement gave batch row 0 its only token: row 0 kept one sampled id
+    (``valid``) and the step's sample line counts a replaced id (``oor_replaced``). Meaningful for a run whose
+    replacement covered row 0 alone (``probe_oor: row0``), where every replaced id is row 0's: without the replacement
+    row 0 would have held a request with no valid token on these steps."""
+    out = []
+    for k in sorted(probe["samples"]):
+        smp = probe["samples"][k]
+        valid = smp.get("valid") or []
+        if valid and int(valid[0]) == 1 and int(smp.get("oor_replaced") or 0) >= 1:
+            out.append(int(k))
     return out
 
 

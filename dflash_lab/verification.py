@@ -686,7 +686,9 @@ OOR_TABLE_COLUMNS = ["session", "engine", "path", "matrix", "gpu_session", "conc
                      "first NaN-logits step", "NaN-logits steps", "first out-of-vocabulary step",
                      "out-of-vocabulary first ids", "ids replaced (count)", "accepted-0 rows", "linked steps",
                      "unlinked steps", "row-0 step", "row-0 how", "earlier steps without a token above row 0",
-                     "row-0 changes", "row-0 changes with a count of 0", "first row-0 change", "last step"]
+                     "accepted-0 rows above 0 before it", "row-0 changes", "row-0 changes with a count of 0",
+                     "row-0 changes with a count unknown", "row-0 requests that came back", "first row-0 change",
+                     "row-0 ids replaced", "first row-0 id replaced", "last step"]
 
 
 def _vocab_size(runs) -> int:
@@ -722,6 +724,8 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
         zero = divergence.zero_accepted(p)
         links = divergence.oor_links(p, vocab, oor=oor, zero=zero)
         changes = divergence.row0_changes(p)
+        parts = {analysis.oor_rows(v) for v in runs["probe_oor"]} if "probe_oor" in runs else set()
+        r0rep = divergence.row0_replaced_steps(p) if parts == {"row0"} else None
         end = r0["step"] if r0["step"] is not None else (p["steps"][-1]["step"] + 1 if p["steps"] else 0)
         # steps before row 0's (or, without one, any step) in which a row above 0 held a request with no valid token:
         # its own out-of-vocabulary id, or an accepted count of 0 at the step's start
@@ -743,13 +747,20 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
                      "earlier steps without a token above row 0": len(above),
                      # row 0's request replaced by another (a finished request's slot), and how often the newcomer
                      # had an accepted count of 0 (divergence.row0_changes)
+                     # request-steps of rows above 0 without a valid token, before row 0's (or, without one, any)
+                     "accepted-0 rows above 0 before it": int(((zero["row"] > 0) & (zero["step"] < end)).sum()),
                      "row-0 changes": len(changes),
                      "row-0 changes with a count of 0": sum(c["accepted"] == 0 for c in changes),
+                     "row-0 changes with a count unknown": sum(c["accepted"] is None for c in changes),
+                     "row-0 requests that came back": sum(c["returned"] for c in changes),
                      "first row-0 change": changes[0]["step"] if changes else None,
+                     # a replacement in row 0 alone: the steps it gave row 0 its only token (None for other runs)
+                     "row-0 ids replaced": len(r0rep) if r0rep is not None else None,
+                     "first row-0 id replaced": r0rep[0] if r0rep else None,
                      "last step": p["steps"][-1]["step"] if p["steps"] else None})
     out = pd.DataFrame(rows, columns=OOR_TABLE_COLUMNS)
     for c in ("first NaN-logits step", "first out-of-vocabulary step", "ids replaced (count)", "row-0 step",
-              "first row-0 change", "last step"):
+              "first row-0 change", "row-0 ids replaced", "first row-0 id replaced", "last step"):
         out[c] = out[c].astype("Int64")
     return out
 
@@ -818,9 +829,10 @@ def row0_predictions(t, stock_last: dict | None = None):
     """The runs of ``probe-oor-row0-tp1`` (s44) in an :func:`oor_table`, each against what its matrix header
     predicted before the run from the row-0 rule. ``others`` (the ids replaced in rows above 0 only): the run crashes
     and its last recorded step is its first row-0 step, row 0's own out-of-vocabulary id (``sampled``). ``row0`` (row
-    0's ids replaced only): rows above 0 get accepted counts of 0 as in stock, and the run crashes exactly at the step
-    a count of 0 is moved into row 0 (``moved``; none before row 0's request first changes), and completes if that
-    never happens. Every run: NaN logits. ``held``: all of that, measured. ``stock_last``: concurrency -> the last
+    0's ids replaced only): rows above 0 get accepted counts of 0 as in stock (counted before row 0's step), the
+    replacement gives row 0 its only token on some step (else row 0 never lost one), and the run crashes exactly at
+    the step a count of 0 is moved into row 0 (``moved``; none before row 0's request first changes), and completes
+    if that never happens. Every run: NaN logits. ``held``: all of that, measured. ``stock_last``: concurrency -> the last
     recorded steps of stock plain-tap runs there, for the header's less confident prediction that ``others`` crashes
     at the same step (``as stock``; None without them, and for ``row0``, where it was not predicted)."""
     import pandas as pd
@@ -839,10 +851,12 @@ def row0_predictions(t, stock_last: dict | None = None):
         if r["rows replaced"] == "others":
             ok = ok and r["outcome"] == "crash" and at and r["row-0 how"] == "sampled"
         else:
-            ok = ok and int(r["accepted-0 rows"]) > 0 and (
-                (r["outcome"] == "crash" and at and r["row-0 how"] == "moved"
-                 and not pd.isna(r["first row-0 change"]) and r["last step"] >= r["first row-0 change"])
-                or (r["outcome"] == "ok" and pd.isna(r["row-0 step"])))
+            # the test needs both parts to have happened: rows above 0 without a token before row 0's step, and the
+            # replacement giving row 0 its only token on some step (else row 0 never lost one and nothing is tested)
+            ok = (ok and int(r["accepted-0 rows above 0 before it"]) > 0 and int(r["row-0 ids replaced"] or 0) > 0
+                  and ((r["outcome"] == "crash" and at and r["row-0 how"] == "moved"
+                        and not pd.isna(r["first row-0 change"]) and r["last step"] >= r["first row-0 change"])
+                       or (r["outcome"] == "ok" and pd.isna(r["row-0 step"]))))
         held.append(bool(ok))
     x["held"] = held
     conc = x["concurrency"].map(lambda c: int(str(c).split(", ")[0]))
@@ -852,8 +866,10 @@ def row0_predictions(t, stock_last: dict | None = None):
                      for c, s, w in zip(conc, x["last step"], x["rows replaced"])]
     return x[["engine", "gpu_session", "concurrency", "rows replaced", "predicted", "outcome", "held", "row-0 step",
               "row-0 how", "last step", "first row-0 change", "row-0 changes", "row-0 changes with a count of 0",
-              "accepted-0 rows", "first NaN-logits step", "NaN-logits steps", "ids replaced (count)",
-              "stock plain-tap last steps", "as stock"]]
+              "row-0 changes with a count unknown", "row-0 requests that came back", "accepted-0 rows",
+              "accepted-0 rows above 0 before it", "row-0 ids replaced", "first row-0 id replaced",
+              "first NaN-logits step", "NaN-logits steps", "ids replaced (count)", "stock plain-tap last steps",
+              "as stock"]]
 
 
 def plot_row0_changes(ax, probe: dict, title: str):

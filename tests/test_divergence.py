@@ -194,13 +194,23 @@ def test_row0_without_a_token_is_the_first_moved_in_count_of_0_or_own_out_of_voc
 
 def test_row0_changes_name_each_newcomer_and_its_accepted_count():
     p = _oor_probe()
-    assert D.row0_changes(p) == [{"step": 4, "left": 4, "came": 5, "accepted": 0}]
+    assert D.row0_changes(p) == [{"step": 4, "left": 4, "came": 5, "accepted": 0, "returned": False}]
     p["steps"].append({"step": 5, "mode": "FULL", "reqs": [], "gdn": {}})          # an empty step is skipped
     p["steps"].append({"step": 6, "mode": "FULL", "reqs": [6, 5], "gdn": {"gdn0": {"na": [3, 1]}}})
-    p["steps"].append({"step": 7, "mode": "FULL", "reqs": [7]})                      # no GDN metadata recorded
-    assert D.row0_changes(p)[1:] == [{"step": 6, "left": 5, "came": 6, "accepted": 3},
-                                     {"step": 7, "left": 6, "came": 7, "accepted": None}]
+    p["steps"].append({"step": 7, "mode": "FULL", "reqs": [7, 5]})                   # no GDN metadata recorded
+    assert D.row0_changes(p)[1:] == [{"step": 6, "left": 5, "came": 6, "accepted": 3, "returned": True},
+                                     {"step": 7, "left": 6, "came": 7, "accepted": None, "returned": False}]
     assert D.row0_changes({"steps": [], "samples": {}}) == []
+
+
+def test_row0_replaced_steps_are_those_where_row0s_only_token_was_replaced():
+    p = {"steps": [], "samples": {
+        3: {"valid": [1, 2], "oor_replaced": 1},      # row 0's one token replaced
+        4: {"valid": [2, 1], "oor_replaced": 1},      # row 0 kept two tokens: the replaced id was not its only one
+        5: {"valid": [1, 1], "oor_replaced": 0},      # nothing replaced
+        6: {"valid": [1], "oor_replaced": None},      # the replacement was off
+        7: {"valid": [], "oor_replaced": 2}}}
+    assert D.row0_replaced_steps(p) == [3]
 
 
 def test_every_recorded_crash_came_at_its_first_row0_step():

@@ -53,9 +53,10 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "7 other crashes had no pre-fill, and NaN of their own in the requests FA3 left unwritten before they died (at "
             "20, 4 runs, first at step 10 in L15 attn; at 28, 3 runs, first at step 11 in L23 attn; what a probed engine's "
             "graph memory held there; over every stock engine probed with plain taps, any matrix (9 at 20, 8 at 28), the "
-            "first site moved: at 28, 2 run(s) at step 10, L23 attn, requests [14, 17, 21, 24] (s44; ledger off, ledger on) "
-            "and 6 run(s) at step 11, L23 attn, requests [14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27] (s42, "
-            "s43, s44; ledger on)) (s37 at 8: 2 crashes in 5 runs; s37 at 16: 2 crashes in 4 runs; s38 at 32: 2 crashes "
+            "first site moved: at 28, 2 run(s) at step 10, L23 attn, requests [14, 17, 21, 24] (s44; ledger off, ledger on; "
+            "ids replaced: none, others) and 6 run(s) at step 11, L23 attn, requests [14, 15, 16, 17, 18, 19, 20, 21, 22, "
+            "23, 24, 25, 26, 27] (s42, s43, s44; ledger on; ids replaced: all, none, row0)) (s37 at 8: 2 crashes in 5 "
+            "runs; s37 at 16: 2 crashes in 4 runs; s38 at 32: 2 crashes "
             "in 6 runs; s41 at 20: 2 crashes in 4 runs, 1 NaN-filled; s42 at 20: 3 crashes in 3 runs, 0 NaN-filled; s42 at "
             "28: 4 crashes in 6 runs, 1 NaN-filled), 1 in 2700 if the pre-fill did not matter") in text
     # s38's build ledger: who wrote the stale schedule, and the padding that differs between sessions
@@ -133,8 +134,11 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "while rows above 0 held such requests on 1522 earlier steps without a fault." in text
     # s44: the row-0 rule tested (probe-oor-row0-tp1), and the first NaN site at 28 no longer one site
     assert ("Tested (probe-oor-row0-tp1, pre-registered, s44): 4 of 4 runs ended as predicted. With the ids replaced "
-            "in rows above 0 only, 2 of 2 crashed at row 0's own id (steps 16, 23 at 20, 28)") in text
-    assert "row 0's request changed 3 and 10 times as requests finished" in text
+            "in rows above 0 only, each run crashed at the first step row 0's own id was out of vocabulary (step 16 and "
+            "23 at 20 and 28). With row 0's replaced only, the replacement gave row 0 its only token on 74 and 75 steps, "
+            "first at step 16 and 23 (at 20 and 28), and the run went on; rows above 0 went without a token on 1204 "
+            "and 2015 request-steps before it crashed") in text
+    assert "after 2 and 9 earlier changes of row 0's request (finished requests) to requests with a token." in text
     assert "the first site moved: at 28, 2 run(s) at step 10, L23 attn" in text
 
 
@@ -422,7 +426,8 @@ def test_first_sites_text_speaks_only_of_a_concurrency_with_several_sites():
     two = dict(one, site="step 11, L23 attn", runs=1, sessions="s44", ledger="ledger off")
     assert findings.first_sites_text({20: [one], 28: [one, two]}) == (
         "; over every stock engine probed with plain taps, any matrix (2 at 20, 3 at 28), the first site moved: at 28, "
-        "2 run(s) at step 10, L15 attn (s41; ledger on) and 1 run(s) at step 11, L23 attn (s44; ledger off)")
+        "2 run(s) at step 10, L15 attn (s41; ledger on; ids replaced: none) and 1 run(s) at step 11, L23 attn (s44; "
+        "ledger off; ids replaced: none)")
 
 
 def test_plain_sites_text_names_one_site_or_says_there_are_several():

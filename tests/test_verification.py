@@ -500,13 +500,21 @@ def _row0_rows():
         dict(base, engine="others", concurrency="20", **{
             "replaced in": "others only", "NaN-logits steps": 7, "accepted-0 rows": 0, "row-0 step": 16,
             "row-0 how": "sampled", "last step": 16, "row-0 changes": 0, "row-0 changes with a count of 0": 0,
-            "first row-0 change": pd.NA}),
+            "first row-0 change": pd.NA, "accepted-0 rows above 0 before it": 0, "row-0 ids replaced": pd.NA,
+            "first row-0 id replaced": pd.NA, "row-0 changes with a count unknown": 0,
+            "row-0 requests that came back": 0}),
         dict(base, engine="row0", concurrency="28", **{
             "replaced in": "row0 only", "NaN-logits steps": 480, "accepted-0 rows": 900, "row-0 step": 591,
             "row-0 how": "moved", "last step": 591, "row-0 changes": 10, "row-0 changes with a count of 0": 1,
-            "first row-0 change": 275}),
+            "first row-0 change": 275, "accepted-0 rows above 0 before it": 899, "row-0 ids replaced": 75,
+            "first row-0 id replaced": 23, "row-0 changes with a count unknown": 0,
+            "row-0 requests that came back": 0}),
         dict(_oor_rows().iloc[0].to_dict(), **{"replaced in": None, "row-0 changes": 0,
-                                               "row-0 changes with a count of 0": 0, "first row-0 change": pd.NA})])
+                                               "row-0 changes with a count of 0": 0, "first row-0 change": pd.NA,
+                                               "accepted-0 rows above 0 before it": 5, "row-0 ids replaced": pd.NA,
+                                               "first row-0 id replaced": pd.NA,
+                                               "row-0 changes with a count unknown": 0,
+                                               "row-0 requests that came back": 0})])
 
 
 def test_row0_predictions_hold_only_at_the_predicted_row0_step():
@@ -526,7 +534,10 @@ def test_row0_predictions_hold_only_at_the_predicted_row0_step():
     assert list(V.row0_predictions(t)["held"]) == [True, False]             # a crash with no row-0 step
     t.loc[1, "outcome"] = "ok"                                              # completed, never a count of 0 in row 0
     assert list(V.row0_predictions(t)["held"]) == [True, True]
-    t.loc[1, "accepted-0 rows"] = 0                                         # ... but no row lost its token: untested
+    t.loc[1, "accepted-0 rows above 0 before it"] = 0                       # ... but no row above 0 lost its token
+    assert list(V.row0_predictions(t)["held"]) == [True, False]
+    t.loc[1, "accepted-0 rows above 0 before it"] = 899
+    t.loc[1, "row-0 ids replaced"] = 0                                      # ... or row 0 never needed the replacement
     assert list(V.row0_predictions(t)["held"]) == [True, False]
     t.loc[1, "replaced in"] = "all rows"
     with pytest.raises(LabError, match="not one part of the batch: row0"):
@@ -545,6 +556,10 @@ def test_oor_table_reads_the_recorded_probes():
     assert len(r) == 4 and r["held"].all()
     z = r[r["rows replaced"] == "row0"]
     assert (z["row-0 changes with a count of 0"] == 1).all() and (z["row-0 changes"] > 1).all()
+    # the replacement gave row 0 its only token first on the step the others-replaced run crashed at
+    o = r[r["rows replaced"] == "others"].set_index("concurrency")["last step"]
+    assert all(int(f) == int(o[c]) for c, f in zip(z["concurrency"], z["first row-0 id replaced"]))
+    assert (z["row-0 requests that came back"] == 0).all() and (z["row-0 changes with a count unknown"] == 0).all()
     assert (t.loc[t["outcome"] == "ok", "row-0 changes with a count of 0"] == 0).all()
     assert (t["unlinked steps"].map(len) == 0).all() and t["linked steps"].sum() > 1000
 
