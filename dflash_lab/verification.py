@@ -185,9 +185,15 @@ def probe_runs(df, session: str, engine: str):
     return df[(df["file"] == f"{session}.jsonl") & ((df["engine_id"] + ".a" + df["attempt"].astype(str)) == engine)]
 
 
+def _oor_parts(runs) -> set:
+    """Which rows a probed engine's run lines had the probe's out-of-vocabulary replacement cover (``probe_oor``,
+    :func:`analysis.oor_rows`: "all", "row0", "others"); empty when it was off."""
+    return ({analysis.oor_rows(v) for v in runs["probe_oor"]} - {None}) if "probe_oor" in runs else set()
+
+
 def _oor(runs) -> bool:
     """Whether a probed engine's run lines had the probe's out-of-vocabulary replacement on (``probe_oor``)."""
-    return "probe_oor" in runs and any(analysis.oor_rows(v) for v in runs["probe_oor"])
+    return bool(_oor_parts(runs))
 
 
 def probe_table(df, pattern: str = divergence.PROBE_GLOB):
@@ -656,12 +662,8 @@ def first_site_runs(df, probes, probe_of, concurrencies=(20, 28)):
     ft["first NaN layer"] = ft["first NaN layer"].map(lambda x: divergence.short(x) if isinstance(x, str) else x)
     led = {f"{a}/{b}": ledger_label(x) for a, b, x in zip(t["session"], t["engine"], t["build ledger"])}
     ft["build ledger"] = ft["probe"].map(led)
-    rep = {}
-    for key in ft["probe"]:
-        runs = probe_runs(df, *key.split("/", 1))
-        parts = {analysis.oor_rows(v) for v in runs["probe_oor"]} if "probe_oor" in runs else {None}
-        rep[key] = ", ".join(sorted(x or "none" for x in parts))
-    ft["ids replaced in"] = ft["probe"].map(rep)
+    ft["ids replaced in"] = [", ".join(sorted(_oor_parts(probe_runs(df, *k.split("/", 1))))) or "none"
+                             for k in ft["probe"]]
     ft["site"] = [None if pd.isna(st) else f"step {int(st)}, {lay}, requests {q}"
                   for st, lay, q in zip(ft["first NaN step"], ft["first NaN layer"], ft["NaN requests"])]
     return ft[FIRST_SITE_COLUMNS].sort_values(["concurrency", "gpu_session", "probe"]).reset_index(drop=True)
@@ -719,12 +721,12 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
         smp = [p["samples"][k] for k in sorted(p["samples"])]
         nan_steps = [x["step"] for x in smp if x.get("logits_nonfinite")]
         oor = divergence.out_of_vocab_ids(p, vocab)
-        replaced = _oor(runs)
+        parts = _oor_parts(runs)
+        replaced = bool(parts)
         r0 = divergence.row0_without_token(p, vocab) or {"step": None, "how": None}
         zero = divergence.zero_accepted(p)
         links = divergence.oor_links(p, vocab, oor=oor, zero=zero)
         changes = divergence.row0_changes(p)
-        parts = {analysis.oor_rows(v) for v in runs["probe_oor"]} if "probe_oor" in runs else set()
         r0rep = divergence.row0_replaced_steps(p) if parts == {"row0"} else None
         end = r0["step"] if r0["step"] is not None else (p["steps"][-1]["step"] + 1 if p["steps"] else 0)
         # steps before row 0's (or, without one, any step) in which a row above 0 held a request with no valid token:
@@ -736,8 +738,8 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
                      "gpu_session": ", ".join(sorted({str(x) for x in runs["gpu_session"]})),
                      "concurrency": ", ".join(str(int(c)) for c in sorted(set(runs["concurrency"]))),
                      "outcome": ", ".join(sorted(set(runs["outcome"]))), "ids replaced": replaced,
-                     "replaced in": (", ".join(sorted({"all rows" if w == "all" else f"{w} only" for v in runs["probe_oor"]
-                                                      if (w := analysis.oor_rows(v))})) if replaced else None),
+                     "replaced in": (", ".join(sorted("all rows" if w == "all" else f"{w} only" for w in parts))
+                                     if replaced else None),
                      "first NaN-logits step": nan_steps[0] if nan_steps else None, "NaN-logits steps": len(nan_steps),
                      "first out-of-vocabulary step": int(oor["step"].min()) if len(oor) else None,
                      "out-of-vocabulary first ids": len(oor),
