@@ -676,7 +676,7 @@ def first_sites(runs) -> dict:
     out = {}
     for c, g in runs.groupby("concurrency"):
         out[int(c)] = [{"site": None if pd.isna(site) else site, "runs": len(h),
-                        "sessions": ", ".join(sorted({str(x).split("-")[-1] for x in h["gpu_session"]})),
+                        "sessions": ", ".join(sorted({analysis.short_session(x) for x in h["gpu_session"]})),
                         "ledger": ", ".join(sorted({str(x) for x in h["build ledger"]})),
                         "replaced": ", ".join(sorted(set(h["ids replaced in"])))}
                        for site, h in g.groupby("site", dropna=False)]
@@ -731,8 +731,8 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
         end = r0["step"] if r0["step"] is not None else (p["steps"][-1]["step"] + 1 if p["steps"] else 0)
         # steps before row 0's (or, without one, any step) in which a row above 0 held a request with no valid token:
         # its own out-of-vocabulary id, or an accepted count of 0 at the step's start
-        above = set(oor.loc[(oor["row"] > 0) & (oor["step"] < end), "step"]) | set(
-            zero.loc[(zero["row"] > 0) & (zero["step"] < end), "step"])
+        zero_above = zero[(zero["row"] > 0) & (zero["step"] < end)]
+        above = set(oor.loc[(oor["row"] > 0) & (oor["step"] < end), "step"]) | set(zero_above["step"])
         rows.append({"session": p["session"], "engine": p["engine"], "path": path,
                      "matrix": ", ".join(sorted({str(x) for x in runs["matrix"]})) if "matrix" in runs else None,
                      "gpu_session": ", ".join(sorted({str(x) for x in runs["gpu_session"]})),
@@ -747,10 +747,10 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
                      "accepted-0 rows": len(zero), "linked steps": links["linked"],
                      "unlinked steps": links["unlinked"], "row-0 step": r0["step"], "row-0 how": r0["how"],
                      "earlier steps without a token above row 0": len(above),
+                     # request-steps of rows above 0 without a valid token, before row 0's (or, without one, any)
+                     "accepted-0 rows above 0 before it": len(zero_above),
                      # row 0's request replaced by another (a finished request's slot), and how often the newcomer
                      # had an accepted count of 0 (divergence.row0_changes)
-                     # request-steps of rows above 0 without a valid token, before row 0's (or, without one, any)
-                     "accepted-0 rows above 0 before it": int(((zero["row"] > 0) & (zero["step"] < end)).sum()),
                      "row-0 changes": len(changes),
                      "row-0 changes with a count of 0": sum(c["accepted"] == 0 for c in changes),
                      "row-0 changes with a count unknown": sum(c["accepted"] is None for c in changes),
@@ -786,7 +786,7 @@ def oor_predictions(t):
 
 def session_no(label) -> int | None:
     """The number of a GPU session label ("2026-12-02-s44" -> 44); None for a label without one."""
-    m = re.search(r"-s(\d+)$", str(label))
+    m = re.fullmatch(r"s(\d+)", analysis.short_session(label))
     return int(m.group(1)) if m else None
 
 
