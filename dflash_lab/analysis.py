@@ -397,6 +397,38 @@ def fault_table(df, data_dir: str = "data"):
     return pd.DataFrame(rows)
 
 
+GDN_KERNEL = "fused_sigmoid_gating_delta_rule_update_kernel"
+DFLASH_INPUT_KERNEL = "copy_and_expand_dflash_inputs_kernel"
+
+
+def core_batch_row(fault, value_heads: int | None = None) -> dict | None:
+    """The batch row of the block cuda-gdb focused in a core dump, and how many batch rows the faulting launch had, for
+    the two kernels whose grid maps to requests directly (vLLM 0.22.1's source):
+
+    - the DFlash input kernel: one program per request, ``req_idx = tl.program_id(0)``
+      (v1/spec_decode/utils.py:498), grid ``(batch_size, blocks)``: row = block x, rows = grid x;
+    - the GDN kernel: grid ``(NK, NV, N * HV)`` with ``i_n = i_nh // HV`` (fla/ops/fused_sigmoid_gating.py:62-63,
+      241): row = block z // HV, rows = grid z / HV. ``value_heads``: HV, the target's GDN value heads per rank.
+
+    None for any other kernel, or a fault without a grid and focus block. cuda-gdb focuses one faulting block: other
+    rows may have faulted too."""
+    if not isinstance(fault, dict):
+        return None
+    grid, block, kernel = fault.get("grid"), fault.get("focus_block"), fault.get("kernel")
+    if not grid or not block or len(grid) != 3 or len(block) != 3:
+        return None
+    if kernel == DFLASH_INPUT_KERNEL:
+        return {"row": int(block[0]), "rows": int(grid[0])}
+    if kernel == GDN_KERNEL:
+        if not value_heads or value_heads < 1:
+            raise LabError("the GDN kernel's batch row needs the target's GDN value heads per rank")
+        if int(grid[2]) % value_heads:
+            raise LabError(f"a GDN core's grid z ({grid[2]}) is not a multiple of {value_heads} value heads: "
+                           "not the launch this reading assumes")
+        return {"row": int(block[2]) // value_heads, "rows": int(grid[2]) // value_heads}
+    return None
+
+
 def compiled_kernel(name: str, data_dir: str = "data/gpu") -> dict | None:
     """A compiled (inductor) kernel recorded from a carried compile cache (``data/gpu/*compile-cache*/NAME.py`` and
     the folder's meta.json): its device asserts and the vLLM compile tags whose artifacts define it ('backbone' is the

@@ -248,6 +248,19 @@ def row0_replaced_steps(probe: dict) -> list[int]:
     return out
 
 
+def schedule_agreement(a: dict, b: dict, group: str = "gdn0") -> dict:
+    """Two probe logs step by step: the steps both recorded, those whose batch rows held other requests (``reqs``),
+    and those whose GDN accepted counts at the step's start differed (``na``). Two runs of one seeded workload that
+    agree on every step are replicas of each other's schedule there."""
+    def by_step(p):
+        return {s["step"]: (s.get("reqs"), ((s.get("gdn") or {}).get(group) or {}).get("na")) for s in p["steps"]}
+
+    sa, sb = by_step(a), by_step(b)
+    common = sorted(set(sa) & set(sb))
+    return {"common": common, "reqs differ": [k for k in common if sa[k][0] != sb[k][0]],
+            "counts differ": [k for k in common if sa[k][1] != sb[k][1]]}
+
+
 def nan_onset(probe: dict) -> dict | None:
     """The first step whose graph replay produced NaN/Inf outputs where the reference pass did not."""
     for s in probe["steps"]:

@@ -637,14 +637,16 @@ def plain_sites(t):
     return out
 
 
-FIRST_SITE_COLUMNS = ["probe", "gpu_session", "concurrency", "build ledger", "ids replaced in", "outcome",
-                      "first NaN step", "first NaN layer", "NaN requests", "earlier writes finite", "last step", "site"]
+FIRST_SITE_COLUMNS = ["probe", "gpu_session", "concurrency", "build ledger", "ids replaced in", "first step requests",
+                      "outcome", "first NaN step", "first NaN layer", "NaN requests", "earlier writes finite",
+                      "last step", "site"]
 
 
 def first_site_runs(df, probes, probe_of, concurrencies=(20, 28)):
     """Every probed stock engine with plain taps and no pre-fill at ``concurrencies``, whatever matrix ran it: its
     first NaN site (:func:`fill_table`: step, layer as :func:`divergence.short`, requests) and last step, its build
-    ledger and where the probe replaced out-of-vocabulary ids ("none", "all", "row0", "others"). The replacement acts
+    ledger, where the probe replaced out-of-vocabulary ids ("none", "all", "row0", "others") and how many requests
+    its first step admitted. The replacement acts
     only on ids NaN logits produced, so never before the first NaN step; it is labelled all the same, since its
     per-step work may change what device memory holds. ``probes``: a :func:`probe_table`; ``probe_of``: path -> probe
     log."""
@@ -662,6 +664,13 @@ def first_site_runs(df, probes, probe_of, concurrencies=(20, 28)):
     ft["first NaN layer"] = ft["first NaN layer"].map(lambda x: divergence.short(x) if isinstance(x, str) else x)
     led = {f"{a}/{b}": ledger_label(x) for a, b, x in zip(t["session"], t["engine"], t["build ledger"])}
     ft["build ledger"] = ft["probe"].map(led)
+    # how many requests the engine's first step admitted (a prefill step; the offline runner's requests arrive while
+    # the engine runs, so this varies between runs of the one seeded workload)
+    first = {}
+    for a, b, path in zip(t["session"], t["engine"], t["path"]):
+        steps = probe_of(path)["steps"]
+        first[f"{a}/{b}"] = int(steps[0]["num_reqs"]) if steps and steps[0].get("num_reqs") is not None else None
+    ft["first step requests"] = ft["probe"].map(first).astype("Int64")
     ft["ids replaced in"] = [", ".join(sorted(_oor_parts(probe_runs(df, *k.split("/", 1))))) or "none"
                              for k in ft["probe"]]
     ft["site"] = [None if pd.isna(st) else f"step {int(st)}, {lay}, requests {q}"
@@ -670,7 +679,8 @@ def first_site_runs(df, probes, probe_of, concurrencies=(20, 28)):
 
 
 def first_sites(runs) -> dict:
-    """:func:`first_site_runs` per concurrency and first site: runs, GPU sessions (short) and build ledgers."""
+    """:func:`first_site_runs` per concurrency and first site: runs, GPU sessions (short), build ledgers, replaced
+    rows and the first step's request counts."""
     import pandas as pd
 
     out = {}
@@ -678,7 +688,8 @@ def first_sites(runs) -> dict:
         out[int(c)] = [{"site": None if pd.isna(site) else site, "runs": len(h),
                         "sessions": ", ".join(sorted({analysis.short_session(x) for x in h["gpu_session"]})),
                         "ledger": ", ".join(sorted({str(x) for x in h["build ledger"]})),
-                        "replaced": ", ".join(sorted(set(h["ids replaced in"])))}
+                        "replaced": ", ".join(sorted(set(h["ids replaced in"]))),
+                        "first steps": ", ".join(str(int(x)) for x in sorted(set(h["first step requests"].dropna())))}
                        for site, h in g.groupby("site", dropna=False)]
     return out
 
@@ -690,17 +701,42 @@ OOR_TABLE_COLUMNS = ["session", "engine", "path", "matrix", "gpu_session", "conc
                      "unlinked steps", "row-0 step", "row-0 how", "earlier steps without a token above row 0",
                      "accepted-0 rows above 0 before it", "row-0 changes", "row-0 changes with a count of 0",
                      "row-0 changes with a count unknown", "row-0 requests that came back", "first row-0 change",
-                     "row-0 ids replaced", "first row-0 id replaced", "last step"]
+                     "row-0 ids replaced", "first row-0 id replaced", "last step", "core kernel", "core row",
+                     "core rows"]
 
 
-def _vocab_size(runs) -> int:
+def _target_text(runs, what: str) -> dict:
+    """The text config of the one target a probed engine's run lines name (``models.TARGETS``)."""
     from . import models
 
     targets = ({t.get("name") if isinstance(t, dict) else t for t in runs["target"]}
                if len(runs) and "target" in runs else set())
     if len(targets) != 1 or next(iter(targets)) not in models.TARGETS:
-        raise LabError(f"cannot tell the vocabulary size of a probe whose run lines name the targets {sorted(targets)}")
-    return int(models.TARGETS[next(iter(targets))]["text"]["vocab_size"])
+        raise LabError(f"cannot tell the {what} of a probe whose run lines name the targets {sorted(targets)}")
+    return models.TARGETS[next(iter(targets))]["text"]
+
+
+def _vocab_size(runs) -> int:
+    return int(_target_text(runs, "vocabulary size")["vocab_size"])
+
+
+def _core(runs) -> dict:
+    """A probed engine's core dump, from its run lines' ``fault``: the faulting kernel ("unread" when the dump named
+    none; None without a dump) and, for the kernels :func:`analysis.core_batch_row` reads, the batch row of the
+    focused block and the launch's rows (GDN value heads per rank: the target's, divided by the tensor-parallel
+    size)."""
+    faults = [f for f in runs["fault"] if isinstance(f, dict)] if "fault" in runs else []
+    if not faults:
+        return {"kernel": None, "row": None, "rows": None}
+    if len(faults) > 1:
+        raise LabError(f"a probed engine with {len(faults)} core dumps: one log cannot say which step each ended")
+    f = faults[0]
+    tp = {int(x) for x in runs["tensor_parallel_size"].fillna(1)} if "tensor_parallel_size" in runs else {1}
+    heads = None
+    if f.get("kernel") == analysis.GDN_KERNEL:
+        heads = int(_target_text(runs, "GDN value heads")["linear_num_value_heads"]) // max(tp)
+    at = analysis.core_batch_row(f, heads) or {}
+    return {"kernel": f.get("kernel") or "unread", "row": at.get("row"), "rows": at.get("rows")}
 
 
 def oor_table(df, pattern: str = divergence.PROBE_GLOB):
@@ -759,10 +795,13 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB):
                      # a replacement in row 0 alone: the steps it gave row 0 its only token (None for other runs)
                      "row-0 ids replaced": len(r0rep) if r0rep is not None else None,
                      "first row-0 id replaced": r0rep[0] if r0rep else None,
-                     "last step": p["steps"][-1]["step"] if p["steps"] else None})
+                     "last step": p["steps"][-1]["step"] if p["steps"] else None,
+                     # its core dump, if it took one: the faulting kernel, the focused block's batch row, the rows
+                     **{f"core {k}": v for k, v in _core(runs).items()}})
     out = pd.DataFrame(rows, columns=OOR_TABLE_COLUMNS)
     for c in ("first NaN-logits step", "first out-of-vocabulary step", "ids replaced (count)", "row-0 step",
-              "first row-0 change", "row-0 ids replaced", "first row-0 id replaced", "last step"):
+              "first row-0 change", "row-0 ids replaced", "first row-0 id replaced", "last step", "core row",
+              "core rows"):
         out[c] = out[c].astype("Int64")
     return out
 
@@ -793,10 +832,18 @@ def session_no(label) -> int | None:
 ROW0_FOUND_IN = 43   # the row-0 rule was read from the logs of GPU sessions up to s43, then tested in s44
 
 
+#: Kernels of the target's forward. The probe writes a step's line after that step's target forward (probe.py), and a
+#: core dump on exception stops the process at the faulting kernel before Python sees an error: a core naming one of
+#: these ends the probe log one step before the faulting step. (The drafter's kernels run after the step's line.)
+TARGET_FORWARD_KERNELS = frozenset({analysis.GDN_KERNEL})
+
+
 def row0_rule(t, up_to_session: int | None = None) -> dict:
     """Over an :func:`oor_table`: the crashing runs whose last recorded step is their first row-0 step
-    (:func:`divergence.row0_without_token`), those where it is not (or that had none), and the completed runs that had
-    a row-0 step all the same. ``holds``: every crash at its first row-0 step and no completed run with one.
+    (:func:`divergence.row0_without_token`), those a core dump cut one step short (``cut``: its core names a kernel of
+    the target's forward, :data:`TARGET_FORWARD_KERNELS`, and no recorded step is a row-0 step, so the faulting step has
+    no line), those where it is not (``not``), and the completed runs that had a row-0 step all the same. ``holds``:
+    every crash at its first row-0 step or cut, and no completed run with one.
     ``up_to_session``: only logs whose GPU sessions are all numbered at most this (``ROW0_FOUND_IN``: the logs the
     rule was found in, before any run tested it)."""
     if up_to_session is not None:
@@ -804,10 +851,14 @@ def row0_rule(t, up_to_session: int | None = None) -> dict:
                                                  for x in str(v).split(",")))]
     crash, ok = t[t["outcome"] == "crash"], t[t["outcome"] == "ok"]
     at = crash[crash["row-0 step"].notna() & (crash["row-0 step"] == crash["last step"])]
+    # logs a core dump ended inside the target's forward of the step after their last line (TARGET_FORWARD_KERNELS):
+    # the faulting step has no line, so such a log neither shows nor contradicts a row-0 step there
+    rest = crash[~crash.index.isin(at.index)]
+    cut = rest[rest["core kernel"].isin(TARGET_FORWARD_KERNELS) & rest["row-0 step"].isna()]
     # completed logs that could have shown a counter-example: ids not replaced (a replaced id is recorded as 0) and
     # some request without a valid token at some step
     testable = ok[~ok["ids replaced"].astype(bool) & (ok["out-of-vocabulary first ids"] > 0)]
-    return {"crashes": len(crash), "at row-0 step": len(at), "not": crash[~crash.index.isin(at.index)],
+    return {"crashes": len(crash), "at row-0 step": len(at), "not": rest[~rest.index.isin(cut.index)], "cut": cut,
             "completed": len(ok), "completed with one": ok[ok["row-0 step"].notna()],
             "completed testable": len(testable),
             # what the crashing logs show before their row-0 step: rows above 0 without a token, and no fault
@@ -819,7 +870,7 @@ def row0_rule(t, up_to_session: int | None = None) -> dict:
             # cannot be told apart
             "at the first id": int((at["row-0 step"] == at["first out-of-vocabulary step"]).sum()),
             "by how": at.groupby("row-0 how")["concurrency"].agg(lambda c: sorted(set(c), key=int)).to_dict(),
-            "holds": len(at) == len(crash) > 0 and not ok["row-0 step"].notna().any()}
+            "holds": len(at) + len(cut) == len(crash) > 0 and not ok["row-0 step"].notna().any()}
 
 
 ROW0_MATRIX = "probe-oor-row0-tp1"
@@ -872,6 +923,109 @@ def row0_predictions(t, stock_last: dict | None = None):
               "accepted-0 rows above 0 before it", "row-0 ids replaced", "first row-0 id replaced",
               "first NaN-logits step", "NaN-logits steps", "ids replaced (count)", "stock plain-tap last steps",
               "as stock"]]
+
+
+def step_ranges(steps) -> str:
+    """Steps as compact ranges: [1, 2, 3, 7, 9, 10] -> "1-3, 7, 9-10"; "" for none."""
+    out, run = [], []
+    for k in sorted(set(int(x) for x in steps)):
+        if run and k == run[-1] + 1:
+            run.append(k)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}")
+        run = [k]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}")
+    return ", ".join(out)
+
+
+CORE_MATRIX = "probe-oor-core-tp1"
+#: the kernels probe-oor-core-tp1's header predicted (s44, before the run) for each part of the batch replaced
+CORE_PREDICTED = {"others": (analysis.DFLASH_INPUT_KERNEL, "triton_poi_fused_2", "triton_poi_fused_3"),
+                  "row0": (analysis.GDN_KERNEL,)}
+
+
+def oor_core_predictions(t, probe_of):
+    """The runs of ``probe-oor-core-tp1`` (s45) in an :func:`oor_table`, each against what its matrix header predicted
+    before the run (s44), with its replica: the ``probe-oor-row0-tp1`` run (s44, no core dump) of the same
+    concurrency and replaced rows. ``probe_of``: path -> probe log.
+
+    - ``others`` (row 0's own id kept): the run crashes at its first row-0 step, row 0's own out-of-vocabulary id
+      (its last recorded step), and the core names the DFlash input kernel or the drafter's RoPE kernel. The header's
+      step ("16 as in s44", if the replica's schedule repeats) is reported apart (``step as replica``).
+    - ``row0`` (a count of 0 moved into row 0): the run crashes and the core names the GDN kernel. The GDN kernel runs
+      in the target's forward, before the probe writes the step's line (:data:`TARGET_FORWARD_KERNELS`), so the
+      faulting step is the one after the last line and has no line of its own; that step is read from the replica:
+      both logs record the same requests and accepted counts on every step from ``agree from`` to this run's last
+      (``agree from`` at most the replica's first change of row 0), the replica's next step moved a count of 0 into
+      row 0 (its row-0 step, ``moved``) with as many requests as the core's launch had rows, and this run recorded no
+      row-0 step. The replacement must have given row 0 its only token on some step, as in the replica.
+
+    Every run: NaN logits, and where the kernel's grid maps to requests (:func:`analysis.core_batch_row`) the focused
+    block in batch row 0 (``core row``). ``held``: all of that, measured."""
+    import pandas as pd
+
+    x = t[t["matrix"] == CORE_MATRIX].copy()
+    part = {"others only": "others", "row0 only": "row0"}
+    x["rows replaced"] = x["replaced in"].map(lambda v: part.get(v))
+    if x["rows replaced"].isna().any():
+        bad = ", ".join(x.loc[x["rows replaced"].isna(), "engine"])
+        raise LabError(f"{CORE_MATRIX}: runs whose replacement was not one part of the batch: {bad}")
+    reps = t[t["matrix"] == ROW0_MATRIX]
+    cols = {k: [] for k in ("predicted kernels", "kernel as predicted", "replica", "replica last step",
+                            "replica rows at its last step", "steps differing", "agree from", "steps compared",
+                            "step as replica",
+                            "faulting step", "held")}
+    for _, r in x.iterrows():
+        w = r["rows replaced"]
+        rep = reps[(reps["concurrency"] == r["concurrency"]) & (reps["replaced in"] == r["replaced in"])]
+        if len(rep) != 1:
+            raise LabError(f"{CORE_MATRIX}, {r['engine']}: {len(rep)} {ROW0_MATRIX} runs at {r['concurrency']} with "
+                           f"{r['replaced in']} replaced; the check needs exactly one replica")
+        rep = rep.iloc[0]
+        a, b = probe_of(r["path"]), probe_of(rep["path"])
+        agree = divergence.schedule_agreement(a, b)
+        differ = set(agree["reqs differ"]) | set(agree["counts differ"])
+        last = int(r["last step"])
+        upto = [k for k in agree["common"] if k <= last]
+        start = max(differ) + 1 if differ else (upto[0] if upto else None)
+        rep_last = next((s for s in b["steps"] if s["step"] == int(rep["last step"])), None)
+        kernel_ok = r["core kernel"] in CORE_PREDICTED[w]
+        row_ok = pd.isna(r["core row"]) or int(r["core row"]) == 0
+        ok = r["outcome"] == "crash" and kernel_ok and row_ok and int(r["NaN-logits steps"]) > 0
+        if w == "others":
+            faulting = r["row-0 step"] if not pd.isna(r["row-0 step"]) else None
+            ok = ok and faulting is not None and int(faulting) == last and r["row-0 how"] == "sampled"
+        else:
+            # the faulting step: the one after the last line, read from the replica
+            faulting = last + 1
+            ok = (ok and r["core kernel"] in TARGET_FORWARD_KERNELS and pd.isna(r["row-0 step"])
+                  and int(r["row-0 ids replaced"] or 0) > 0 and start is not None
+                  and not pd.isna(rep["first row-0 change"]) and start <= int(rep["first row-0 change"])
+                  and bool(upto) and upto[-1] == last and not any(k > last for k in differ)
+                  and not pd.isna(rep["row-0 step"]) and int(rep["row-0 step"]) == faulting
+                  and rep["row-0 how"] == "moved" and rep_last is not None
+                  and not pd.isna(r["core rows"]) and int(r["core rows"]) == int(rep_last.get("num_reqs") or -1))
+        cols["predicted kernels"].append(", ".join(CORE_PREDICTED[w]))
+        cols["kernel as predicted"].append(bool(kernel_ok))
+        cols["replica"].append(f"{rep['gpu_session']}: {rep['engine']}")
+        cols["replica last step"].append(int(rep["last step"]))
+        cols["replica rows at its last step"].append(int(rep_last.get("num_reqs")) if rep_last else None)
+        cols["steps differing"].append(step_ranges(k for k in differ if k <= last))
+        cols["agree from"].append(start)
+        cols["steps compared"].append(len([k for k in upto if start is not None and k >= start]))
+        cols["step as replica"].append(None if faulting is None else int(faulting) == int(rep["last step"]))
+        cols["faulting step"].append(None if faulting is None else int(faulting))
+        cols["held"].append(bool(ok))
+    for k, v in cols.items():
+        x[k] = v
+    for c in ("agree from", "faulting step", "replica rows at its last step"):
+        x[c] = x[c].astype("Int64")
+    return x[["engine", "gpu_session", "concurrency", "rows replaced", "outcome", "held", "predicted kernels",
+              "core kernel", "kernel as predicted", "core row", "core rows", "row-0 step", "row-0 how", "last step",
+              "faulting step", "replica", "replica last step", "replica rows at its last step", "step as replica",
+              "steps differing", "agree from", "steps compared", "row-0 ids replaced", "first NaN-logits step", "NaN-logits steps"]]
 
 
 def plot_row0_changes(ax, probe: dict, title: str):

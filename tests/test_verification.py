@@ -443,7 +443,8 @@ def test_fill_strata_by_session_keeps_sessions_apart():
 def _oor_rows():
     base = {"matrix": "probe-oor-tp1", "gpu_session": "s", "concurrency": "20", "first NaN-logits step": 10,
             "out-of-vocabulary first ids": 0, "row-0 how": None, "first out-of-vocabulary step": pd.NA,
-            "earlier steps without a token above row 0": 0}
+            "earlier steps without a token above row 0": 0, "core kernel": None, "core row": pd.NA,
+            "core rows": pd.NA}
     return pd.DataFrame([
         dict(base, engine="ctl", **{"ids replaced": False, "outcome": "crash", "NaN-logits steps": 7,
                                     "ids replaced (count)": pd.NA, "accepted-0 rows": 18, "row-0 step": 16,
@@ -484,12 +485,105 @@ def test_row0_rule_needs_every_crash_at_its_row0_step_and_no_completed_run_with_
     assert not V.row0_rule(t)["holds"] and len(V.row0_rule(t)["completed with one"]) == 1
     t.loc[1, "gpu_session"] = "2026-12-02-s44"                     # the offending run came after the rule was read
     assert V.row0_rule(t, up_to_session=43)["holds"] and not V.row0_rule(t)["holds"]
+    t.loc[1, "row-0 step"] = pd.NA
     assert (V.session_no("2026-12-02-s44"), V.session_no("local")) == (44, None)
     with pytest.raises(LabError, match="no crashing run"):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         V.plot_row0(plt.subplots()[1], t[t["outcome"] == "ok"])
+
+
+def test_row0_rule_counts_a_log_cut_by_a_target_kernel_core_apart():
+    t = _oor_rows()
+    t.loc[0, ["row-0 step", "row-0 how", "last step"]] = [pd.NA, None, 498]   # no row-0 step in what was written
+    assert not V.row0_rule(t)["holds"] and len(V.row0_rule(t)["not"]) == 1
+    t.loc[0, "core kernel"] = analysis.GDN_KERNEL                   # its core stopped the process in the target's forward
+    r = V.row0_rule(t)
+    assert r["holds"] and len(r["cut"]) == 1 and len(r["not"]) == 0 and r["at row-0 step"] == 0
+    t.loc[0, "core kernel"] = analysis.DFLASH_INPUT_KERNEL          # a drafter kernel runs after the step's line
+    assert not V.row0_rule(t)["holds"] and len(V.row0_rule(t)["cut"]) == 0
+    t.loc[0, ["core kernel", "row-0 step", "row-0 how"]] = [analysis.GDN_KERNEL, 300, "moved"]
+    assert not V.row0_rule(t)["holds"]                               # a row-0 step 198 steps before its end: not cut
+
+
+def test_core_batch_row_reads_the_focused_request_from_the_grid():
+    gdn = {"kernel": analysis.GDN_KERNEL, "grid": [1, 4, 544], "focus_block": [0, 0, 15]}
+    assert analysis.core_batch_row(gdn, 32) == {"row": 0, "rows": 17}
+    assert analysis.core_batch_row(dict(gdn, focus_block=[0, 3, 40]), 32) == {"row": 1, "rows": 17}
+    assert analysis.core_batch_row(dict(gdn, focus_block=[0, 3, 40]), 16) == {"row": 2, "rows": 34}
+    with pytest.raises(LabError, match="value heads"):
+        analysis.core_batch_row(gdn)
+    with pytest.raises(LabError, match="not a multiple of 24"):
+        analysis.core_batch_row(gdn, 24)
+    dfl = {"kernel": analysis.DFLASH_INPUT_KERNEL, "grid": [20, 1, 1], "focus_block": [3, 0, 0]}
+    assert analysis.core_batch_row(dfl) == {"row": 3, "rows": 20}
+    assert analysis.core_batch_row({"kernel": "triton_poi_fused_2", "grid": [9, 1, 1], "focus_block": [0, 0, 0]}) is None
+    assert analysis.core_batch_row(dict(dfl, grid=None)) is None and analysis.core_batch_row(None) is None
+
+
+def test_schedule_agreement_and_step_ranges():
+    def log(rows):
+        return {"steps": [{"step": k, "reqs": r, "gdn": {"gdn0": {"na": n}}} for k, r, n in rows]}
+    a = log([(1, [0], None), (2, [0, 1], [1, 1]), (3, [0, 1], [2, 1]), (4, [1], [1])])
+    b = log([(1, [0, 1], None), (2, [0, 1], [1, 1]), (3, [0, 1], [2, 2]), (5, [1], [1])])
+    assert D.schedule_agreement(a, b) == {"common": [1, 2, 3], "reqs differ": [1], "counts differ": [3]}
+    assert V.step_ranges([3, 1, 2, 7, 9, 10, 10]) == "1-3, 7, 9-10" and V.step_ranges([]) == ""
+
+
+def _core_case():
+    """One probe-oor-core-tp1 run of each kind and its s44 replica, as oor_table rows, with their probe logs."""
+    def log(last, extra=None, first=3):
+        steps = [{"step": 1, "reqs": list(range(first)), "num_reqs": first}]
+        steps += [{"step": k, "reqs": list(range(18)), "num_reqs": 18, "gdn": {"gdn0": {"na": [1] * 18}}}
+                  for k in range(2, last + 1)]
+        return {"steps": steps + (extra or [])}
+    moved = [{"step": 41, "reqs": list(range(17)), "num_reqs": 17, "gdn": {"gdn0": {"na": [0] + [1] * 16}}}]
+    logs = {"core-r0": log(40), "rep-r0": log(40, moved, first=1), "core-oth": log(14, first=7),
+            "rep-oth": log(16)}
+    logs["core-oth"]["steps"][5]["gdn"]["gdn0"]["na"] = [2] * 18          # a schedule that differed from the replica's
+    base = {"gpu_session": "s45", "concurrency": "20", "outcome": "crash", "NaN-logits steps": 30,
+            "first NaN-logits step": 10, "first row-0 change": 30}
+    t = pd.DataFrame([
+        dict(base, matrix=V.CORE_MATRIX, engine="r0", path="core-r0", **{
+            "replaced in": "row0 only", "core kernel": analysis.GDN_KERNEL, "core row": 0, "core rows": 17,
+            "row-0 step": pd.NA, "row-0 how": None, "last step": 40, "row-0 ids replaced": 9}),
+        dict(base, matrix=V.CORE_MATRIX, engine="oth", path="core-oth", **{
+            "replaced in": "others only", "core kernel": analysis.DFLASH_INPUT_KERNEL, "core row": 0, "core rows": 20,
+            "row-0 step": 14, "row-0 how": "sampled", "last step": 14, "row-0 ids replaced": pd.NA}),
+        dict(base, matrix=V.ROW0_MATRIX, engine="rep-r0", path="rep-r0", gpu_session="s44", **{
+            "replaced in": "row0 only", "core kernel": None, "core row": pd.NA, "core rows": pd.NA,
+            "row-0 step": 41, "row-0 how": "moved", "last step": 41, "row-0 ids replaced": 9}),
+        dict(base, matrix=V.ROW0_MATRIX, engine="rep-oth", path="rep-oth", gpu_session="s44", **{
+            "replaced in": "others only", "core kernel": None, "core row": pd.NA, "core rows": pd.NA,
+            "row-0 step": 16, "row-0 how": "sampled", "last step": 16, "row-0 ids replaced": pd.NA})])
+    return t, logs
+
+
+def test_oor_core_predictions_read_the_faulting_step_of_a_cut_log_from_its_replica():
+    t, logs = _core_case()
+    x = V.oor_core_predictions(t, logs.__getitem__).set_index("engine")
+    assert x["held"].all() and list(x.index) == ["r0", "oth"]
+    assert (x.loc["r0", "faulting step"], x.loc["r0", "agree from"], x.loc["r0", "steps differing"]) == (41, 2, "1")
+    assert x.loc["r0", "replica rows at its last step"] == 17 and x.loc["r0", "step as replica"]
+    assert x.loc["oth", "faulting step"] == 14 and not x.loc["oth", "step as replica"]   # not the replica's 16
+    assert x.loc["oth", "steps differing"] == "1, 6"
+    for col, bad in (("core kernel", analysis.DFLASH_INPUT_KERNEL),   # a drafter kernel where the GDN kernel was due
+                     ("core row", 1),                                 # the focused block in another row
+                     ("core rows", 18),                               # a launch of the step before, not the replica's next
+                     ("row-0 step", 12)):                             # a row-0 step in the written log
+        u = t.copy()
+        u.loc[0, col] = bad
+        assert list(V.oor_core_predictions(u, logs.__getitem__)["held"]) == [False, True], col
+    bad = {k: v for k, v in logs.items()}
+    bad["core-r0"] = {"steps": [dict(s) for s in logs["core-r0"]["steps"]]}
+    bad["core-r0"]["steps"][35] = dict(bad["core-r0"]["steps"][35], reqs=list(range(17)))   # diverged late
+    assert list(V.oor_core_predictions(t, bad.__getitem__)["held"]) == [False, True]
+    u = t.copy()
+    u.loc[1, "core kernel"] = analysis.GDN_KERNEL                    # row 0's own id faulting in the GDN kernel
+    assert list(V.oor_core_predictions(u, logs.__getitem__)["held"]) == [True, False]
+    with pytest.raises(LabError, match="exactly one replica"):
+        V.oor_core_predictions(t[t["engine"] != "rep-oth"], logs.__getitem__)
 
 
 def _row0_rows():
@@ -562,6 +656,12 @@ def test_oor_table_reads_the_recorded_probes():
     assert (z["row-0 requests that came back"] == 0).all() and (z["row-0 changes with a count unknown"] == 0).all()
     assert (t.loc[t["outcome"] == "ok", "row-0 changes with a count of 0"] == 0).all()
     assert (t["unlinked steps"].map(len) == 0).all() and t["linked steps"].sum() > 1000
+    # s45: the same entries at 20 with core dumps, each faulting in batch row 0 in the kernel predicted before the run
+    k = V.oor_core_predictions(t, D.load_probe).set_index("rows replaced")
+    assert len(k) == 2 and k["held"].all() and (k["core row"] == 0).all()
+    assert k.loc["row0", "core kernel"] == analysis.GDN_KERNEL and k.loc["row0", "faulting step"] == 499
+    assert k.loc["others", "core kernel"] == analysis.DFLASH_INPUT_KERNEL
+    assert len(V.row0_rule(t)["cut"]) == 1
 
 
 def test_first_sites_group_runs_by_concurrency_and_site():
@@ -573,10 +673,13 @@ def test_first_sites_group_runs_by_concurrency_and_site():
         {"concurrency": 28, "site": "step 10, L23 attn", "gpu_session": "2026-12-02-s44", "build ledger": "ledger on",
          "ids replaced in": "others"},
         {"concurrency": 20, "site": None, "gpu_session": "s41", "build ledger": "ledger on", "ids replaced in": "none"}])
+    r["first step requests"] = pd.array([1, 7, 3, pd.NA], dtype="Int64")
     s = V.first_sites(r)
     assert [x["runs"] for x in s[28]] == [2, 1] and s[28][0]["ledger"] == "ledger off, ledger on"
     assert s[28][0]["replaced"] == "none, others" and s[28][1]["sessions"] == "s42"
-    assert s[20] == [{"site": None, "runs": 1, "sessions": "s41", "ledger": "ledger on", "replaced": "none"}]
+    assert s[28][0]["first steps"] == "3, 7" and s[28][1]["first steps"] == "1"
+    assert s[20] == [{"site": None, "runs": 1, "sessions": "s41", "ledger": "ledger on", "replaced": "none",
+                      "first steps": ""}]
 
 
 def test_first_site_runs_read_every_plain_tap_stock_engine():
@@ -585,7 +688,8 @@ def test_first_site_runs_read_every_plain_tap_stock_engine():
     assert set(r["concurrency"]) == {20, 28} and r["earlier writes finite"].all()
     assert {"none", "all", "row0", "others"} <= set(r["ids replaced in"]) and "ledger off" in set(r["build ledger"])
     s = V.first_sites(r)
-    assert len(s[20]) == 1 and len(s[28]) == 2       # s44: the step at 28 moved (ledger off, and on)
+    assert len(s[20]) == 2 and len(s[28]) == 2       # s44: the step at 28 moved; s45: the requests at 20 once
+    assert r["first step requests"].notna().all() and r["first step requests"].between(1, 28).all()
     assert V.first_site_runs(df.iloc[0:0], V.probe_table(df).iloc[0:0], D.load_probe).empty
 
 
