@@ -942,9 +942,40 @@ def oor_clause(df, pattern: str | None = None) -> str:
         if clean:
             text += (f", after {' and '.join(str(int(n) - 1) for n in row0['row-0 changes'])} earlier changes of row 0's "
                      "request (finished requests) to requests with a token")
-        text += (". The runs crashed only on steps where row 0 held a request without a valid token. One run per cell, "
-                 "no core dumps: which kernel faulted is read from vLLM's source, not observed.")
+        text += ". The runs crashed only on steps where row 0 held a request without a valid token."
+        core = verification.oor_core_predictions(t, divergence.load_probe)
+        if not len(core):
+            return text + (" One run per cell, no core dumps: which kernel faulted is read from vLLM's source, not "
+                           "observed.")
+        text += core_clause(core)
     return text
+
+
+def core_clause(core) -> str:
+    """:func:`verification.oor_core_predictions` as prose: each row-0 entry's faulting kernel, as predicted or not."""
+    import pandas as pd
+
+    from . import verification
+
+    text = (f" Core dumps at each entry ({verification.CORE_MATRIX}, pre-registered, "
+            f"{', '.join(sorted(set(map(_short, core['gpu_session']))))}): {int(core['held'].sum())} of {len(core)} "
+            "runs as predicted")
+    parts = []
+    for _, r in core.iterrows():
+        row = "" if pd.isna(r["core row"]) else f", the focused block in batch row {r['core row']} of {r['core rows']}"
+        if r["rows replaced"] == "others":
+            parts.append(f"row 0's own out-of-vocabulary id (at {r['concurrency']}): {r['core kernel']}{row}, at the "
+                         f"run's first row-0 step ({r['faulting step']}"
+                         + ("" if r["step as replica"] else f"; not the step the header named, its s44 replica's "
+                            f"{r['replica last step']}: the two schedules differed on steps {r['steps differing']}")
+                         + ")")
+        else:
+            parts.append(f"a count of 0 moved into row 0 (at {r['concurrency']}): {r['core kernel']}{row}, in the step "
+                         f"after the record's last line ({r['faulting step']}; the dump stopped the process inside the "
+                         f"target's forward, before the probe wrote that step), which the s44 replica, identical on "
+                         f"steps {r['agree from']}-{r['last step']}, recorded as the move, with {r['replica rows at its last step']} requests")
+    text += ": " + "; ".join(parts) if core["held"].all() else " (not: " + ", ".join(core.loc[~core["held"], "engine"]) + ")"
+    return text + ". One run per cell."
 
 
 def first_sites_text(by: dict) -> str:
@@ -956,7 +987,8 @@ def first_sites_text(by: dict) -> str:
     return ("; over every stock engine probed with plain taps, any matrix (" + ", ".join(
         f"{sum(x['runs'] for x in v)} at {c}" for c, v in sorted(by.items())) + "), the first site moved: " + "; ".join(
         f"at {c}, " + " and ".join(f"{x['runs']} run(s) at {x['site'] or 'no NaN'} ({x['sessions']}; {x['ledger']}; "
-                                   f"ids replaced: {x['replaced']})" for x in v) for c, v in sorted(many.items())))
+                                   f"ids replaced: {x['replaced']}; first step admitted {x['first steps']} requests)"
+                                   for x in v) for c, v in sorted(many.items())))
 
 
 def plain_sites_text(sites) -> str:

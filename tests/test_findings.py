@@ -40,32 +40,37 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # the pre-registered tests of that (s37 at 8 and 16, s38 at 32): group 7's outputs alone pre-filled, every outcome
     # as predicted; the exact test keeps sessions apart (s38's stale schedules held other padding)
     assert ("(probe-fill-tp1 and probe-fill32-tp1 and probe-fill20-tp1 and probe-early-tp1 and probe-early2-tp1, s37, s38, "
-            "s41, s42, every engine under the step probe: group 7's attention outputs alone pre-filled before FA3 runs, each "
-            "outcome predicted in the matrix before the run): 31 of 31 runs with a prediction ended as predicted; with NaN there "
-            "stock crashed 8 of 8 (concurrency 8, 16, 20, 28, 32); with 0 or the sentinel it completed 12 of 12 "
-            "(concurrency 8, 20, 28, 32), 3366 of 3366 FULL steps still differing") in text
-    assert "without a pre-fill stock completed 2 of 9 (concurrency 16, 20, 28)" in text
+            "s41, s42, s45, every engine under the step probe: group 7's attention outputs alone pre-filled before FA3 runs, "
+            "each outcome predicted in the matrix before the run): 35 of 35 runs with a prediction ended as predicted; with "
+            "NaN there stock crashed 9 of 9 (concurrency 8, 16, 20, 28, 32); with 0 or the sentinel it completed 14 of 14 "
+            "(concurrency 8, 20, 28, 32), 3928 of 3928 FULL steps still differing") in text
+    assert "without a pre-fill stock completed 2 of 10 (concurrency 16, 20, 28)" in text
     assert "fix 2 with the same NaN completed 2 of 2 with 0 FULL steps differing" in text
     # s41 at 20, s42 at 20 and 28 (probe-early2-tp1 repeating them): the plain-tap runs crashed too (predicted: untapped
-    # stock crashes there), after NaN of their own, one first NaN site per concurrency
+    # stock crashes there), after NaN of their own; over every plain-tap probe the first site moved (s44 at 28, s45 at
+    # 20), each site with how many requests the engine's first step admitted
     assert ("At 8, 16, 20, 28, 32 (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within each "
             "session and concurrency every NaN-filled stock run crashed and every 0- or sentinel-filled one completed; the "
-            "7 other crashes had no pre-fill, and NaN of their own in the requests FA3 left unwritten before they died (at "
-            "20, 4 runs, first at step 10 in L15 attn; at 28, 3 runs, first at step 11 in L23 attn; what a probed engine's "
-            "graph memory held there; over every stock engine probed with plain taps, any matrix (9 at 20, 8 at 28), the "
-            "first site moved: at 28, 2 run(s) at step 10, L23 attn, requests [14, 17, 21, 24] (s44; ledger off, ledger on; "
-            "ids replaced: none, others) and 6 run(s) at step 11, L23 attn, requests [14, 15, 16, 17, 18, 19, 20, 21, 22, "
-            "23, 24, 25, 26, 27] (s42, s43, s44; ledger on; ids replaced: all, none, row0)) (s37 at 8: 2 crashes in 5 "
-            "runs; s37 at 16: 2 crashes in 4 runs; s38 at 32: 2 crashes "
-            "in 6 runs; s41 at 20: 2 crashes in 4 runs, 1 NaN-filled; s42 at 20: 3 crashes in 3 runs, 0 NaN-filled; s42 at "
-            "28: 4 crashes in 6 runs, 1 NaN-filled), 1 in 2700 if the pre-fill did not matter") in text
+            "8 other crashes had no pre-fill, and NaN of their own in the requests FA3 left unwritten before they died (at "
+            "20, 5 runs, first at step 10 in L15 attn; at 28, 3 runs, first at step 11 in L23 attn; what a probed engine's "
+            "graph memory held there; over every stock engine probed with plain taps, any matrix (14 at 20, 9 at 28), the "
+            "first site moved: at 20, 1 run(s) at step 10, L15 attn, requests [10, 12, 13, 15, 17, 18] (s45; ledger on; "
+            "ids replaced: others; first step admitted 7 requests) and 13 run(s) at step 10, L15 attn, requests [10, 12, "
+            "15, 17] (s41, s42, s43, s44, s45; ledger off, ledger on; ids replaced: all, none, others, row0; first step "
+            "admitted 1, 2, 3, 4 requests); at 28, 2 run(s) at step 10, L23 attn, requests [14, 17, 21, 24] (s44; ledger "
+            "off, ledger on; ids replaced: none, others; first step admitted 3, 7 requests) and 7 run(s) at step 11, L23 "
+            "attn, requests [14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27] (s42, s43, s44, s45; ledger off, "
+            "ledger on; ids replaced: all, none, row0; first step admitted 1, 2 requests)) (s37 at 8: 2 crashes in 5 "
+            "runs; s37 at 16: 2 crashes in 4 runs; s38 at 32: 2 crashes in 6 runs; s41 at 20: 2 crashes in 4 runs, 1 "
+            "NaN-filled; s42 at 20: 3 crashes in 3 runs, 0 NaN-filled; s42 at 28: 4 crashes in 6 runs, 1 NaN-filled; s45 "
+            "at 20: 2 crashes in 4 runs, 1 NaN-filled), 1 in 5400 if the pre-fill did not matter") in text
     # s38's build ledger: who wrote the stale schedule, and the padding that differs between sessions
     assert ("Who wrote it (probe-builds-tp1, s38, the probe's build ledger, 1 stock and 1 fixed engine(s) at 16): 4 of 4 "
             "predictions written before the run held ((a), (b), (c), (d)); group 7's builder built 32 times before the "
             "first served step, the FULL captures from 32 requests down to 1") in text
     # the padding follows the build ledger, not the session (s39 and s40 each ran both settings; probe-padding-tp1)
     assert ("held [0, 31, 0, 0, 0, 0, 0, 0, 0] in every stock tap probe with the build ledger off (s36, s37, s39, s40, 20 "
-            "probes); all 0x7fff7fff in every stock tap probe with the build ledger on (s38, s39, s40, s41, s42, 24 probes); with a "
+            "probes); all 0x7fff7fff in every stock tap probe with the build ledger on (s38, s39, s40, s41, s42, s45, 28 probes); with a "
             "sentinel pre-filled, group 7 left unwritten, on FULL steps of 8 requests, requests [1, 2, 3, 4, 5, 6, 7] in "
             "s37 (ledger off); requests [4, 5, 6, 7] in s38 (ledger on); requests [1, 2, 3, 4, 5, 6, 7] in s39 (ledger "
             "off); requests [4, 5, 6, 7] in s39 (ledger on); requests [1, 2, 3, 4, 5, 6, 7] in s40 (ledger off); requests "
@@ -125,7 +130,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
-    assert ("From the NaN to the illegal address (s43): in every one of the 25 probed runs whose verify logits held NaN "
+    assert ("From the NaN to the illegal address (s43): in every one of the 30 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
@@ -139,7 +144,15 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "first at step 16 and 23 (at 20 and 28), and the run went on; rows above 0 went without a token on 1204 "
             "and 2015 request-steps before it crashed") in text
     assert "after 2 and 9 earlier changes of row 0's request (finished requests) to requests with a token." in text
-    assert "the first site moved: at 28, 2 run(s) at step 10, L23 attn" in text
+    assert "the first site moved: at 20, 1 run(s) at step 10, L15 attn" in text
+    # s45: each row-0 entry's kernel observed with core dumps (probe-oor-core-tp1), the GDN crash step read through
+    # its s44 replica, and the others run's step not the header's
+    assert ("Core dumps at each entry (probe-oor-core-tp1, pre-registered, s45): 2 of 2 runs as predicted: a count of 0 "
+            "moved into row 0 (at 20): fused_sigmoid_gating_delta_rule_update_kernel, the focused block in batch row 0 of "
+            "17, in the step after the record's last line (499;") in text
+    assert ("which the s44 replica, identical on steps 4-498, recorded as the move, with 17 requests; row 0's own "
+            "out-of-vocabulary id (at 20): copy_and_expand_dflash_inputs_kernel, the focused block in batch row 0 of 20, "
+            "at the run's first row-0 step (14; not the step the header named, its s44 replica's 16") in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):
@@ -421,13 +434,14 @@ def test_prefill_clause_says_when_an_outcome_missed_its_prediction(monkeypatch):
 def test_first_sites_text_speaks_only_of_a_concurrency_with_several_sites():
     from dflash_lab import findings
 
-    one = {"site": "step 10, L15 attn", "runs": 2, "sessions": "s41", "ledger": "ledger on", "replaced": "none"}
+    one = {"site": "step 10, L15 attn", "runs": 2, "sessions": "s41", "ledger": "ledger on", "replaced": "none",
+           "first steps": "1, 2"}
     assert findings.first_sites_text({20: [one]}) == ""
-    two = dict(one, site="step 11, L23 attn", runs=1, sessions="s44", ledger="ledger off")
+    two = dict(one, site="step 11, L23 attn", runs=1, sessions="s44", ledger="ledger off", **{"first steps": "7"})
     assert findings.first_sites_text({20: [one], 28: [one, two]}) == (
         "; over every stock engine probed with plain taps, any matrix (2 at 20, 3 at 28), the first site moved: at 28, "
-        "2 run(s) at step 10, L15 attn (s41; ledger on; ids replaced: none) and 1 run(s) at step 11, L23 attn (s44; "
-        "ledger off; ids replaced: none)")
+        "2 run(s) at step 10, L15 attn (s41; ledger on; ids replaced: none; first step admitted 1, 2 requests) and 1 "
+        "run(s) at step 11, L23 attn (s44; ledger off; ids replaced: none; first step admitted 7 requests)")
 
 
 def test_plain_sites_text_names_one_site_or_says_there_are_several():
