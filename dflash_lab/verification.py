@@ -873,6 +873,18 @@ def row0_rule(t, up_to_session: int | None = None) -> dict:
             "holds": len(at) + len(cut) == len(crash) > 0 and not ok["row-0 step"].notna().any()}
 
 
+def _part_runs(t, matrix: str):
+    """The runs of ``matrix`` in an :func:`oor_table` whose replacement covered one part of the batch, with that part
+    (``rows replaced``: "others" or "row0"); any other replacement is an error."""
+    x = t[t["matrix"] == matrix].copy()
+    part = {"others only": "others", "row0 only": "row0"}
+    x["rows replaced"] = x["replaced in"].map(lambda v: part.get(v))
+    if x["rows replaced"].isna().any():
+        bad = ", ".join(x.loc[x["rows replaced"].isna(), "engine"])
+        raise LabError(f"{matrix}: runs whose replacement was not one part of the batch: {bad}")
+    return x
+
+
 ROW0_MATRIX = "probe-oor-row0-tp1"
 ROW0_PREDICTED = {"others": "crash at row 0's own out-of-vocabulary id",
                   "row0": "crash at a count of 0 moved into row 0, if one is; else complete"}
@@ -890,12 +902,7 @@ def row0_predictions(t, stock_last: dict | None = None):
     at the same step (``as stock``; None without them, and for ``row0``, where it was not predicted)."""
     import pandas as pd
 
-    x = t[t["matrix"] == ROW0_MATRIX].copy()
-    part = {"others only": "others", "row0 only": "row0"}
-    x["rows replaced"] = x["replaced in"].map(lambda v: part.get(v))
-    if x["rows replaced"].isna().any():
-        bad = ", ".join(x.loc[x["rows replaced"].isna(), "engine"])
-        raise LabError(f"{ROW0_MATRIX}: runs whose replacement was not one part of the batch: {bad}")
+    x = _part_runs(t, ROW0_MATRIX)
     x["predicted"] = x["rows replaced"].map(ROW0_PREDICTED)
     held = []
     for _, r in x.iterrows():
@@ -966,12 +973,7 @@ def oor_core_predictions(t, probe_of):
     block in batch row 0 (``core row``). ``held``: all of that, measured."""
     import pandas as pd
 
-    x = t[t["matrix"] == CORE_MATRIX].copy()
-    part = {"others only": "others", "row0 only": "row0"}
-    x["rows replaced"] = x["replaced in"].map(lambda v: part.get(v))
-    if x["rows replaced"].isna().any():
-        bad = ", ".join(x.loc[x["rows replaced"].isna(), "engine"])
-        raise LabError(f"{CORE_MATRIX}: runs whose replacement was not one part of the batch: {bad}")
+    x = _part_runs(t, CORE_MATRIX)
     reps = t[t["matrix"] == ROW0_MATRIX]
     cols = {k: [] for k in ("predicted kernels", "kernel as predicted", "replica", "replica last step",
                             "replica rows at its last step", "steps differing", "agree from", "steps compared",
