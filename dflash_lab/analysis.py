@@ -409,6 +409,9 @@ def core_batch_row(fault, value_heads: int | None = None) -> dict | None:
       (v1/spec_decode/utils.py:498), grid ``(batch_size, blocks)``: row = block x, rows = grid x;
     - the GDN kernel: grid ``(NK, NV, N * HV)`` with ``i_n = i_nh // HV`` (fla/ops/fused_sigmoid_gating.py:62-63,
       241): row = block z // HV, rows = grid z / HV. ``value_heads``: HV, the target's GDN value heads per rank.
+      ``i_n`` counts the launch's sequences (the spec-decode sequences of a step's decode part), not batch rows in
+      general: it equals the batch row when every request of the step is a spec decode, as in the probed tails here
+      (no prefill in the step, N = the step's requests).
 
     None for any other kernel, or a fault without a grid and focus block. cuda-gdb focuses one faulting block: other
     rows may have faulted too."""

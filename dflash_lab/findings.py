@@ -959,7 +959,7 @@ def core_clause(core) -> str:
 
     text = (f" Core dumps at each entry ({verification.CORE_MATRIX}, pre-registered, "
             f"{', '.join(sorted(set(map(_short, core['gpu_session']))))}): {int(core['held'].sum())} of {len(core)} "
-            "runs as predicted")
+            "runs faulted in the kernel and batch row predicted")
     parts = []
     for _, r in core.iterrows():
         row = "" if pd.isna(r["core row"]) else f", the focused block in batch row {r['core row']} of {r['core rows']}"
@@ -970,11 +970,18 @@ def core_clause(core) -> str:
                             f"{r['replica last step']}: the two schedules differed on steps {r['steps differing']}")
                          + ")")
         else:
+            own = r["rows at its last step"]
             parts.append(f"a count of 0 moved into row 0 (at {r['concurrency']}): {r['core kernel']}{row}, in the step "
                          f"after the record's last line ({r['faulting step']}; the dump stopped the process inside the "
-                         f"target's forward, before the probe wrote that step), which the s44 replica, identical on "
-                         f"steps {r['agree from']}-{r['last step']}, recorded as the move, with {r['replica rows at its last step']} requests")
-    text += ": " + "; ".join(parts) if core["held"].all() else " (not: " + ", ".join(core.loc[~core["held"], "engine"]) + ")"
+                         "target's forward, most likely the probe's no-graph reference pass, where the s44 replica's "
+                         "error surfaced, before the probe wrote that step), which the s44 replica, identical on "
+                         f"steps {r['agree from']}-{r['last step']}, recorded as the move, with "
+                         f"{r['replica rows at its last step']} requests"
+                         + ("" if pd.isna(own) or pd.isna(r["core rows"]) or int(own) == int(r["core rows"]) else
+                            f" (the launch's {r['core rows']} sequences are not the last line's {own} requests: the "
+                            "launch is not that step's)"))
+    text += (": " + "; ".join(parts)) if core["held"].all() else (
+        " (not: " + ", ".join(core.loc[~core["held"], "engine"]) + ")")
     return text + ". One run per cell."
 
 

@@ -729,7 +729,9 @@ def _core(runs) -> dict:
     if not faults:
         return {"kernel": None, "row": None, "rows": None}
     if len(faults) > 1:
-        raise LabError(f"a probed engine with {len(faults)} core dumps: one log cannot say which step each ended")
+        # one log cannot say which step each dump ended: named as such rather than failing the whole table, and
+        # never counted as cut by row0_rule (its kernel is not a target-forward kernel)
+        return {"kernel": f"{len(faults)} core dumps", "row": None, "rows": None}
     f = faults[0]
     tp = {int(x) for x in runs["tensor_parallel_size"].fillna(1)} if "tensor_parallel_size" in runs else {1}
     heads = None
@@ -838,12 +840,17 @@ ROW0_FOUND_IN = 43   # the row-0 rule was read from the logs of GPU sessions up 
 TARGET_FORWARD_KERNELS = frozenset({analysis.GDN_KERNEL})
 
 
-def row0_rule(t, up_to_session: int | None = None) -> dict:
+def row0_rule(t, up_to_session: int | None = None, confirmed=()) -> dict:
     """Over an :func:`oor_table`: the crashing runs whose last recorded step is their first row-0 step
     (:func:`divergence.row0_without_token`), those a core dump cut one step short (``cut``: its core names a kernel of
     the target's forward, :data:`TARGET_FORWARD_KERNELS`, and no recorded step is a row-0 step, so the faulting step has
-    no line), those where it is not (``not``), and the completed runs that had a row-0 step all the same. ``holds``:
-    every crash at its first row-0 step or cut, and no completed run with one.
+    no line), those where it is not (``not``), and the completed runs that had a row-0 step all the same.
+
+    A cut log neither shows nor contradicts the rule by itself: its faulting step has no line. It counts for the rule
+    only when ``confirmed`` names it, (gpu_session, engine) pairs whose faulting step a replica showed to be a row-0
+    step (:func:`confirmed_cuts` over :func:`oor_core_predictions`); the others are ``undecided``. ``holds``: every
+    crash at its first row-0 step or a confirmed cut, at least one crash, and no completed run with a row-0 step; an
+    undecided log keeps it False.
     ``up_to_session``: only logs whose GPU sessions are all numbered at most this (``ROW0_FOUND_IN``: the logs the
     rule was found in, before any run tested it)."""
     if up_to_session is not None:
@@ -855,10 +862,14 @@ def row0_rule(t, up_to_session: int | None = None) -> dict:
     # the faulting step has no line, so such a log neither shows nor contradicts a row-0 step there
     rest = crash[~crash.index.isin(at.index)]
     cut = rest[rest["core kernel"].isin(TARGET_FORWARD_KERNELS) & rest["row-0 step"].isna()]
+    known = {(str(s), str(e)) for s, e in confirmed}
+    is_confirmed = [(str(s), str(e)) in known for s, e in zip(cut["gpu_session"], cut["engine"])]
+    confirmed_cut, undecided = cut[is_confirmed], cut[[not c for c in is_confirmed]]
     # completed logs that could have shown a counter-example: ids not replaced (a replaced id is recorded as 0) and
     # some request without a valid token at some step
     testable = ok[~ok["ids replaced"].astype(bool) & (ok["out-of-vocabulary first ids"] > 0)]
     return {"crashes": len(crash), "at row-0 step": len(at), "not": rest[~rest.index.isin(cut.index)], "cut": cut,
+            "confirmed cut": confirmed_cut, "undecided": undecided,
             "completed": len(ok), "completed with one": ok[ok["row-0 step"].notna()],
             "completed testable": len(testable),
             # what the crashing logs show before their row-0 step: rows above 0 without a token, and no fault
@@ -870,7 +881,24 @@ def row0_rule(t, up_to_session: int | None = None) -> dict:
             # cannot be told apart
             "at the first id": int((at["row-0 step"] == at["first out-of-vocabulary step"]).sum()),
             "by how": at.groupby("row-0 how")["concurrency"].agg(lambda c: sorted(set(c), key=int)).to_dict(),
-            "holds": len(at) + len(cut) == len(crash) > 0 and not ok["row-0 step"].notna().any()}
+            "holds": len(at) + len(confirmed_cut) == len(crash) > 0 and not ok["row-0 step"].notna().any()}
+
+
+def confirmed_cuts(core) -> set:
+    """(gpu_session, engine) of the :func:`oor_core_predictions` runs whose faulting step, the one after a cut log's
+    last line, was read from the replica as the move of a count of 0 into row 0, every check held: what
+    :func:`row0_rule` may count as a row-0 step."""
+    if core is None or not len(core):
+        return set()
+    x = core[core["held"] & (core["rows replaced"] == "row0")]
+    return {(str(s), str(e)) for s, e in zip(x["gpu_session"], x["engine"])}
+
+
+def _count(v) -> int:
+    """A count column's value, 0 when missing (None, NaN or pandas' NA; ``NA or 0`` raises)."""
+    import pandas as pd
+
+    return 0 if v is None or pd.isna(v) else int(v)
 
 
 def _part_runs(t, matrix: str):
@@ -913,7 +941,7 @@ def row0_predictions(t, stock_last: dict | None = None):
         else:
             # the test needs both parts to have happened: rows above 0 without a token before row 0's step, and the
             # replacement giving row 0 its only token on some step (else row 0 never lost one and nothing is tested)
-            ok = (ok and int(r["accepted-0 rows above 0 before it"]) > 0 and int(r["row-0 ids replaced"] or 0) > 0
+            ok = (ok and int(r["accepted-0 rows above 0 before it"]) > 0 and _count(r["row-0 ids replaced"]) > 0
                   and ((r["outcome"] == "crash" and at and r["row-0 how"] == "moved"
                         and not pd.isna(r["first row-0 change"]) and r["last step"] >= r["first row-0 change"])
                        or (r["outcome"] == "ok" and pd.isna(r["row-0 step"]))))
@@ -968,6 +996,10 @@ def oor_core_predictions(t, probe_of):
       (``agree from`` at most the replica's first change of row 0), the replica's next step moved a count of 0 into
       row 0 (its row-0 step, ``moved``) with as many requests as the core's launch had rows, and this run recorded no
       row-0 step. The replacement must have given row 0 its only token on some step, as in the replica.
+      ``rows at its last step`` (this run's last line) is reported beside ``core rows``: where they differ, the
+      faulting launch is not the last line's step (a supporting reading, not part of ``held``). ``replica error``:
+      the error the replica's last line recorded ("reference pass: ..." when it reached Python in the probe's no-graph
+      reference pass).
 
     Every run: NaN logits, and where the kernel's grid maps to requests (:func:`analysis.core_batch_row`) the focused
     block in batch row 0 (``core row``). ``held``: all of that, measured."""
@@ -977,7 +1009,7 @@ def oor_core_predictions(t, probe_of):
     reps = t[t["matrix"] == ROW0_MATRIX]
     cols = {k: [] for k in ("predicted kernels", "kernel as predicted", "replica", "replica last step",
                             "replica rows at its last step", "steps differing", "agree from", "steps compared",
-                            "step as replica",
+                            "step as replica", "rows at its last step", "replica error",
                             "faulting step", "held")}
     for _, r in x.iterrows():
         w = r["rows replaced"]
@@ -993,6 +1025,7 @@ def oor_core_predictions(t, probe_of):
         upto = [k for k in agree["common"] if k <= last]
         start = max(differ) + 1 if differ else (upto[0] if upto else None)
         rep_last = next((s for s in b["steps"] if s["step"] == int(rep["last step"])), None)
+        own_last = next((s for s in a["steps"] if s["step"] == last), None)
         kernel_ok = r["core kernel"] in CORE_PREDICTED[w]
         row_ok = pd.isna(r["core row"]) or int(r["core row"]) == 0
         ok = r["outcome"] == "crash" and kernel_ok and row_ok and int(r["NaN-logits steps"]) > 0
@@ -1003,9 +1036,9 @@ def oor_core_predictions(t, probe_of):
             # the faulting step: the one after the last line, read from the replica
             faulting = last + 1
             ok = (ok and r["core kernel"] in TARGET_FORWARD_KERNELS and pd.isna(r["row-0 step"])
-                  and int(r["row-0 ids replaced"] or 0) > 0 and start is not None
+                  and _count(r["row-0 ids replaced"]) > 0 and start is not None
                   and not pd.isna(rep["first row-0 change"]) and start <= int(rep["first row-0 change"])
-                  and bool(upto) and upto[-1] == last and not any(k > last for k in differ)
+                  and bool(upto) and upto[-1] == last
                   and not pd.isna(rep["row-0 step"]) and int(rep["row-0 step"]) == faulting
                   and rep["row-0 how"] == "moved" and rep_last is not None
                   and not pd.isna(r["core rows"]) and int(r["core rows"]) == int(rep_last.get("num_reqs") or -1))
@@ -1014,6 +1047,10 @@ def oor_core_predictions(t, probe_of):
         cols["replica"].append(f"{rep['gpu_session']}: {rep['engine']}")
         cols["replica last step"].append(int(rep["last step"]))
         cols["replica rows at its last step"].append(int(rep_last.get("num_reqs")) if rep_last else None)
+        # where the replica's CUDA error reached Python: the probe's no-graph reference pass or the production pass
+        cols["replica error"].append(str(rep_last.get("error"))[:80] if rep_last and rep_last.get("error") else None)
+        cols["rows at its last step"].append(int(own_last["num_reqs"]) if own_last and own_last.get("num_reqs")
+                                             is not None else None)
         cols["steps differing"].append(step_ranges(k for k in differ if k <= last))
         cols["agree from"].append(start)
         cols["steps compared"].append(len([k for k in upto if start is not None and k >= start]))
@@ -1022,11 +1059,11 @@ def oor_core_predictions(t, probe_of):
         cols["held"].append(bool(ok))
     for k, v in cols.items():
         x[k] = v
-    for c in ("agree from", "faulting step", "replica rows at its last step"):
+    for c in ("agree from", "faulting step", "replica rows at its last step", "rows at its last step"):
         x[c] = x[c].astype("Int64")
     return x[["engine", "gpu_session", "concurrency", "rows replaced", "outcome", "held", "predicted kernels",
               "core kernel", "kernel as predicted", "core row", "core rows", "row-0 step", "row-0 how", "last step",
-              "faulting step", "replica", "replica last step", "replica rows at its last step", "step as replica",
+              "rows at its last step", "faulting step", "replica", "replica last step", "replica rows at its last step", "replica error", "step as replica",
               "steps differing", "agree from", "steps compared", "row-0 ids replaced", "first NaN-logits step", "NaN-logits steps"]]
 
 

@@ -147,10 +147,13 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "the first site moved: at 20, 1 run(s) at step 10, L15 attn" in text
     # s45: each row-0 entry's kernel observed with core dumps (probe-oor-core-tp1), the GDN crash step read through
     # its s44 replica, and the others run's step not the header's
-    assert ("Core dumps at each entry (probe-oor-core-tp1, pre-registered, s45): 2 of 2 runs as predicted: a count of 0 "
+    assert ("Core dumps at each entry (probe-oor-core-tp1, pre-registered, s45): 2 of 2 runs faulted in the kernel and batch row "
+            "predicted: a count of 0 "
             "moved into row 0 (at 20): fused_sigmoid_gating_delta_rule_update_kernel, the focused block in batch row 0 of "
-            "17, in the step after the record's last line (499;") in text
-    assert ("which the s44 replica, identical on steps 4-498, recorded as the move, with 17 requests; row 0's own "
+            "17, in the step after the record's last line (499; the dump stopped the process inside the target's forward, "
+            "most likely the probe's no-graph reference pass") in text
+    assert ("which the s44 replica, identical on steps 4-498, recorded as the move, with 17 requests (the launch's 17 "
+            "sequences are not the last line's 18 requests: the launch is not that step's); row 0's own "
             "out-of-vocabulary id (at 20): copy_and_expand_dflash_inputs_kernel, the focused block in batch row 0 of 20, "
             "at the run's first row-0 step (14; not the step the header named, its s44 replica's 16") in text
 

@@ -494,17 +494,21 @@ def test_row0_rule_needs_every_crash_at_its_row0_step_and_no_completed_run_with_
         V.plot_row0(plt.subplots()[1], t[t["outcome"] == "ok"])
 
 
-def test_row0_rule_counts_a_log_cut_by_a_target_kernel_core_apart():
+def test_row0_rule_counts_a_cut_log_only_once_a_replica_confirmed_its_faulting_step():
     t = _oor_rows()
     t.loc[0, ["row-0 step", "row-0 how", "last step"]] = [pd.NA, None, 498]   # no row-0 step in what was written
     assert not V.row0_rule(t)["holds"] and len(V.row0_rule(t)["not"]) == 1
     t.loc[0, "core kernel"] = analysis.GDN_KERNEL                   # its core stopped the process in the target's forward
     r = V.row0_rule(t)
-    assert r["holds"] and len(r["cut"]) == 1 and len(r["not"]) == 0 and r["at row-0 step"] == 0
+    # cut, but nothing says its faulting step was a row-0 step: undecided, and the rule is not shown to hold
+    assert not r["holds"] and len(r["cut"]) == 1 and len(r["undecided"]) == 1 and len(r["not"]) == 0
+    r = V.row0_rule(t, confirmed={("s", "ctl")})                     # a replica read that step as a row-0 step
+    assert r["holds"] and len(r["confirmed cut"]) == 1 and len(r["undecided"]) == 0 and r["at row-0 step"] == 0
+    assert not V.row0_rule(t, confirmed={("s", "oor")})["holds"]     # another engine's confirmation does not count
     t.loc[0, "core kernel"] = analysis.DFLASH_INPUT_KERNEL          # a drafter kernel runs after the step's line
-    assert not V.row0_rule(t)["holds"] and len(V.row0_rule(t)["cut"]) == 0
+    assert not V.row0_rule(t, confirmed={("s", "ctl")})["holds"] and len(V.row0_rule(t)["cut"]) == 0
     t.loc[0, ["core kernel", "row-0 step", "row-0 how"]] = [analysis.GDN_KERNEL, 300, "moved"]
-    assert not V.row0_rule(t)["holds"]                               # a row-0 step 198 steps before its end: not cut
+    assert not V.row0_rule(t, confirmed={("s", "ctl")})["holds"]    # a row-0 step 198 steps before its end: not cut
 
 
 def test_core_batch_row_reads_the_focused_request_from_the_grid():
@@ -520,6 +524,14 @@ def test_core_batch_row_reads_the_focused_request_from_the_grid():
     assert analysis.core_batch_row(dfl) == {"row": 3, "rows": 20}
     assert analysis.core_batch_row({"kernel": "triton_poi_fused_2", "grid": [9, 1, 1], "focus_block": [0, 0, 0]}) is None
     assert analysis.core_batch_row(dict(dfl, grid=None)) is None and analysis.core_batch_row(None) is None
+
+
+def test_a_probed_engine_with_several_core_dumps_is_named_not_fatal():
+    runs = pd.DataFrame({"fault": [{"kernel": analysis.GDN_KERNEL}, {"kernel": analysis.DFLASH_INPUT_KERNEL}],
+                         "tensor_parallel_size": [1, 1]})
+    assert V._core(runs) == {"kernel": "2 core dumps", "row": None, "rows": None}
+    assert "2 core dumps" not in V.TARGET_FORWARD_KERNELS                 # never counted as cut by row0_rule
+    assert V._core(runs.iloc[:0]) == {"kernel": None, "row": None, "rows": None}
 
 
 def test_schedule_agreement_and_step_ranges():
@@ -566,6 +578,9 @@ def test_oor_core_predictions_read_the_faulting_step_of_a_cut_log_from_its_repli
     assert x["held"].all() and list(x.index) == ["r0", "oth"]
     assert (x.loc["r0", "faulting step"], x.loc["r0", "agree from"], x.loc["r0", "steps differing"]) == (41, 2, "1")
     assert x.loc["r0", "replica rows at its last step"] == 17 and x.loc["r0", "step as replica"]
+    assert x.loc["r0", "rows at its last step"] == 18                # the core's 17-row launch is not step 40's
+    assert x.loc["r0", "replica error"] is None                      # the synthetic replica recorded none
+    assert V.confirmed_cuts(x.reset_index()) == {("s45", "r0")}      # what row0_rule may count
     assert x.loc["oth", "faulting step"] == 14 and not x.loc["oth", "step as replica"]   # not the replica's 16
     assert x.loc["oth", "steps differing"] == "1, 6"
     for col, bad in (("core kernel", analysis.DFLASH_INPUT_KERNEL),   # a drafter kernel where the GDN kernel was due
@@ -579,6 +594,10 @@ def test_oor_core_predictions_read_the_faulting_step_of_a_cut_log_from_its_repli
     bad["core-r0"] = {"steps": [dict(s) for s in logs["core-r0"]["steps"]]}
     bad["core-r0"]["steps"][35] = dict(bad["core-r0"]["steps"][35], reqs=list(range(17)))   # diverged late
     assert list(V.oor_core_predictions(t, bad.__getitem__)["held"]) == [False, True]
+    u = t.copy()
+    u.loc[0, "row-0 ids replaced"] = pd.NA                           # the replacement never gave row 0 a token
+    assert list(V.oor_core_predictions(u, logs.__getitem__)["held"]) == [False, True]
+    assert V.confirmed_cuts(V.oor_core_predictions(u, logs.__getitem__)) == set()
     u = t.copy()
     u.loc[1, "core kernel"] = analysis.GDN_KERNEL                    # row 0's own id faulting in the GDN kernel
     assert list(V.oor_core_predictions(u, logs.__getitem__)["held"]) == [True, False]
@@ -643,7 +662,8 @@ def test_oor_table_reads_the_recorded_probes():
     t = V.oor_table(df)
     x = V.oor_predictions(t)
     assert len(x) == 5 and x["held"].all()
-    assert V.row0_rule(t)["holds"]
+    # s45's GDN-kernel core cut one log short of its faulting step: the rule holds once its replica confirmed that step
+    assert V.row0_rule(t, confirmed=V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe)))["holds"]
     # s44: the pre-registered row-0 test, 4 runs, every prediction held; each row0 run's request in row 0 changed
     # several times before the one whose newcomer had a count of 0, the crash step
     r = V.row0_predictions(t)
@@ -661,7 +681,12 @@ def test_oor_table_reads_the_recorded_probes():
     assert len(k) == 2 and k["held"].all() and (k["core row"] == 0).all()
     assert k.loc["row0", "core kernel"] == analysis.GDN_KERNEL and k.loc["row0", "faulting step"] == 499
     assert k.loc["others", "core kernel"] == analysis.DFLASH_INPUT_KERNEL
-    assert len(V.row0_rule(t)["cut"]) == 1
+    # the core's 17-sequence launch is not the 18-request last line's; the replica's error reached Python in the
+    # probe's no-graph reference pass of the move step
+    assert (k.loc["row0", "core rows"], k.loc["row0", "rows at its last step"]) == (17, 18)
+    assert k.loc["row0", "replica error"].startswith("reference pass: RuntimeError: CUDA error: CUBLAS")
+    assert len(V.row0_rule(t)["cut"]) == 1 and not V.row0_rule(t)["holds"]
+    assert V.row0_rule(t, confirmed=V.confirmed_cuts(k.reset_index()))["holds"]
 
 
 def test_first_sites_group_runs_by_concurrency_and_site():
