@@ -144,6 +144,10 @@ def cell_label(r: dict) -> str:
         # an intervention: the run's sampled ids were changed, so its outcome is not stock's
         extra.append("out-of-vocabulary sampled ids replaced by 0"
                      + {"row0": " in batch row 0 only", "others": " in rows above 0 only"}.get(oor, ""))
+    k = r.get("first_step_requests")
+    if isinstance(k, (int, float)) and k == k and k >= 1:  # (NaN in a DataFrame row without the key)
+        # the admission gate (admit.py): the first step admitted at most k requests, after all had arrived
+        extra.append(f"first step admits at most {int(k)}")
     if r.get("canary") is True:
         extra.append("canaries raise")
     if r.get("async_scheduling") is False:

@@ -12,6 +12,8 @@ Nothing happens unless asked for:
   speculative pair only (:mod:`dflash_lab.splits`).
 - ``DFLASH_LAB_SCHED_SNAPSHOT=<folder>``: every FA builder's persistent FA3 schedule, once, when the first served
   step begins (:mod:`dflash_lab.schedsnap`).
+- ``DFLASH_LAB_ADMIT=K/N``: the engine core's first step admits at most K of the first N requests, after all N
+  arrived (:mod:`dflash_lab.admit`).
 
 Each is logged once per process, so a log shows exactly which processes ran patched.
 """
@@ -57,3 +59,9 @@ def register() -> None:
         p = probe.install()
         log_once(f"step probe active: canaries {'raise' if p.raise_on_violation else 'record'}, "
                  f"reference pass {'on' if p.reference else 'off'}, log {p.path}")
+    from . import admit
+
+    admit_value = os.environ.get(admit.ENV)
+    if admit_value and "admit" not in _done:
+        _done.add("admit")
+        log_once(admit.install(admit_value))

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import coredump, provenance, splits
+from . import admit, coredump, provenance, splits
 from .errors import LabError
 from .models import REPORT_PROMPT, describe
 from .patch import FIX_PARTS
@@ -85,6 +85,9 @@ ENGINE_DEFAULTS = {
     # the run line
     "probe_oor": False,
     "sched_snapshot": False,  # the target groups' FA3 schedules when the first served step begins (schedsnap.py)
+    # the engine's first step admits at most this many requests, after all of the run's requests arrived (admit.py,
+    # DFLASH_LAB_ADMIT=K/N): offline, one measured run per engine; None leaves admission to arrival timing
+    "first_step_requests": None,
     "canary": False,
     "acceptance": "natural",
     "engine_args": {},
@@ -151,7 +154,7 @@ def load_matrix(path: str) -> dict:
 # a matrix's env entry for one of them is refused (it would contradict the keys the line records)
 KEYED_ENV = ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_PROBE",
              "DFLASH_LAB_CANARY", "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", "DFLASH_LAB_PROBE_LEDGER",
-             "DFLASH_LAB_PROBE_OOR", "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV)
+             "DFLASH_LAB_PROBE_OOR", "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV, admit.ENV)
 # every variable the engine-side code (plugin, hook, probe, schedsnap, splits) reads: none is inherited by an engine;
 # those without a matrix key (the hook's fatal mode, the probe's reference-pass switch) reach it only as env entries
 ENGINE_ENV = KEYED_ENV + ("DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF")
@@ -192,7 +195,7 @@ def validate_matrix(m, where="matrix") -> dict:
         keyed = sorted(set(eng["env"]) & set(KEYED_ENV))
         _check(not keyed, f"{where}: engine {e['id']}: env sets {keyed}, which the runner sets from matrix keys "
                           "(fix, fix_parts, hook, hook_sync, probe, canary, probe_taps, probe_fill_layers, probe_ledger, "
-                          "probe_oor, sched_snapshot, fa_splits): use the key")
+                          "probe_oor, sched_snapshot, fa_splits, first_step_requests): use the key")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
         _check(eng["probe_taps"] in (None, "1", "sentinel", "nan", "zero"),
@@ -255,6 +258,18 @@ def validate_matrix(m, where="matrix") -> dict:
                                 record_outputs=bool(w["record_outputs"]), warmup=w["warmup"]))
         _check(any(not r.warmup for r in runs),
                f"{where}: engine {e['id']}: has warm-up runs only; it needs at least one measured run entry")
+        k = eng["first_step_requests"]
+        if k is not None:
+            _check(isinstance(k, int) and not isinstance(k, bool) and k >= 1,
+                   f"{where}: engine {e['id']}: first_step_requests must be a whole number >= 1 (or left out)")
+            # the gate acts once per engine process, on its first N requests: one run, whose concurrency is N
+            _check(len(runs) == 1 and not runs[0].warmup,
+                   f"{where}: engine {e['id']}: first_step_requests needs exactly one run (one round, no warm-up): "
+                   "the gate acts on the engine's first requests only")
+            _check(k <= runs[0].concurrency, f"{where}: engine {e['id']}: first_step_requests ({k}) is more than the "
+                                             f"run's concurrency ({runs[0].concurrency})")
+            _check(eng["mode"] == "offline", f"{where}: engine {e['id']}: first_step_requests is for the offline "
+                                             "runner only (the server's clients arrive on their own)")
         engines.append({"id": e["id"], "engine": eng, "runs": runs})
     return {"name": m.get("name", Path(str(where)).stem), "models_dir": m.get("models_dir", DEFAULT_MODELS_DIR),
             "engines": engines, "run_timeout_s": float(m.get("run_timeout_s", 420)),
@@ -372,7 +387,7 @@ class Runner:
             # the ledger runs with the taps unless turned off: the line says which it was
             "probe_ledger": (e["probe_ledger"] is not False) if e["probe_taps"] else None,
             "probe_oor": e["probe_oor"],
-            "sched_snapshot": e["sched_snapshot"],
+            "sched_snapshot": e["sched_snapshot"], "first_step_requests": e["first_step_requests"],
             "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
             "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
@@ -493,6 +508,9 @@ class Runner:
                 env["DFLASH_LAB_PROBE_OOR"] = "1" if e["probe_oor"] is True else e["probe_oor"]
         if e["sched_snapshot"]:
             env["DFLASH_LAB_SCHED_SNAPSHOT"] = str(self.logdir / f"{tag}.sched")
+        if e["first_step_requests"]:
+            # validate_matrix allows it only on an engine with one measured run: N is that run's concurrency
+            env[admit.ENV] = f"{e['first_step_requests']}/{eng['runs'][0].concurrency}"
         if e["canary"]:
             env["DFLASH_LAB_CANARY"] = "1"
         if e["fix"]:

@@ -291,6 +291,37 @@ def test_the_out_of_vocabulary_replacement_reaches_only_the_engine_that_asked(tm
     assert "out-of-vocabulary" not in analysis.cell_label(by["taps"])
 
 
+def test_the_admission_gate_reaches_only_the_engine_that_asked_with_its_runs_concurrency(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    monkeypatch.setenv("DFLASH_LAB_ADMIT", "1/1")                  # inherited: must not leak
+    lines, _ = run(tmp_path, [
+        {"id": "k1", "first_step_requests": 1, "runs": [{"concurrency": 3}]},
+        {"id": "plain", "runs": [{"concurrency": 3}]}], extra=("--logs", str(logs)))
+    by = {l["engine_id"]: l for l in lines}
+    assert by["k1"]["first_step_requests"] == 1 and by["plain"]["first_step_requests"] is None   # recorded
+    env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+    assert "fake engine admit: DFLASH_LAB_ADMIT=1/3\n" in env["k1"]
+    assert "fake engine admit: DFLASH_LAB_ADMIT=\n" in env["plain"]
+    from dflash_lab import analysis
+    assert "first step admits at most 1" in analysis.cell_label(by["k1"])
+    assert "first step admits" not in analysis.cell_label(by["plain"])
+
+
+@pytest.mark.parametrize("eng,msg", [
+    ({"first_step_requests": 0, "runs": [{"concurrency": 4}]}, "first_step_requests must be a whole number >= 1"),
+    ({"first_step_requests": True, "runs": [{"concurrency": 4}]}, "first_step_requests must be a whole number >= 1"),
+    ({"first_step_requests": 5, "runs": [{"concurrency": 4}]}, r"first_step_requests \(5\) is more than the run's"),
+    ({"first_step_requests": 1, "runs": [{"concurrency": 4, "rounds": 2}]}, "first_step_requests needs exactly one run"),
+    ({"first_step_requests": 1, "runs": [{"concurrency": 4, "warmup": True}, {"concurrency": 4}]},
+     "first_step_requests needs exactly one run"),
+    ({"first_step_requests": 1, "mode": "server", "runs": [{"concurrency": 4}]}, "for the offline runner only"),
+    ({"env": {"DFLASH_LAB_ADMIT": "1/4"}, "runs": [{"concurrency": 4}]}, "which the runner sets from matrix keys"),
+])
+def test_bad_admission_gates_are_refused(eng, msg):
+    with pytest.raises(LabError, match=msg):
+        validate_matrix({"engines": [{"id": "a", **eng}]}, "m.yaml")
+
+
 def test_no_engine_switch_is_inherited_and_env_entries_reach_the_engine(tmp_path, monkeypatch):
     logs = tmp_path / "logs"
     for k in ("DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF"):
@@ -310,7 +341,7 @@ def test_every_variable_the_engine_side_reads_is_controlled_by_the_runner(root):
     from dflash_lab import runner as R
 
     read = set()
-    for mod in ("plugin", "engine_state", "hook", "patch", "probe", "schedsnap", "splits"):
+    for mod in ("plugin", "engine_state", "hook", "patch", "probe", "schedsnap", "splits", "admit"):
         read |= set(re.findall(r"DFLASH_LAB_[A-Z_]+", (root / "dflash_lab" / f"{mod}.py").read_text()))
     assert read, "no variable found: the scan is broken"
     assert read <= set(R.ENGINE_ENV), sorted(read - set(R.ENGINE_ENV))
