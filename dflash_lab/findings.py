@@ -868,15 +868,15 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
         return out + (f". At {where} (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within "
                       "each session and concurrency every stock crash was a NaN-filled run (" + per + odds + ").")
     if pool["filled_as_ruled"] and pool["own_nan"]:
+        sites = verification.first_site_runs(df, pt, probe_of)
         them = "the other crash" if len(other) == 1 else f"the {len(other)} other crashes"
         return out + (f". At {where} (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within "
                       "each session and concurrency every NaN-filled stock run crashed and every 0- or sentinel-filled one "
                       f"completed; {them} had no pre-fill, and NaN of {'its' if len(other) == 1 else 'their'} own in the "
                       f"requests FA3 left unwritten before {'it' if len(other) == 1 else 'they'} died ("
                       + plain_sites_text(verification.plain_sites(other)) + "; what a probed engine's graph memory held "
-                      "there" + first_sites_text(verification.first_sites(
-                          verification.first_site_runs(df, pt, probe_of))) + ") (" + per + odds
-                      + "; a run without a pre-fill counts as not NaN-filled).")
+                      "there" + first_sites_text(verification.first_sites(sites)) + ") (" + per + odds
+                      + "; a run without a pre-fill counts as not NaN-filled)." + admit_clause(df, sites, probe_of))
     return out + (f". Within each session and concurrency the crashes were not all NaN-filled runs, and the others are "
                   "not shown to have had NaN of their own in the unwritten rows first (" + per + odds + "): these runs do "
                   "not show the crash following the unwritten rows' NaN.")
@@ -985,6 +985,35 @@ def core_clause(core) -> str:
     return text + ". One run per cell."
 
 
+def admit_clause(df, sites, probe_of) -> str:
+    """:func:`verification.admit_predictions` as a sentence: the first NaN step against the first step's admissions,
+    set by the admission gate (s46). Empty without its runs."""
+    from . import verification
+
+    if "matrix" not in df or not (df["matrix"] == verification.ADMIT_MATRIX).any():
+        return ""
+    x = verification.admit_predictions(df, sites, verification.oor_table(df), probe_of)
+    if not len(x):
+        return ""
+    pred = x[x["held"].notna()]
+    text = (f" Tested ({verification.ADMIT_MATRIX}, pre-registered, "
+            f"{', '.join(sorted(set(map(_short, x['gpu_session']))))}, at {', '.join(sorted(set(x['concurrency'])))}): "
+            "with the engine's first step set to admit K requests once all had arrived (dflash_lab/admit.py; the probe "
+            f"recorded K in the first step and the rest in the second in {int(x['gate as set'].sum())} of {len(x)} runs), "
+            f"{int(pred['held'].astype(bool).sum())} of {len(pred)} runs with a prediction ended as predicted")
+    if not pred["held"].astype(bool).all():
+        return text + " (not: " + ", ".join(pred.loc[~pred["held"].astype(bool), "engine"]) + ")."
+    parts = []
+    for k, g in x.groupby("first step set", sort=True):
+        steps = sorted(set(int(v) for v in g["first NaN step"].dropna()))
+        parts.append(f"K={k}: first NaN at step {' or '.join(map(str, steps))} in {len(g)} run(s)"
+                     + ("" if k in verification.ADMIT_PREDICTED else ", with no prediction"))
+    return text + ("; " + "; ".join(parts) + ", every run crashing at its first row-0 step"
+                   if x["at row-0 step"].all() and (x["outcome"] == "crash").all() else "; " + "; ".join(parts)) + (
+        ". Only K differed between these engines (build ledger on, no replacement, one session), and the first NaN "
+        "step at 28 followed it.")
+
+
 def first_sites_text(by: dict) -> str:
     """:func:`verification.first_sites` as a clause: over every stock engine probed with plain taps (any matrix), how
     many first NaN sites each concurrency showed. Empty when each concurrency showed one."""
@@ -994,7 +1023,8 @@ def first_sites_text(by: dict) -> str:
     return ("; over every stock engine probed with plain taps, any matrix (" + ", ".join(
         f"{sum(x['runs'] for x in v)} at {c}" for c, v in sorted(by.items())) + "), the first site moved: " + "; ".join(
         f"at {c}, " + " and ".join(f"{x['runs']} run(s) at {x['site'] or 'no NaN'} ({x['sessions']}; {x['ledger']}; "
-                                   f"ids replaced: {x['replaced']}; first step admitted {x['first steps']} requests)"
+                                   f"ids replaced: {x['replaced']}; first step admitted {x['first steps']} requests"
+                                   + (f", set by the admission gate in {x['gated']}" if x.get("gated") else "") + ")"
                                    for x in v) for c, v in sorted(many.items())))
 
 

@@ -637,7 +637,8 @@ def plain_sites(t):
     return out
 
 
-FIRST_SITE_COLUMNS = ["probe", "gpu_session", "concurrency", "build ledger", "ids replaced in", "first step requests",
+FIRST_SITE_COLUMNS = ["probe", "gpu_session", "concurrency", "build ledger", "ids replaced in", "first step set",
+                      "first step requests",
                       "outcome", "first NaN step", "first NaN layer", "NaN requests", "earlier writes finite",
                       "last step", "site"]
 
@@ -671,6 +672,8 @@ def first_site_runs(df, probes, probe_of, concurrencies=(20, 28)):
         steps = probe_of(path)["steps"]
         first[f"{a}/{b}"] = int(steps[0]["num_reqs"]) if steps and steps[0].get("num_reqs") is not None else None
     ft["first step requests"] = ft["probe"].map(first).astype("Int64")
+    # the admission gate's setting (admit.py, s46 on): "arrival" where the first step took what had arrived
+    ft["first step set"] = [_first_step_set(probe_runs(df, *k.split("/", 1))) for k in ft["probe"]]
     ft["ids replaced in"] = [", ".join(sorted(_oor_parts(probe_runs(df, *k.split("/", 1))))) or "none"
                              for k in ft["probe"]]
     ft["site"] = [None if pd.isna(st) else f"step {int(st)}, {lay}, requests {q}"
@@ -678,9 +681,19 @@ def first_site_runs(df, probes, probe_of, concurrencies=(20, 28)):
     return ft[FIRST_SITE_COLUMNS].sort_values(["concurrency", "gpu_session", "probe"]).reset_index(drop=True)
 
 
+def _first_step_set(runs) -> str:
+    """A probed engine's admission gate, from its run lines: "K of N" (``first_step_requests``), or "arrival"."""
+    import pandas as pd
+
+    if "first_step_requests" not in runs:
+        return "arrival"
+    ks = sorted({int(v) for v in runs["first_step_requests"] if not pd.isna(v)})
+    return ", ".join(f"{k} of {c}" for k in ks for c in sorted({int(x) for x in runs["concurrency"]})) or "arrival"
+
+
 def first_sites(runs) -> dict:
     """:func:`first_site_runs` per concurrency and first site: runs, GPU sessions (short), build ledgers, replaced
-    rows and the first step's request counts."""
+    rows, the first step's request counts and how many of the runs had them set by the admission gate."""
     import pandas as pd
 
     out = {}
@@ -689,7 +702,8 @@ def first_sites(runs) -> dict:
                         "sessions": ", ".join(sorted({analysis.short_session(x) for x in h["gpu_session"]})),
                         "ledger": ", ".join(sorted({str(x) for x in h["build ledger"]})),
                         "replaced": ", ".join(sorted(set(h["ids replaced in"]))),
-                        "first steps": ", ".join(str(int(x)) for x in sorted(set(h["first step requests"].dropna())))}
+                        "first steps": ", ".join(str(int(x)) for x in sorted(set(h["first step requests"].dropna()))),
+                        "gated": int((h["first step set"] != "arrival").sum()) if "first step set" in h else 0}
                        for site, h in g.groupby("site", dropna=False)]
     return out
 
@@ -1288,3 +1302,61 @@ def padding_test(df, probes, probe_of, matrix: str = PADDING_MATRIX, b: int = 8,
         row("(c)", "snapshot equals every stale read", "equal",
             f"{len(stale & m['snapshots'])} of {len(stale)} distinct stale schedules in the snapshot", held_snap, inst)
     return pd.DataFrame(rows, columns=PADDING_COLUMNS)
+
+
+ADMIT_MATRIX = "probe-admit-tp1"
+# the first NaN site each admission count was predicted to give at 28 (s46's header, before the runs): step, layer
+# (divergence.short), requests; K=28 was run with no prediction
+ADMIT_PREDICTED = {7: (10, "L23 attn", [14, 17, 21, 24]), 1: (11, "L23 attn", list(range(14, 28)))}
+
+
+def admit_predictions(df, sites, t, probe_of):
+    """The runs of ``probe-admit-tp1`` (s46), each against what its matrix header predicted before the run. ``sites``:
+    :func:`first_site_runs` (its first NaN site); ``t``: :func:`oor_table` (outcome, row-0 step, last step);
+    ``probe_of``: path -> probe log.
+
+    - every run: the gate did what it was set to, read from the probe, not from the setting: the first step held K
+      requests (``first step requests``) and the second all of the run's (``second step requests``);
+    - K in :data:`ADMIT_PREDICTED`: the first NaN site is the one predicted (step, layer, requests), the run crashed,
+      and its last recorded step is its first row-0 step.
+
+    ``held``: all of that (None for a K with no prediction, whose gate check is ``gate as set``)."""
+    import pandas as pd
+
+    x = t[t["matrix"] == ADMIT_MATRIX]
+    by_probe = {str(p): r for p, r in zip(sites["probe"], sites.to_dict("records"))} if len(sites) else {}
+    out = []
+    for _, r in x.iterrows():
+        runs = probe_runs(df, r["session"], r["engine"])
+        ks = {int(v) for v in runs.get("first_step_requests", pd.Series(dtype=object)).dropna()}
+        if len(ks) != 1:
+            raise LabError(f"{ADMIT_MATRIX}, {r['engine']}: run lines with first_step_requests {sorted(ks)}; "
+                           "the check needs exactly one")
+        k = ks.pop()
+        steps = probe_of(r["path"])["steps"]
+        first = steps[0].get("num_reqs") if steps else None
+        second = steps[1].get("num_reqs") if len(steps) > 1 else None
+        gate = first == k and second is not None and int(second) == int(r["concurrency"])
+        site = by_probe.get(f"{r['session']}/{r['engine']}")
+        got = (None if site is None or pd.isna(site["first NaN step"]) else
+               (int(site["first NaN step"]), site["first NaN layer"], list(site["NaN requests"] or [])))
+        pred = ADMIT_PREDICTED.get(k)
+        at = (not pd.isna(r["row-0 step"])) and r["row-0 step"] == r["last step"]
+        site_ok = None if pred is None else got == pred
+        held = None if pred is None else bool(gate and site_ok and r["outcome"] == "crash" and at)
+        out.append({"session": r["session"], "engine": r["engine"], "gpu_session": r["gpu_session"],
+                    "concurrency": r["concurrency"],
+                    "first step set": k, "first step requests": first, "second step requests": second,
+                    "gate as set": bool(gate),
+                    "predicted site": None if pred is None else f"step {pred[0]}, {pred[1]}, requests {pred[2]}",
+                    "site": None if got is None else f"step {got[0]}, {got[1]}, requests {got[2]}",
+                    "first NaN step": None if got is None else got[0], "site as predicted": site_ok,
+                    "outcome": r["outcome"], "row-0 step": r["row-0 step"], "last step": r["last step"],
+                    "at row-0 step": bool(at), "held": held})
+    cols = ["session", "engine", "gpu_session", "concurrency", "first step set", "first step requests", "second step requests",
+            "gate as set", "predicted site", "site", "first NaN step", "site as predicted", "outcome", "row-0 step",
+            "last step", "at row-0 step", "held"]
+    res = pd.DataFrame(out, columns=cols).sort_values(["session", "engine"], kind="stable").reset_index(drop=True)
+    for c in ("first step requests", "second step requests", "first NaN step"):
+        res[c] = res[c].astype("Int64")
+    return res

@@ -48,22 +48,31 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "fix 2 with the same NaN completed 2 of 2 with 0 FULL steps differing" in text
     # s41 at 20, s42 at 20 and 28 (probe-early2-tp1 repeating them): the plain-tap runs crashed too (predicted: untapped
     # stock crashes there), after NaN of their own; over every plain-tap probe the first site moved (s44 at 28, s45 at
-    # 20), each site with how many requests the engine's first step admitted
+    # 20), each site with how many requests the engine's first step admitted, and s46's admission gate set that count
     assert ("At 8, 16, 20, 28, 32 (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within each "
             "session and concurrency every NaN-filled stock run crashed and every 0- or sentinel-filled one completed; the "
             "8 other crashes had no pre-fill, and NaN of their own in the requests FA3 left unwritten before they died (at "
             "20, 5 runs, first at step 10 in L15 attn; at 28, 3 runs, first at step 11 in L23 attn; what a probed engine's "
-            "graph memory held there; over every stock engine probed with plain taps, any matrix (14 at 20, 9 at 28), the "
+            "graph memory held there; over every stock engine probed with plain taps, any matrix (14 at 20, 20 at 28), the "
             "first site moved: at 20, 1 run(s) at step 10, L15 attn, requests [10, 12, 13, 15, 17, 18] (s45; ledger on; "
             "ids replaced: others; first step admitted 7 requests) and 13 run(s) at step 10, L15 attn, requests [10, 12, "
             "15, 17] (s41, s42, s43, s44, s45; ledger off, ledger on; ids replaced: all, none, others, row0; first step "
-            "admitted 1, 2, 3, 4 requests); at 28, 2 run(s) at step 10, L23 attn, requests [14, 17, 21, 24] (s44; ledger "
-            "off, ledger on; ids replaced: none, others; first step admitted 3, 7 requests) and 7 run(s) at step 11, L23 "
-            "attn, requests [14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27] (s42, s43, s44, s45; ledger off, "
-            "ledger on; ids replaced: all, none, row0; first step admitted 1, 2 requests)) (s37 at 8: 2 crashes in 5 "
+            "admitted 1, 2, 3, 4 requests); at 28, 2 run(s) at step 10, L23 attn, requests [14, 15, 16, 17, 18, 19, 20, "
+            "21, 22, 23, 24, 25, 26, 27] (s46; ledger on; ids replaced: none; first step admitted 28 requests, set by the "
+            "admission gate in 2) and 7 run(s) at step 10, L23 attn, requests [14, 17, 21, 24] (s44, s46; ledger off, "
+            "ledger on; ids replaced: none, others; first step admitted 3, 7 requests, set by the admission gate in 5) and "
+            "11 run(s) at step 11, L23 attn, requests [14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27] (s42, s43, "
+            "s44, s45, s46; ledger off, ledger on; ids replaced: all, none, row0; first step admitted 1, 2 requests, set "
+            "by the admission gate in 4)) (s37 at 8: 2 crashes in 5 "
             "runs; s37 at 16: 2 crashes in 4 runs; s38 at 32: 2 crashes in 6 runs; s41 at 20: 2 crashes in 4 runs, 1 "
             "NaN-filled; s42 at 20: 3 crashes in 3 runs, 0 NaN-filled; s42 at 28: 4 crashes in 6 runs, 1 NaN-filled; s45 "
             "at 20: 2 crashes in 4 runs, 1 NaN-filled), 1 in 5400 if the pre-fill did not matter") in text
+    # s46: the first step's admissions set by the gate, the pre-registered sites at 28 (probe-admit-tp1)
+    assert ("Tested (probe-admit-tp1, pre-registered, s46, at 28): with the engine's first step set to admit K requests "
+            "once all had arrived (dflash_lab/admit.py; the probe recorded K in the first step and the rest in the second "
+            "in 11 of 11 runs), 9 of 9 runs with a prediction ended as predicted; K=1: first NaN at step 11 in 4 run(s); "
+            "K=7: first NaN at step 10 in 5 run(s); K=28: first NaN at step 10 in 2 run(s), with no prediction, every run "
+            "crashing at its first row-0 step.") in text
     # s38's build ledger: who wrote the stale schedule, and the padding that differs between sessions
     assert ("Who wrote it (probe-builds-tp1, s38, the probe's build ledger, 1 stock and 1 fixed engine(s) at 16): 4 of 4 "
             "predictions written before the run held ((a), (b), (c), (d)); group 7's builder built 32 times before the "
@@ -130,7 +139,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
-    assert ("From the NaN to the illegal address (s43): in every one of the 30 probed runs whose verify logits held NaN "
+    assert ("From the NaN to the illegal address (s43): in every one of the 41 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "

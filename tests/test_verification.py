@@ -699,12 +699,14 @@ def test_first_sites_group_runs_by_concurrency_and_site():
          "ids replaced in": "others"},
         {"concurrency": 20, "site": None, "gpu_session": "s41", "build ledger": "ledger on", "ids replaced in": "none"}])
     r["first step requests"] = pd.array([1, 7, 3, pd.NA], dtype="Int64")
+    r["first step set"] = ["arrival", "7 of 28", "arrival", "arrival"]
     s = V.first_sites(r)
+    assert s[28][0]["gated"] == 1 and s[28][1]["gated"] == 0
     assert [x["runs"] for x in s[28]] == [2, 1] and s[28][0]["ledger"] == "ledger off, ledger on"
     assert s[28][0]["replaced"] == "none, others" and s[28][1]["sessions"] == "s42"
     assert s[28][0]["first steps"] == "3, 7" and s[28][1]["first steps"] == "1"
     assert s[20] == [{"site": None, "runs": 1, "sessions": "s41", "ledger": "ledger on", "replaced": "none",
-                      "first steps": ""}]
+                      "first steps": "", "gated": 0}]
 
 
 def test_first_site_runs_read_every_plain_tap_stock_engine():
@@ -713,7 +715,9 @@ def test_first_site_runs_read_every_plain_tap_stock_engine():
     assert set(r["concurrency"]) == {20, 28} and r["earlier writes finite"].all()
     assert {"none", "all", "row0", "others"} <= set(r["ids replaced in"]) and "ledger off" in set(r["build ledger"])
     s = V.first_sites(r)
-    assert len(s[20]) == 2 and len(s[28]) == 2       # s44: the step at 28 moved; s45: the requests at 20 once
+    # s44: the step at 28 moved; s45: the requests at 20 once; s46: all 28 in the first step gave a third site at 28
+    assert len(s[20]) == 2 and len(s[28]) == 3
+    assert set(r["first step set"]) == {"arrival", "1 of 28", "7 of 28", "28 of 28"}
     assert r["first step requests"].notna().all() and r["first step requests"].between(1, 28).all()
     assert V.first_site_runs(df.iloc[0:0], V.probe_table(df).iloc[0:0], D.load_probe).empty
 
@@ -724,3 +728,63 @@ def test_output_agreement_of_a_session_whose_runs_all_crashed_is_empty():
                         "fix": False, "concurrency": 20, "round": 0, "temperature": 0.0, "run_id": "a"}])
     assert V.output_agreement(df, "s44").empty
     assert V.output_agreement(df.assign(outcome="ok"), "s44").empty      # completed, but recorded no outputs
+
+
+def _admit_case():
+    """Three probe-admit-tp1 runs (K=7, K=1, K=28) as run lines, oor_table rows, first_site_runs rows and probe logs."""
+    engines = [("k7", 7, 10, [14, 17, 21, 24]), ("k1", 1, 11, list(range(14, 28))), ("k28", 28, 10, [3])]
+    df = pd.DataFrame([{"file": "sess.jsonl", "engine_id": e, "attempt": 1, "first_step_requests": k}
+                       for e, k, _, _ in engines])
+    t = pd.DataFrame([{"session": "sess", "engine": f"{e}.a1", "path": e, "matrix": V.ADMIT_MATRIX,
+                       "gpu_session": "s46", "concurrency": "28", "outcome": "crash", "row-0 step": 23,
+                       "last step": 23} for e, _, _, _ in engines])
+    sites = pd.DataFrame([{"probe": f"sess/{e}.a1", "first NaN step": s, "first NaN layer": "L23 attn",
+                           "NaN requests": q} for e, _, s, q in engines])
+    logs = {e: {"steps": [{"step": 1, "num_reqs": k}, {"step": 2, "num_reqs": 28}]} for e, k, _, _ in engines}
+    return df, t, sites, logs
+
+
+def _held(x):
+    """(K=7's held, K=1's held) of an admit_predictions table."""
+    h = x.set_index("engine")["held"]
+    return h["k7.a1"], h["k1.a1"]
+
+
+def test_admit_predictions_need_the_gate_the_site_and_the_row0_crash():
+    df, t, sites, logs = _admit_case()
+    x = V.admit_predictions(df, sites, t, logs.__getitem__).set_index("engine")
+    assert list(x.index) == ["k1.a1", "k28.a1", "k7.a1"]               # sorted by session and engine
+    assert x["held"].to_dict() == {"k1.a1": True, "k28.a1": None, "k7.a1": True} and x["gate as set"].all()
+    assert pd.isna(x.loc["k28.a1", "predicted site"]) and x.loc["k7.a1", "first NaN step"] == 10
+    s = sites.copy()
+    s.loc[0, "first NaN step"] = 11                                   # K=7 at step 11: contradicts the lead
+    assert _held(V.admit_predictions(df, s, t, logs.__getitem__)) == (False, True)
+    s = sites.copy()
+    s.at[1, "NaN requests"] = [14, 17, 21, 24]                        # K=1 with K=7's requests
+    assert _held(V.admit_predictions(df, s, t, logs.__getitem__)) == (True, False)
+    bad = {k: v for k, v in logs.items()}
+    bad["k7"] = {"steps": [{"step": 1, "num_reqs": 3}, {"step": 2, "num_reqs": 28}]}   # the gate did not hold
+    y = V.admit_predictions(df, sites, t, bad.__getitem__)
+    assert _held(y) == (False, True) and not y.set_index("engine").loc["k7.a1", "gate as set"]
+    u = t.copy()
+    u.loc[1, "row-0 step"] = 12                                       # crashed 11 steps after its row-0 step
+    assert _held(V.admit_predictions(df, sites, u, logs.__getitem__)) == (True, False)
+    u = t.copy()
+    u.loc[0, "outcome"] = "ok"
+    assert _held(V.admit_predictions(df, sites, u, logs.__getitem__)) == (False, True)
+    with pytest.raises(LabError, match="the check needs exactly one"):
+        V.admit_predictions(df.assign(first_step_requests=None), sites, t, logs.__getitem__)
+    assert not len(V.admit_predictions(df, sites, t.assign(matrix="other"), logs.__getitem__))
+
+
+def test_the_recorded_admission_test_held_as_pre_registered():
+    """s46 (probe-admit-tp1): with the first step's admissions set by the gate, K=7 gave step 10 and K=1 step 11 at
+    28, every time, each run crashing at its first row-0 step."""
+    df = analysis.load_runs()
+    pt = V.probe_table(df)
+    x = V.admit_predictions(df, V.first_site_runs(df, pt, D.load_probe), V.oor_table(df), D.load_probe)
+    pred = x[x["first step set"].isin(V.ADMIT_PREDICTED)]
+    assert len(pred) == 9 and pred["held"].all() and x["gate as set"].all() and x["gpu_session"].nunique() == 1
+    assert (x["outcome"] == "crash").all() and x["at row-0 step"].all()
+    k28 = x[x["first step set"] == 28]
+    assert len(k28) == 2 and set(k28["first NaN step"]) == {10} and k28["held"].isna().all()
