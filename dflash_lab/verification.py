@@ -1360,3 +1360,33 @@ def admit_predictions(df, sites, t, probe_of):
     for c in ("first step requests", "second step requests", "first NaN step"):
         res[c] = res[c].astype("Int64")
     return res
+
+
+def plot_admission(ax, sites, concurrency: int = 28):
+    """Each stock plain-tap run of :func:`first_site_runs` at ``concurrency``: how many requests its first step admitted
+    (x, log scale) against its first NaN step (y), hollow where arrival timing set that count and filled where the
+    admission gate did; runs at one point are spread sideways a little and counted in the label."""
+    import numpy as np
+
+    x = sites[(sites["concurrency"] == concurrency) & sites["first NaN step"].notna()
+              & sites["first step requests"].notna()]
+    if not len(x):
+        raise LabError(f"no plain-tap stock run with a first NaN step at concurrency {concurrency} to plot")
+    for gated, g in x.groupby(x["first step set"] != "arrival"):
+        for (k, st), h in g.groupby(["first step requests", "first NaN step"]):
+            spread = np.linspace(-0.06, 0.06, len(h)) if len(h) > 1 else np.zeros(1)
+            ax.scatter(int(k) * np.exp(spread + (0.1 if gated else -0.1)), [int(st)] * len(h), s=36,
+                       facecolors="tab:blue" if gated else "none", edgecolors="tab:blue" if gated else "tab:orange")
+    ax.scatter([], [], facecolors="none", edgecolors="tab:orange", label="first step as requests arrived (s42-s45)")
+    ax.scatter([], [], facecolors="tab:blue", edgecolors="tab:blue", label="first step set by the admission gate (s46)")
+    ax.set_xscale("log")
+    ks = sorted({int(v) for v in x["first step requests"]})
+    ax.set_xticks(ks)
+    ax.set_xticklabels([str(k) for k in ks])
+    steps = sorted({int(v) for v in x["first NaN step"]})
+    ax.set_yticks(range(min(steps) - 1, max(steps) + 2))
+    ax.set_xlabel("requests the first (prefill) step admitted")
+    ax.set_ylabel("first NaN step")
+    ax.set_title(f"concurrency {concurrency}: {len(x)} stock plain-tap runs", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    return ax

@@ -788,3 +788,19 @@ def test_the_recorded_admission_test_held_as_pre_registered():
     assert (x["outcome"] == "crash").all() and x["at row-0 step"].all()
     k28 = x[x["first step set"] == 28]
     assert len(k28) == 2 and set(k28["first NaN step"]) == {10} and k28["held"].isna().all()
+
+
+def test_plot_admission_draws_every_run_and_refuses_none():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sites = pd.DataFrame({"concurrency": [28, 28, 28, 20], "first NaN step": [10, 11, 11, 10],
+                          "first step requests": pd.array([7, 1, 1, 3], dtype="Int64"),
+                          "first step set": ["7 of 28", "arrival", "1 of 28", "arrival"]})
+    ax = V.plot_admission(plt.subplots()[1], sites)
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 3          # the three runs at 28, none at 20
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "7"]
+    with pytest.raises(LabError, match="at concurrency 64"):
+        V.plot_admission(plt.subplots()[1], sites, 64)
+    plt.close("all")
