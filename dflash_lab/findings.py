@@ -864,9 +864,11 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
                     for (sx, c), ci, n_in, e, n in strata)
     odds = (f"), 1 in {round(1 / pool['p'])} if the pre-fill did not matter (exact test, one-sided, per session and "
             "concurrency")
+    admitted = lambda: admit_clause(df, verification.first_site_runs(df, pt, probe_of), probe_of)  # noqa: E731
     if pool["all_crashes_nan"]:
         return out + (f". At {where} (TP=1, offline) the crash follows the NaN in the rows FA3 leaves unwritten: within "
-                      "each session and concurrency every stock crash was a NaN-filled run (" + per + odds + ").")
+                      "each session and concurrency every stock crash was a NaN-filled run (" + per + odds + ")."
+                      + admitted())
     if pool["filled_as_ruled"] and pool["own_nan"]:
         sites = verification.first_site_runs(df, pt, probe_of)
         them = "the other crash" if len(other) == 1 else f"the {len(other)} other crashes"
@@ -879,7 +881,7 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
                       + "; a run without a pre-fill counts as not NaN-filled)." + admit_clause(df, sites, probe_of))
     return out + (f". Within each session and concurrency the crashes were not all NaN-filled runs, and the others are "
                   "not shown to have had NaN of their own in the unwritten rows first (" + per + odds + "): these runs do "
-                  "not show the crash following the unwritten rows' NaN.")
+                  "not show the crash following the unwritten rows' NaN." + admitted())
 
 
 def oor_clause(df, pattern: str | None = None) -> str:
@@ -1000,7 +1002,9 @@ def admit_clause(df, sites, probe_of) -> str:
             f"{', '.join(sorted(set(map(_short, x['gpu_session']))))}, at {', '.join(sorted(set(x['concurrency'])))}): "
             "with the engine's first step set to admit K requests once all had arrived (dflash_lab/admit.py; the probe "
             f"recorded K in the first step and the rest in the second in {int(x['gate as set'].sum())} of {len(x)} runs), "
-            f"{int(pred['held'].astype(bool).sum())} of {len(pred)} runs with a prediction ended as predicted")
+            f"{int(pred['held'].astype(bool).sum())} of {len(pred)} runs with a prediction ended as predicted "
+            f"({pred['first step set'].nunique()} predicted conditions, each repeated: close replicas of one seeded "
+            "workload)")
     if not pred["held"].astype(bool).all():
         return text + " (not: " + ", ".join(pred.loc[~pred["held"].astype(bool), "engine"]) + ")."
     parts = []
@@ -1010,8 +1014,8 @@ def admit_clause(df, sites, probe_of) -> str:
                      + ("" if k in verification.ADMIT_PREDICTED else ", with no prediction"))
     return text + ("; " + "; ".join(parts) + ", every run crashing at its first row-0 step"
                    if x["at row-0 step"].all() and (x["outcome"] == "crash").all() else "; " + "; ".join(parts)) + (
-        ". Only K differed between these engines (build ledger on, no replacement, one session), and the first NaN "
-        "step at 28 followed it.")
+        f". The engines' settings differed only in K (build ledger on, no replacement, one session; K=28 always ran "
+        f"last), and the first NaN step at {', '.join(sorted(set(x['concurrency'])))} followed it.")
 
 
 def first_sites_text(by: dict) -> str:

@@ -270,6 +270,9 @@ def validate_matrix(m, where="matrix") -> dict:
                                              f"run's concurrency ({runs[0].concurrency})")
             _check(eng["mode"] == "offline", f"{where}: engine {e['id']}: first_step_requests is for the offline "
                                              "runner only (the server's clients arrive on their own)")
+            # each data-parallel engine core would wait for all N requests, of which it gets only its share
+            _check(int(eng["engine_args"].get("data_parallel_size", 1) or 1) == 1,
+                   f"{where}: engine {e['id']}: first_step_requests needs data_parallel_size 1 (one engine core)")
         engines.append({"id": e["id"], "engine": eng, "runs": runs})
     return {"name": m.get("name", Path(str(where)).stem), "models_dir": m.get("models_dir", DEFAULT_MODELS_DIR),
             "engines": engines, "run_timeout_s": float(m.get("run_timeout_s", 420)),

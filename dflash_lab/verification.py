@@ -1387,6 +1387,12 @@ def plot_admission(ax, sites, concurrency: int = 28):
     ax.set_yticks(range(min(steps) - 1, max(steps) + 2))
     ax.set_xlabel("requests the first (prefill) step admitted")
     ax.set_ylabel("first NaN step")
-    ax.set_title(f"concurrency {concurrency}: {len(x)} stock plain-tap runs", fontsize=9)
+    extra = []
+    if "ids replaced in" in x:
+        extra.append(f"{int((x['ids replaced in'] != 'none').sum())} with ids replaced after the first NaN")
+    if "build ledger" in x:
+        extra.append(f"{int((x['build ledger'] == 'ledger off').sum())} ledger-off")
+    ax.set_title(f"concurrency {concurrency}: {len(x)} stock plain-tap runs" + (f" ({', '.join(extra)})" if extra else ""),
+                 fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
     return ax

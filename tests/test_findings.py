@@ -70,7 +70,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s46: the first step's admissions set by the gate, the pre-registered sites at 28 (probe-admit-tp1)
     assert ("Tested (probe-admit-tp1, pre-registered, s46, at 28): with the engine's first step set to admit K requests "
             "once all had arrived (dflash_lab/admit.py; the probe recorded K in the first step and the rest in the second "
-            "in 11 of 11 runs), 9 of 9 runs with a prediction ended as predicted; K=1: first NaN at step 11 in 4 run(s); "
+            "in 11 of 11 runs), 9 of 9 runs with a prediction ended as predicted (2 predicted conditions, each repeated: "
+            "close replicas of one seeded workload); K=1: first NaN at step 11 in 4 run(s); "
             "K=7: first NaN at step 10 in 5 run(s); K=28: first NaN at step 10 in 2 run(s), with no prediction, every run "
             "crashing at its first row-0 step.") in text
     # s38's build ledger: who wrote the stale schedule, and the padding that differs between sessions

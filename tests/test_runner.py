@@ -316,6 +316,8 @@ def test_the_admission_gate_reaches_only_the_engine_that_asked_with_its_runs_con
      "first_step_requests needs exactly one run"),
     ({"first_step_requests": 1, "mode": "server", "runs": [{"concurrency": 4}]}, "for the offline runner only"),
     ({"env": {"DFLASH_LAB_ADMIT": "1/4"}, "runs": [{"concurrency": 4}]}, "which the runner sets from matrix keys"),
+    ({"first_step_requests": 1, "engine_args": {"data_parallel_size": 2}, "runs": [{"concurrency": 4}]},
+     "needs data_parallel_size 1"),
 ])
 def test_bad_admission_gates_are_refused(eng, msg):
     with pytest.raises(LabError, match=msg):
