@@ -994,7 +994,8 @@ def admit_clause(df, sites, probe_of) -> str:
 
     if "matrix" not in df or not (df["matrix"] == verification.ADMIT_MATRIX).any():
         return ""
-    x = verification.admit_predictions(df, sites, verification.oor_table(df), probe_of)
+    stems = {str(f)[: -len(".jsonl")] for f in df.loc[df["matrix"] == verification.ADMIT_MATRIX, "file"]}
+    x = verification.admit_predictions(df, sites, verification.oor_table(df, sessions=stems), probe_of)
     if not len(x):
         return ""
     pred = x[x["held"].notna()]

@@ -9,6 +9,7 @@ Each function here answers one of those from the recorded lines and probe logs, 
 
 from __future__ import annotations
 
+import os
 import re
 
 from . import analysis, divergence
@@ -755,16 +756,21 @@ def _core(runs) -> dict:
     return {"kernel": f.get("kernel") or "unread", "row": at.get("row"), "rows": at.get("rows")}
 
 
-def oor_table(df, pattern: str = divergence.PROBE_GLOB):
+def oor_table(df, pattern: str = divergence.PROBE_GLOB, sessions=None):
     """Every step-probe log, matched to its run lines: its first step with non-finite verify logits and how many
     steps had them, its first step whose first sampled id was out of vocabulary (>= the target's vocabulary size) and
     how many such ids it recorded, how many ids the probe's replacement changed (``probe_oor``; None when it was
     off), its accepted-0 rows and whether they were, step by step, the requests that got an out-of-vocabulary id the
-    step before (:func:`divergence.oor_links`). A probe without run lines is left out (nothing says its target)."""
+    step before (:func:`divergence.oor_links`). A probe without run lines is left out (nothing says its target).
+    ``sessions``: only the logs of these run files (their stems, the probe folders' names), not read otherwise."""
     import pandas as pd
 
     rows = []
-    for path in divergence.probe_files(pattern):
+    paths = divergence.probe_files(pattern)
+    if sessions is not None:
+        keep = {str(x) for x in sessions}
+        paths = [x for x in paths if os.path.basename(os.path.dirname(os.path.dirname(x))) in keep]
+    for path in paths:
         p = divergence.load_probe(path)
         runs = probe_runs(df, p["session"], p["engine"])
         if not len(runs):

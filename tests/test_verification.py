@@ -786,6 +786,10 @@ def test_the_recorded_admission_test_held_as_pre_registered():
     pred = x[x["first step set"].isin(V.ADMIT_PREDICTED)]
     assert len(pred) == 9 and pred["held"].all() and x["gate as set"].all() and x["gpu_session"].nunique() == 1
     assert (x["outcome"] == "crash").all() and x["at row-0 step"].all()
+    # the same rows from the matrix's own probe logs alone (what findings.admit_clause reads)
+    stems = {f[: -len(".jsonl")] for f in df.loc[df["matrix"] == V.ADMIT_MATRIX, "file"]}
+    y = V.admit_predictions(df, V.first_site_runs(df, pt, D.load_probe), V.oor_table(df, sessions=stems), D.load_probe)
+    assert y.equals(x) and len(V.oor_table(df, sessions={"no-such-session"})) == 0
     k28 = x[x["first step set"] == 28]
     assert len(k28) == 2 and set(k28["first NaN step"]) == {10} and k28["held"].isna().all()
 
