@@ -673,10 +673,10 @@ def first_site_runs(df, probes, probe_of, concurrencies=(20, 28)):
         steps = probe_of(path)["steps"]
         first[f"{a}/{b}"] = int(steps[0]["num_reqs"]) if steps and steps[0].get("num_reqs") is not None else None
     ft["first step requests"] = ft["probe"].map(first).astype("Int64")
+    runs_of = {k: probe_runs(df, *k.split("/", 1)) for k in ft["probe"]}
     # the admission gate's setting (admit.py, s46 on): "arrival" where the first step took what had arrived
-    ft["first step set"] = [_first_step_set(probe_runs(df, *k.split("/", 1))) for k in ft["probe"]]
-    ft["ids replaced in"] = [", ".join(sorted(_oor_parts(probe_runs(df, *k.split("/", 1))))) or "none"
-                             for k in ft["probe"]]
+    ft["first step set"] = [_first_step_set(runs_of[k]) for k in ft["probe"]]
+    ft["ids replaced in"] = [", ".join(sorted(_oor_parts(runs_of[k]))) or "none" for k in ft["probe"]]
     ft["site"] = [None if pd.isna(st) else f"step {int(st)}, {lay}, requests {q}"
                   for st, lay, q in zip(ft["first NaN step"], ft["first NaN layer"], ft["NaN requests"])]
     return ft[FIRST_SITE_COLUMNS].sort_values(["concurrency", "gpu_session", "probe"]).reset_index(drop=True)
@@ -1371,7 +1371,8 @@ def admit_predictions(df, sites, t, probe_of):
 def plot_admission(ax, sites, concurrency: int = 28):
     """Each stock plain-tap run of :func:`first_site_runs` at ``concurrency``: how many requests its first step admitted
     (x, log scale) against its first NaN step (y), hollow where arrival timing set that count and filled where the
-    admission gate did; runs at one point are spread sideways a little and counted in the label."""
+    admission gate did; runs at one point are spread sideways a little, so each run is one marker. The title counts
+    the runs and those with ids replaced or the build ledger off."""
     import numpy as np
 
     x = sites[(sites["concurrency"] == concurrency) & sites["first NaN step"].notna()
