@@ -23,6 +23,18 @@ SCHED_RE = re.compile(r"Dumping scheduler output for model execution: (.*)$")
 STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\((.*)\)")
 
 
+def as_fix(r: dict) -> dict:
+    """A run line for the analysis: an engine started on vLLM with the upstream diff applied (runner key
+    ``vllm_diff``; the plugin's fix off, so its line says ``fix: false``) had the fix, all three parts, as the diff's
+    hunks: ``fix`` True, ``fix_parts`` all of them, and ``fix_via`` says how ("plugin" or "upstream diff"). Every
+    table that separates stock from fixed runs then leaves the diff's runs out of stock."""
+    if r.get("vllm_diff"):
+        r.update(fix=True, fix_parts=list(FIX_PARTS), fix_via="upstream diff")
+    elif r.get("fix"):
+        r["fix_via"] = "plugin"
+    return r
+
+
 def fix_parts_of(r: dict) -> set:
     """The fix parts a run had: empty without the fix; lines written before part 1 existed (no ``fix_parts``,
     pandas: NaN) had parts 2 and 3."""
@@ -83,6 +95,8 @@ def fix_label(r: dict) -> str | None:
     (the FA3 schedule refresh alone) or another subset ('fix parts: ...')."""
     if not r.get("fix"):
         return None
+    if isinstance(r.get("vllm_diff"), str) and r.get("vllm_diff"):
+        return f"upstream diff applied ({os.path.basename(r['vllm_diff'])})"
     parts = fix_parts_of(r)
     if parts == set(FIX_PARTS):
         return "fix 2: FA3 schedule refresh + kernel edits + k+1"
@@ -324,6 +338,7 @@ def load_runs(pattern: str = "data/runs/*.jsonl"):
 
     rows = []
     for f, _, r in recorded_lines(pattern):
+        as_fix(r)
         r["file"] = os.path.basename(f)
         r["cell"] = cell_label(r)
         r["target_name"] = r["target"]["name"] if isinstance(r.get("target"), dict) else r.get("target")

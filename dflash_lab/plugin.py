@@ -14,6 +14,8 @@ Nothing happens unless asked for:
   step begins (:mod:`dflash_lab.schedsnap`).
 - ``DFLASH_LAB_ADMIT=K/N``: the engine core's first step admits at most K of the first N requests, after all N
   arrived (:mod:`dflash_lab.admit`).
+- ``DFLASH_LAB_VLLM_DIFF=<overlay>``: the runner started this engine on vLLM with the upstream diff applied; every
+  process checks that the vllm it imported is that overlay's, and stops if not (:mod:`dflash_lab.vllmdiff`).
 
 Each is logged once per process, so a log shows exactly which processes ran patched.
 """
@@ -27,6 +29,11 @@ _done = set()
 
 def register() -> None:
     from .engine_state import fix_enabled, log_once
+    from . import vllmdiff
+
+    if os.environ.get(vllmdiff.ENV) and "vllm_diff" not in _done:
+        _done.add("vllm_diff")
+        log_once(vllmdiff.check_loaded())   # raises in a process that did not import the overlay
 
     if fix_enabled() and "fix" not in _done:
         _done.add("fix")

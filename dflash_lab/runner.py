@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import admit, coredump, provenance, splits
+from . import admit, coredump, provenance, splits, vllmdiff
 from .errors import LabError
 from .models import REPORT_PROMPT, describe
 from .patch import FIX_PARTS
@@ -88,6 +88,9 @@ ENGINE_DEFAULTS = {
     # the engine's first step admits at most this many requests, after all of the run's requests arrived (admit.py,
     # DFLASH_LAB_ADMIT=K/N): offline, one measured run per engine; None leaves admission to arrival timing
     "first_step_requests": None,
+    # the upstream diff (e.g. patches/vllm-0.22.1-dflash.diff), applied as a diff to a copy of the installed vllm that
+    # this engine imports instead (vllmdiff.py); the plugin then checks in every engine process that it did
+    "vllm_diff": None,
     "canary": False,
     "acceptance": "natural",
     "engine_args": {},
@@ -154,7 +157,7 @@ def load_matrix(path: str) -> dict:
 # a matrix's env entry for one of them is refused (it would contradict the keys the line records)
 KEYED_ENV = ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_PROBE",
              "DFLASH_LAB_CANARY", "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", "DFLASH_LAB_PROBE_LEDGER",
-             "DFLASH_LAB_PROBE_OOR", "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV, admit.ENV)
+             "DFLASH_LAB_PROBE_OOR", "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV, admit.ENV, vllmdiff.ENV)
 # every variable the engine-side code (plugin, hook, probe, schedsnap, splits) reads: none is inherited by an engine;
 # those without a matrix key (the hook's fatal mode, the probe's reference-pass switch) reach it only as env entries
 ENGINE_ENV = KEYED_ENV + ("DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF")
@@ -195,7 +198,7 @@ def validate_matrix(m, where="matrix") -> dict:
         keyed = sorted(set(eng["env"]) & set(KEYED_ENV))
         _check(not keyed, f"{where}: engine {e['id']}: env sets {keyed}, which the runner sets from matrix keys "
                           "(fix, fix_parts, hook, hook_sync, probe, canary, probe_taps, probe_fill_layers, probe_ledger, "
-                          "probe_oor, sched_snapshot, fa_splits, first_step_requests): use the key")
+                          "probe_oor, sched_snapshot, fa_splits, first_step_requests, vllm_diff): use the key")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
         _check(eng["probe_taps"] in (None, "1", "sentinel", "nan", "zero"),
@@ -258,6 +261,19 @@ def validate_matrix(m, where="matrix") -> dict:
                                 record_outputs=bool(w["record_outputs"]), warmup=w["warmup"]))
         _check(any(not r.warmup for r in runs),
                f"{where}: engine {e['id']}: has warm-up runs only; it needs at least one measured run entry")
+        vd = eng["vllm_diff"]
+        if vd is not None:
+            _check(isinstance(vd, str) and vd.endswith(".diff"),
+                   f"{where}: engine {e['id']}: vllm_diff must be the path of a .diff file (or left out)")
+            _check(Path(vd).is_file(), f"{where}: engine {e['id']}: vllm_diff {vd}: no such file (paths are relative "
+                                       "to the checkout's root, where the runner starts)")
+            # one change at a time: the plugin's fix on top of the diff would test neither
+            _check(not eng["fix"], f"{where}: engine {e['id']}: vllm_diff and fix: true together; the diff is the fix")
+            # the launch hook wraps the stock kernel's launch, whose arguments the diff changes
+            _check(not eng["hook"], f"{where}: engine {e['id']}: vllm_diff needs hook: false (the hook records the "
+                                    "stock kernel's launch arguments, which the diff changes)")
+            _check("PYTHONPATH" not in eng["env"],
+                   f"{where}: engine {e['id']}: vllm_diff sets PYTHONPATH itself; leave it out of env")
         k = eng["first_step_requests"]
         if k is not None:
             _check(isinstance(k, int) and not isinstance(k, bool) and k >= 1,
@@ -360,6 +376,7 @@ class Runner:
         self.outcomes: dict[str, str] = {}  # run id -> outcome of its latest line in this call
         self.written = 0
         self.startup_s: dict[str, float] = {}
+        self.overlays: dict[str, dict] = {}   # vllm_diff path -> its overlay's stamp (built once per call)
         # core dumps of this invocation go to a folder of their own: a later call of the same matrix on the same
         # host reuses engine tags (stock-c24-c28.a1, ...), and s19's second call read the first call's cores as its own
         self.core_root = Path(matrix.get("coredump_root", COREDUMP_ROOT)) / matrix["name"] / (
@@ -391,6 +408,7 @@ class Runner:
             "probe_ledger": (e["probe_ledger"] is not False) if e["probe_taps"] else None,
             "probe_oor": e["probe_oor"],
             "sched_snapshot": e["sched_snapshot"], "first_step_requests": e["first_step_requests"],
+            "vllm_diff": e["vllm_diff"],
             "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
             "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
@@ -514,6 +532,19 @@ class Runner:
         if e["first_step_requests"]:
             # validate_matrix allows it only on an engine with one measured run: N is that run's concurrency
             env[admit.ENV] = f"{e['first_step_requests']}/{eng['runs'][0].concurrency}"
+        if e["vllm_diff"]:
+            try:
+                ov = self.overlays.get(e["vllm_diff"]) or vllmdiff.overlay(e["vllm_diff"])
+            except LabError as err:
+                # the diff does not apply (or no vllm to apply it to): every run of this engine says so, none runs
+                self.log(f"{tag}: vllm_diff: {err}")
+                for r in pending:
+                    self.line(eng, r, "startup_error", attempt, error=f"vllm_diff: {err}")
+                return []
+            self.overlays[e["vllm_diff"]] = ov
+            env["PYTHONPATH"] = os.pathsep.join(x for x in (ov["path"], env.get("PYTHONPATH")) if x)
+            env[vllmdiff.ENV] = ov["path"]
+            self.log(f"{tag}: vllm_diff {e['vllm_diff']} ({'reused' if ov['reused'] else 'built'} overlay {ov['path']})")
         if e["canary"]:
             env["DFLASH_LAB_CANARY"] = "1"
         if e["fix"]:
@@ -535,6 +566,9 @@ class Runner:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         reader = _EventReader(events_path)
         extra = {"log": str(log_path), "hook_dir": hook_dir}
+        if e["vllm_diff"]:
+            ov = self.overlays[e["vllm_diff"]]
+            extra["vllm_diff_stamp"] = {k: ov[k] for k in ("diff_sha256", "hunks_sha256", "files", "path", "source")}
         if e["probe"]:
             extra["probe_dir"] = env["DFLASH_LAB_PROBE"]
 

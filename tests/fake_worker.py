@@ -47,6 +47,8 @@ def main():
           f"DFLASH_LAB_SCHED_SNAPSHOT={os.environ.get('DFLASH_LAB_SCHED_SNAPSHOT', '')}", flush=True)
     print(f"fake engine oor: DFLASH_LAB_PROBE_OOR={os.environ.get('DFLASH_LAB_PROBE_OOR', '')}", flush=True)
     print(f"fake engine admit: DFLASH_LAB_ADMIT={os.environ.get('DFLASH_LAB_ADMIT', '')}", flush=True)
+    print(f"fake engine vllm_diff: DFLASH_LAB_VLLM_DIFF={os.environ.get('DFLASH_LAB_VLLM_DIFF', '')} "
+          f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}", flush=True)
     print("fake engine switches: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in (
         "DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF")), flush=True)
     print(f"fake engine core dumps: CUDA_COREDUMP_GENERATION_FLAGS={os.environ.get('CUDA_COREDUMP_GENERATION_FLAGS', '')}",

@@ -1,0 +1,171 @@
+"""The upstream diff applied as a diff (dflash_lab.vllmdiff): strictly, into an overlay that leaves vLLM untouched,
+and checked in the engine process."""
+
+import difflib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+from dflash_lab import patch, vllmdiff
+from dflash_lab.errors import LabError
+from dflash_lab.runner import read_lines, validate_matrix
+from dflash_lab.vllm_sources import read_source
+
+DIFF = "patches/vllm-0.22.1-dflash.diff"
+
+
+def test_the_committed_diff_applies_exactly_to_vllm_0_22_1_and_gives_the_patched_files(root):
+    """What the GPU's overlay runs is what the CPU tests test: the diff, applied strictly to the pinned 0.22.1
+    sources, gives exactly patch.patched_source for each of its four files."""
+    text = (root / DIFF).read_text()
+    new = vllmdiff.apply_tree(text, read_source)
+    assert sorted(new) == sorted(patch.UPSTREAM_FILES)
+    for rel, t in new.items():
+        assert t == patch.patched_source(rel) != read_source(rel), rel
+    assert vllmdiff.hunks_sha256(text) == vllmdiff.hunks_sha256(patch.upstream_diff())
+
+
+def _diff(rel, old, new, header="why\n"):
+    return header + "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}"))
+
+
+OLD = "".join(f"v{i} = {i}\n" for i in range(1, 30))
+NEW = OLD.replace("v5 = 5\n", "v5 = 'five'\nv5b = 5\n").replace("v25 = 25\n", "")
+
+
+def test_a_hunk_is_applied_at_its_own_line_numbers_only():
+    d = _diff("vllm/a.py", OLD, NEW)
+    assert vllmdiff.apply_tree(d, lambda rel: OLD) == {"vllm/a.py": NEW}
+    # the same change, the file shifted by one line: patch(1) would apply it with an offset; this refuses it
+    with pytest.raises(LabError, match=r"vllm/a.py: hunk 1 does not apply at line 2: line 2 is 'v1 = 1\\n', "
+                                       r"the diff expects 'v2 = 2\\n'"):
+        vllmdiff.apply_tree(d, lambda rel: "v0 = 0\n" + OLD)
+    with pytest.raises(LabError, match="hunk 2 does not apply"):
+        vllmdiff.apply_tree(d, lambda rel: OLD.replace("v24 = 24\n", "v24 = 'changed'\n"))
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("only prose\n", "no '--- a/' line"),
+    ("--- a/vllm/a.py\n+++ b/vllm/b.py\n@@ -1 +1 @@\n-x\n+y\n", "is not followed by"),
+    ("--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1,2 +1,2 @@\n-x\n+y\n", "ends early"),
+    ("--- a/vllm/a.py\n+++ b/vllm/a.py\n", "changes no file"),
+    ("--- a/vllm/a.py\n+++ b/vllm/a.py\nnot a hunk\n", "expected a hunk header"),
+])
+def test_a_malformed_diff_is_refused_by_name(text, msg):
+    with pytest.raises(LabError, match=msg):
+        vllmdiff.parse(text)
+
+
+def _fake_vllm(tmp_path):
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("__version__ = '0.22.1'\n")
+    (site / "vllm" / "a.py").write_text(OLD)
+    (site / "vllm" / "b.py").write_text("untouched\n")
+    d = tmp_path / "x.diff"
+    d.write_text(_diff("vllm/a.py", OLD, NEW))
+    return site, d
+
+
+def test_the_overlay_changes_the_diffs_files_only_and_never_the_installed_package(tmp_path):
+    site, d = _fake_vllm(tmp_path)
+    ov = vllmdiff.overlay(d, package=site / "vllm", base=tmp_path / "ov")
+    path = tmp_path / "ov" / os.path.basename(ov["path"])
+    assert (path / "vllm" / "a.py").read_text() == NEW and (site / "vllm" / "a.py").read_text() == OLD
+    assert (path / "vllm" / "b.py").read_text() == "untouched\n"
+    assert os.path.samefile(path / "vllm" / "b.py", site / "vllm" / "b.py")          # linked, not copied
+    assert not os.path.samefile(path / "vllm" / "a.py", site / "vllm" / "a.py")
+    assert ov["reused"] is False and set(ov["files"]) == {"vllm/a.py"}
+    assert vllmdiff.overlay(d, package=site / "vllm", base=tmp_path / "ov")["reused"] is True
+    # the overlay comes first on PYTHONPATH: that process imports the patched file, and the check says so
+    code = ("import os, vllm.a; from dflash_lab import vllmdiff; print(vllm.a.__file__); "
+            "print(vllmdiff.check_loaded())")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ov["path"], str(site), os.getcwd()]),
+               DFLASH_LAB_VLLM_DIFF=ov["path"])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == str(path / "vllm" / "a.py")
+    assert "1 changed files as stamped" in r.stdout
+
+
+def test_a_diff_that_does_not_apply_builds_nothing(tmp_path):
+    site, d = _fake_vllm(tmp_path)
+    (site / "vllm" / "a.py").write_text(OLD.replace("v4 = 4\n", "v4 = 'four'\n"))
+    with pytest.raises(LabError, match="hunk 1 does not apply"):
+        vllmdiff.overlay(d, package=site / "vllm", base=tmp_path / "ov")
+    assert not (tmp_path / "ov").exists() or not any((tmp_path / "ov").iterdir())
+
+
+def test_the_engine_side_check_refuses_a_process_that_imported_another_vllm(tmp_path):
+    site, d = _fake_vllm(tmp_path)
+    ov = vllmdiff.overlay(d, package=site / "vllm", base=tmp_path / "ov")
+    code = "from dflash_lab import vllmdiff; vllmdiff.check_loaded()"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.getcwd()]), DFLASH_LAB_VLLM_DIFF=ov["path"])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "not from the overlay" in r.stderr
+    # a changed file in the overlay is caught too
+    (tmp_path / "ov" / os.path.basename(ov["path"]) / "vllm" / "a.py").write_text(OLD)
+    env["PYTHONPATH"] = os.pathsep.join([ov["path"], str(site), os.getcwd()])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "the stamp says" in r.stderr
+
+
+@pytest.mark.parametrize("eng,msg", [
+    ({"vllm_diff": "patches/nope.diff", "hook": False}, "no such file"),
+    ({"vllm_diff": "README.md", "hook": False}, "must be the path of a .diff file"),
+    ({"vllm_diff": DIFF, "hook": False, "fix": True}, "vllm_diff and fix: true together"),
+    ({"vllm_diff": DIFF}, "vllm_diff needs hook: false"),
+    ({"vllm_diff": DIFF, "hook": False, "env": {"PYTHONPATH": "/x"}}, "leave it out of env"),
+    ({"env": {"DFLASH_LAB_VLLM_DIFF": "/x"}}, "which the runner sets from matrix keys"),
+])
+def test_bad_diff_engines_are_refused(eng, msg):
+    with pytest.raises(LabError, match=msg):
+        validate_matrix({"engines": [{"id": "a", **eng, "runs": [{"concurrency": 1}]}]}, "m.yaml")
+
+
+def _run(tmp_path, engines, site):
+    import yaml
+
+    m = {"name": "t", "worker": "fake_worker", "run_timeout_s": 4, "startup_timeout_s": 4,
+         "defaults": {"target": "tiny-dense", "hook": False}, "engines": engines}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(m))
+    out, logs = tmp_path / "runs.jsonl", tmp_path / "logs"
+    from conftest import ROOT
+    r = run_cli("dflash_lab", "run", str(tmp_path / "m.yaml"), "--out", str(out), "--logs", str(logs), timeout=300,
+                env={"PYTHONPATH": os.pathsep.join([str(site), str(ROOT), str(ROOT / "tests")]),
+                     "TMPDIR": str(tmp_path / "tmp")})
+    assert r.returncode == 0, r.stderr + r.stdout
+    return read_lines(out), {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+
+
+def test_the_runner_starts_only_the_diff_engine_on_the_overlay_and_records_it(tmp_path):
+    site, d = _fake_vllm(tmp_path)
+    (tmp_path / "tmp").mkdir()
+    lines, logs = _run(tmp_path, [{"id": "diff", "vllm_diff": str(d), "runs": [{"concurrency": 1, "rounds": 2}]},
+                                  {"id": "plain", "runs": [{"concurrency": 1}]}], site)
+    by = {l["run_id"]: l for l in lines}
+    assert [l["outcome"] for l in lines] == ["ok"] * 3
+    st = by["diff/c1/r0"]["vllm_diff_stamp"]
+    assert by["diff/c1/r1"]["vllm_diff"] == str(d) and by["plain/c1/r0"]["vllm_diff"] is None
+    assert "vllm_diff_stamp" not in by["plain/c1/r0"]
+    assert st["hunks_sha256"] == vllmdiff.hunks_sha256(d.read_text()) and list(st["files"]) == ["vllm/a.py"]
+    assert st["source"] == str((site / "vllm").resolve()) and st["path"].startswith(str(tmp_path / "tmp"))
+    assert f"DFLASH_LAB_VLLM_DIFF={st['path']} PYTHONPATH={st['path']}{os.pathsep}{site}" in logs["diff"]
+    assert "DFLASH_LAB_VLLM_DIFF= " in logs["plain"] and st["path"] not in logs["plain"]
+
+
+def test_a_diff_that_does_not_apply_ends_its_engine_with_one_clear_line_per_run(tmp_path):
+    site, d = _fake_vllm(tmp_path)
+    (tmp_path / "tmp").mkdir()
+    (site / "vllm" / "a.py").write_text(OLD.replace("v6 = 6\n", "v6 = 'six'\n"))
+    lines, logs = _run(tmp_path, [{"id": "diff", "vllm_diff": str(d), "runs": [{"concurrency": 1, "rounds": 2}]},
+                                  {"id": "plain", "runs": [{"concurrency": 1}]}], site)
+    assert [(l["run_id"], l["outcome"]) for l in lines] == [
+        ("diff/c1/r0", "startup_error"), ("diff/c1/r1", "startup_error"), ("plain/c1/r0", "ok")]
+    assert lines[0]["error"].startswith("vllm_diff: vllm/a.py: hunk 1 does not apply at line 2: line 6 is")
+    assert "diff" not in logs                                          # no engine was started for it
+    assert json.dumps(lines[0])                                        # a whole line, readable
