@@ -197,6 +197,7 @@ def write_findings(root: Path, out: Path) -> Path:
                         "evidence about the crash" if len(no_ev) else "")
                      + (f"; the fix has not run at {', '.join(map(str, never))}, where stock crashes" if never else "") + "."
                      + _part1_line(wsc))
+        fix_line += _diff_line(df, pt)
         fix_line += " " + _end_to_end_line(df)
     else:
         fix_line += f" GPU runs with it: {len(fix2)}."
@@ -631,6 +632,27 @@ def _without_asserts(keep, rope) -> str:
                    f"{'' if len(g) == 1 else 's'} {'names' if len(g) == 1 else 'name'} {k} printed "
                    + ("none" if not printed else f"only {printed}")
                    for (c, k, printed), g in groups)
+
+
+def _diff_line(df, pt, diff_path: str = "patches/vllm-0.22.1-dflash.diff") -> str:
+    """The upstream diff applied as a diff (verify-diff-tp1, s47): what held of its pre-registered predictions; ""
+    before it ran."""
+    from . import verification
+
+    if not (df["matrix"] == verification.DIFF_MATRIX).any():
+        return " The upstream diff itself has not run on the GPU (only through the plugin)."
+    dp = verification.diff_predictions(df, pt, Path(diff_path).read_text())
+    d = df[df["matrix"].isin([verification.DIFF_MATRIX, verification.DIFF_CONTROLS_MATRIX])]
+    stock = d[d["fix"] != True].sort_values("concurrency", ascending=False)  # noqa: E712
+    runs = d[(d["fix_via"] == "upstream diff") & (d["probe"] != True)]  # noqa: E712
+    by_c = ", ".join(f"{int((g['outcome'] == 'ok').sum())}/{len(g)} at {int(c)}"
+                     for c, g in sorted(runs.groupby("concurrency"), key=lambda x: -x[0]))
+    probe = dp[dp["predicted"].str.startswith("(c)")]
+    return (f" The upstream diff applied as a diff (GPU session {', '.join(sorted(set(d['gpu_session'])))}, no plugin fix; "
+            f"{int(dp['held'].sum())} of {len(dp)} predictions written before the runs held): stock controls crashed "
+            f"{int(stock['crashed'].sum())}/{len(stock)} (at {', '.join(str(int(c)) for c in stock['concurrency'])}); with the "
+            f"diff {by_c} completed"
+            + (f"; under the step probe at 8: {probe['measured'].iloc[0]}" if len(probe) else "") + ".")
 
 
 def _part1_line(wsc) -> str:

@@ -534,7 +534,8 @@ class Runner:
             env[admit.ENV] = f"{e['first_step_requests']}/{eng['runs'][0].concurrency}"
         if e["vllm_diff"]:
             try:
-                ov = self.overlays.get(e["vllm_diff"]) or vllmdiff.overlay(e["vllm_diff"])
+                ov = self.overlays.get(e["vllm_diff"])
+                ov = {**ov, "reused": True} if ov else vllmdiff.overlay(e["vllm_diff"])
             except LabError as err:
                 # the diff does not apply (or no vllm to apply it to): every run of this engine says so, none runs
                 self.log(f"{tag}: vllm_diff: {err}")

@@ -87,7 +87,7 @@ def _offline_stock_and_fix(df, acceptance):
 
 
 def fix_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
-    """Every concurrency the fix (all three parts, or part 1 alone) ran at, offline TP=1, beside stock
+    """Every concurrency the fix (all three parts, part 1 alone, or the upstream diff applied as a diff) ran at, offline TP=1, beside stock
     FULL_AND_PIECEWISE at the same concurrency over all sessions: a fix run is evidence about the crash only where
     stock crashed every run (``stock there``: "crashes", "completes", "partly", "not run"), and a same-session stock
     control that crashed names the sessions that count (``sessions with a crashed stock control``)."""
@@ -96,7 +96,8 @@ def fix_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
     stock, fixed, crashed_ctrl = _offline_stock_and_fix(df, acceptance)
     rows = []
     for label, keep in (("fix 2 (all parts)", is_fix2),
-                        ("part 1 alone", lambda r: analysis.fix_label(dict(r)) == "part 1 only: FA3 schedule refresh")):
+                        ("part 1 alone", lambda r: analysis.fix_label(dict(r)) == "part 1 only: FA3 schedule refresh"),
+                        ("the upstream diff, as a diff", lambda r: r.get("fix_via") == "upstream diff")):
         f = analysis.rows_where(fixed, keep)
         for c, g in f.groupby("concurrency"):
             st = stock[stock["concurrency"] == c]
@@ -1403,3 +1404,80 @@ def plot_admission(ax, sites, concurrency: int = 28):
                  fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
     return ax
+
+
+DIFF_MATRIX = "verify-diff-tp1"
+DIFF_CONTROLS_MATRIX = "verify-diff-controls-tp1"
+DIFF_CHECK_LINE = "vLLM with the upstream diff"   # what vllmdiff.check_loaded prints in each engine process
+
+
+def diff_check_processes(r) -> int:
+    """How many processes of a run's engine logged the overlay check (vllmdiff.check_loaded): each is a process that
+    imported vLLM from the diff's overlay and found the diff's files as stamped. 0 when the log is not recorded."""
+    log = analysis.engine_log(r)
+    if log is None:
+        return 0
+    pids = re.findall(r"dflash-lab \[(\d+)\]: " + re.escape(DIFF_CHECK_LINE), analysis.read_text(log))
+    return len(set(pids))
+
+
+def diff_predictions(df, probes, diff_text: str):
+    """``verify-diff-tp1`` (s47) and its controls against what their headers predicted before the runs, one row per
+    prediction: ``predicted``, ``measured``, ``held``. ``probes``: :func:`probe_table`; ``diff_text``: the committed
+    diff, whose hunks the runs' overlay stamps must name (the runs tested this diff's code, whatever its header says).
+
+    (a) the stock control at 32 crashed, its core naming a kernel; (b) the diff's engine completed 10 of 10 at 32,
+    3 of 3 at 8 and 3 of 3 at 20, every one of its engine processes having checked the overlay; (c) under the step
+    probe at 8 it completed and none of its FULL steps differed from the no-graph pass (largest difference 0, no NaN);
+    the controls at 8 and 20 crashed, each core naming a kernel. Raises when a matrix has no lines."""
+    import pandas as pd
+
+    from .vllmdiff import hunks_sha256
+
+    d = df[df["matrix"] == DIFF_MATRIX]
+    c = df[df["matrix"] == DIFF_CONTROLS_MATRIX]
+    if not len(d):
+        raise LabError(f"no run lines of {DIFF_MATRIX} in the data")
+    rows = []
+
+    def add(pred, measured, held):
+        rows.append({"predicted": pred, "measured": measured, "held": bool(held)})
+
+    def kernel(r):
+        f = r.get("fault")
+        return f.get("kernel") if isinstance(f, dict) else None
+
+    for what, sel, conc in (("(a) stock control", d[d["engine_id"] == "stock-control"], 32),
+                            ("control", c[c["engine_id"] == "stock-control-c20"], 20),
+                            ("control", c[c["engine_id"] == "stock-control-c8"], 8)):
+        ks = [kernel(r) for _, r in sel.iterrows()]
+        add(f"{what}, stock at {conc}: crashes, its core names a kernel",
+            f"{int(sel['crashed'].sum())} of {len(sel)} crashed; core: {', '.join(str(k) for k in ks) or '-'}",
+            len(sel) >= 1 and sel["crashed"].all() and all(ks))
+    runs = d[(d["engine_id"] == "diff-c32")]
+    for conc, need in ((32, 10), (8, 3), (20, 3)):
+        g = runs[runs["concurrency"] == conc]
+        ok = int((g["outcome"] == "ok").sum())
+        add(f"(b) the diff at {conc}: completes {need} of {need}", f"{ok} of {len(g)} completed",
+            len(g) == need and ok == need)
+    procs = [diff_check_processes(r) for _, r in d[d["fix_via"] == "upstream diff"].iterrows()]
+    add("every diff engine's processes imported the overlay and checked it (API process and engine core: 2)",
+        f"processes with the check per run: {sorted(set(procs))}", len(procs) > 0 and min(procs) >= 2)
+    stamps = {r["vllm_diff_stamp"]["hunks_sha256"] for _, r in d[d["fix_via"] == "upstream diff"].iterrows()
+              if isinstance(r.get("vllm_diff_stamp"), dict)}
+    want = hunks_sha256(diff_text)
+    add("the runs' overlay holds the committed diff's hunks", f"stamped {sorted(x[:12] for x in stamps)}, "
+        f"committed {want[:12]}", stamps == {want})
+    p = probes[(probes["gpu_session"].isin(set(d["gpu_session"]))) & (probes["fix"].str.startswith("upstream diff"))]
+    if len(p) != 1:
+        add("(c) the diff under the step probe at 8", f"{len(p)} probe logs", False)
+    else:
+        q = p.iloc[0]
+        add("(c) the diff under the step probe at 8: completes, every FULL step identical to the no-graph pass",
+            f"runs ok {q['runs ok / runs']}; {q['FULL steps diverging']} of {q['FULL steps']} FULL steps diverging "
+            f"(up to {q['max requests in a FULL step']} requests), largest difference {q['max |output diff|']}, "
+            f"first NaN step {q['first NaN step'] if pd.notna(q['first NaN step']) else 'none'}, "
+            f"{q['violations']} canary violations",
+            q["runs ok / runs"] == "1/1" and q["FULL steps"] > 0 and q["FULL steps diverging"] == 0
+            and q["max |output diff|"] == 0 and pd.isna(q["first NaN step"]))
+    return pd.DataFrame(rows, columns=["predicted", "measured", "held"])

@@ -1,5 +1,7 @@
 """The fix-verification tables, on the recorded GPU data and on small hand-made frames."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -808,3 +810,52 @@ def test_plot_admission_draws_every_run_and_refuses_none():
     with pytest.raises(LabError, match="at concurrency 64"):
         V.plot_admission(plt.subplots()[1], sites, 64)
     plt.close("all")
+
+
+def _diff_case():
+    df = analysis.load_runs()
+    d = df[df["matrix"].isin([V.DIFF_MATRIX, V.DIFF_CONTROLS_MATRIX])].copy()
+    return df, d, V.probe_table(df), Path("patches/vllm-0.22.1-dflash.diff").read_text()
+
+
+def _failed(t):
+    """The first 30 characters of each prediction that did not hold."""
+    return list(t.loc[~t["held"], "predicted"].str[:30])
+
+
+def test_the_recorded_diff_test_held_as_pre_registered():
+    """s47 (verify-diff-tp1 and its controls): stock crashed at 32, 20 and 8; vLLM with the upstream diff applied as a
+    diff completed 10/10 at 32 and 3/3 at 8 and 20, its probe at 8 bit-identical to the no-graph pass."""
+    df, d, pt, text = _diff_case()
+    t = V.diff_predictions(df, pt, text)
+    assert len(t) == 9 and t["held"].all(), t
+    assert d["gpu_session"].nunique() == 1 and (d.loc[d["fix_via"] == "upstream diff", "fix"] == True).all()  # noqa: E712
+    # the analysis never counts the diff's runs as stock: they are fixed runs of their own label
+    assert not len(analysis.stock_full(d[d["fix_via"] == "upstream diff"], acceptance=None))
+    w = V.fix_where_stock_crashes(df)
+    w = w[w["fix"] == "the upstream diff, as a diff"].set_index("concurrency")
+    assert w["fix completed / runs"].to_dict() == {8: "3/3", 20: "3/3", 32: "10/10"}
+    assert set(w["sessions with a crashed stock control"]) == {"2026-12-03-s47"}
+
+
+def test_diff_predictions_fail_on_a_crash_a_missing_check_another_diff_or_a_diverging_step(monkeypatch):
+    df, d, pt, text = _diff_case()
+    i = df.index[(df["matrix"] == V.DIFF_MATRIX) & (df["run_id"] == "diff-c32/c32/r3")][0]
+    bad = df.copy()
+    bad.loc[i, ["outcome", "crashed"]] = ["crash", True]
+    assert _failed(V.diff_predictions(bad, pt, text)) == ["(b) the diff at 32: completes "]
+    j = df.index[(df["matrix"] == V.DIFF_CONTROLS_MATRIX) & (df["engine_id"] == "stock-control-c8")][0]
+    bad = df.copy()
+    bad.loc[j, ["outcome", "crashed"]] = ["ok", False]                 # a control that completed is no control
+    assert _failed(V.diff_predictions(bad, pt, text)) == ["control, stock at 8: crashes, "]
+    # another diff than the one the runs stamped
+    other = text.replace("+        own = getattr(self", "+        own = getattr(self  ", 1)
+    assert _failed(V.diff_predictions(df, pt, other)) == ["the runs' overlay holds the co"]
+    p = pt.copy()
+    k = p.index[p["fix"].str.startswith("upstream diff")][0]
+    p.loc[k, "FULL steps diverging"] = 1
+    assert _failed(V.diff_predictions(df, p, text)) == ["(c) the diff under the step pr"]
+    monkeypatch.setattr(V, "diff_check_processes", lambda r: 1)          # only one process checked the overlay
+    assert _failed(V.diff_predictions(df, pt, text)) == ["every diff engine's processes "]
+    with pytest.raises(LabError, match="no run lines of verify-diff-tp1"):
+        V.diff_predictions(df[df["matrix"] != V.DIFF_MATRIX], pt, text)
