@@ -16,7 +16,8 @@ set -euo pipefail
 SRC=${1:-.gpu-parts}; DST=${2:-.gpu-parts-fit}
 [ -f "$SRC/assemble.sh" ] && [ -f "$SRC/SHA256" ] || { echo "fit-parts: $SRC has no staged parts (run ../shared/gpu/stage.sh $SRC)" >&2; exit 2; }
 # the checkout as an archive (headers and 512-byte padding included: many small files cost more than their bytes)
-tree_kib=$(( $( (git ls-files -z; git ls-files -z --others --exclude-standard) | tar --null -T - -cf - 2>/dev/null | wc -c) / 1024 ))
+# (tracked files missing from the tree are skipped: a session may move data/gpu/ aside, which the host never reads)
+tree_kib=$(( $( (git ls-files -z; git ls-files -z --others --exclude-standard) | tar --null --ignore-failed-read -T - -cf - 2>/dev/null | wc -c) / 1024 ))
 part=$(( (64 * 1024 - tree_kib - ${FIT_MARGIN_MIB:-5} * 1024) * 1024 ))
 [ "$part" -gt $(( 8 * 1024 * 1024 )) ] || { echo "fit-parts: the checkout ($tree_kib KiB) leaves no room for a part" >&2; exit 2; }
 total=$(cat "$SRC"/p[0-9] | wc -c)
