@@ -28,7 +28,10 @@ def as_fix(r: dict) -> dict:
     ``vllm_diff``; the plugin's fix off, so its line says ``fix: false``) had the fix, all three parts, as the diff's
     hunks: ``fix`` True, ``fix_parts`` all of them, and ``fix_via`` says how ("plugin" or "upstream diff"). Every
     table that separates stock from fixed runs then leaves the diff's runs out of stock."""
+    r["plugin_fix"] = bool(r.get("fix"))             # what the line itself says: the plugin's fix on or off
     if r.get("vllm_diff"):
+        if r["plugin_fix"]:
+            raise LabError(f"run {r.get('run_id')}: both the upstream diff and the plugin's fix (the runner refuses that)")
         r.update(fix=True, fix_parts=list(FIX_PARTS), fix_via="upstream diff")
     elif r.get("fix"):
         r["fix_via"] = "plugin"

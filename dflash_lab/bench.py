@@ -56,6 +56,8 @@ def mode_of(r) -> str:
     if cg == "PIECEWISE":
         return "DFlash PIECEWISE"
     if cg == "FULL_AND_PIECEWISE":
+        if isinstance(r.get("vllm_diff"), str) and r.get("vllm_diff"):
+            return "DFlash FULL (upstream diff)"   # the fix as the diff, the plugin's off (analysis.as_fix)
         if not r.get("fix"):
             return "DFlash FULL (stock)"
         parts = set(r.get("fix_parts") or ())
@@ -72,7 +74,7 @@ def engine_mode(e: dict) -> str:
     from .runner import FIX_PARTS
 
     return mode_of({"spec_method": e["spec_method"], "num_speculative_tokens": e["num_speculative_tokens"],
-                    "enforce_eager": e["enforce_eager"], "fix": e["fix"],
+                    "enforce_eager": e["enforce_eager"], "fix": e["fix"], "vllm_diff": e.get("vllm_diff"),
                     "cudagraph_mode": None if e["enforce_eager"] else e["cudagraph_mode"],
                     "fix_parts": [p for p in FIX_PARTS if p in (e["fix_parts"] or FIX_PARTS)] if e["fix"] else None})
 

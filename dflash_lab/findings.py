@@ -634,25 +634,33 @@ def _without_asserts(keep, rope) -> str:
                    for (c, k, printed), g in groups)
 
 
-def _diff_line(df, pt, diff_path: str = "patches/vllm-0.22.1-dflash.diff") -> str:
-    """The upstream diff applied as a diff (verify-diff-tp1, s47): what held of its pre-registered predictions; ""
-    before it ran."""
+def _diff_line(df, pt) -> str:
+    """The upstream diff applied as a diff (verify-diff-tp1, s47): what held of its pre-registered predictions and
+    integrity checks, or that it has not run. The diff's text is :func:`patch.upstream_diff` (what the committed file
+    holds: tests/test_patch.py)."""
     from . import verification
+    from .patch import upstream_diff
 
-    if not (df["matrix"] == verification.DIFF_MATRIX).any():
+    if "matrix" not in df or not (df["matrix"] == verification.DIFF_MATRIX).any():
         return " The upstream diff itself has not run on the GPU (only through the plugin)."
-    dp = verification.diff_predictions(df, pt, Path(diff_path).read_text())
+    dp = verification.diff_predictions(df, pt, upstream_diff())
     d = df[df["matrix"].isin([verification.DIFF_MATRIX, verification.DIFF_CONTROLS_MATRIX])]
     stock = d[d["fix"] != True].sort_values("concurrency", ascending=False)  # noqa: E712
     runs = d[(d["fix_via"] == "upstream diff") & (d["probe"] != True)]  # noqa: E712
     by_c = ", ".join(f"{int((g['outcome'] == 'ok').sum())}/{len(g)} at {int(c)}"
-                     for c, g in sorted(runs.groupby("concurrency"), key=lambda x: -x[0]))
+                     for c, g in runs.groupby("concurrency", sort=False))   # in the order the runs ran
     probe = dp[dp["predicted"].str.startswith("(c)")]
     return (f" The upstream diff applied as a diff (GPU session {', '.join(sorted(set(d['gpu_session'])))}, no plugin fix; "
-            f"{int(dp['held'].sum())} of {len(dp)} predictions written before the runs held): stock controls crashed "
+            f"{_held_of(dp, 'pre-registered')} predictions written before the runs held, and "
+            f"{_held_of(dp, 'integrity check')} checks that each engine process ran the committed diff's code): stock controls crashed "
             f"{int(stock['crashed'].sum())}/{len(stock)} (at {', '.join(str(int(c)) for c in stock['concurrency'])}); with the "
-            f"diff {by_c} completed"
+            f"diff {by_c} completed (one engine start, in that order)"
             + (f"; under the step probe at 8: {probe['measured'].iloc[0]}" if len(probe) else "") + ".")
+
+
+def _held_of(dp, kind: str) -> str:
+    k = dp[dp["kind"] == kind]
+    return f"{int(k['held'].sum())} of {len(k)}"
 
 
 def _part1_line(wsc) -> str:

@@ -348,7 +348,8 @@ Verified on one H200 as this diff (GPU session 2026-12-03-s47, data/runs/2026-12
 matrices/verify-diff-tp1.yaml, predictions written before the runs): the engine started on a copy of the vLLM
 0.22.1 package with these hunks applied, each at its own line numbers, no fuzz (dflash_lab/vllmdiff.py), and
 no plugin fix. Stock controls in the same session crashed at 32, 20 and 8 (cores: the DFlash input kernel
-twice, the GDN kernel at 8); with the diff 10/10 runs at concurrency 32, 3/3 at 8 and 3/3 at 20 completed, and
+twice, the GDN kernel at 8); with the diff 10/10 runs at concurrency 32, then 3/3 at 8 and 3/3 at 20 completed
+(one engine start), and
 under the step probe at 8 all 279 FULL-graph steps were identical to the no-graph pass (largest difference 0).
 Before that, the same change applied through the dflash_lab plugin:
 GPU session 2026-11-30-s14 (data/runs/2026-11-30_h200_verify-fix-{a,b,c}-tp1.jsonl): the stock control
@@ -368,9 +369,9 @@ greedy tokens and log-probabilities identical to a PIECEWISE engine's (data/gpu/
 data/gpu/2026-12-01_h200_repro-min-6). GPU session 2026-11-30-s22 (verify-fix-e{1,2}): stock controls
 at 8 and 20 crashed; with the change 3/3 each at 8, 20, 24 and 28 completed (hunk 1 alone: 3/3 at 8
 and at 20), where stock crashed in every run (plain runs: 8: 6/6, 20: 4/4, 24: 4/4, 28: 4/4 over s19-s22). On the
-OpenAI server the plugin's change completed every run of issue 11's benchmark (GPU sessions s24-s34: 128
-measured runs and 30 warm-ups at concurrency 1-64, acceptance 1.86-6.0; a benchmark, not a crash test with
-its own stock control). Not measured: this diff on the server path, TP > 1, real weights. Stock also crashed 3/3 at 64 (s20), in a later session than
+OpenAI server the plugin's change completed every run of issue 11's benchmark (GPU sessions s24-s34: 158
+runs, warm-ups included, at concurrency 1-64, acceptance 1.86-6.0; a benchmark, not a crash test with its
+own stock control). Not measured: this diff on the server path, TP > 1, real weights. Stock also crashed 3/3 at 64 (s20), in a later session than
 the fix's 3/3 there, but completed at 16 (3/3 without the launch hook in s21), so the fix's 3/3 at 16 is no evidence.
 """
 

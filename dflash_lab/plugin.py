@@ -32,8 +32,8 @@ def register() -> None:
     from . import vllmdiff
 
     if os.environ.get(vllmdiff.ENV) and "vllm_diff" not in _done:
+        log_once(vllmdiff.check_loaded())   # raises in a process that did not import the overlay (and is not marked done)
         _done.add("vllm_diff")
-        log_once(vllmdiff.check_loaded())   # raises in a process that did not import the overlay
 
     if fix_enabled() and "fix" not in _done:
         _done.add("fix")

@@ -545,7 +545,8 @@ class Runner:
             self.overlays[e["vllm_diff"]] = ov
             env["PYTHONPATH"] = os.pathsep.join(x for x in (ov["path"], env.get("PYTHONPATH")) if x)
             env[vllmdiff.ENV] = ov["path"]
-            self.log(f"{tag}: vllm_diff {e['vllm_diff']} ({'reused' if ov['reused'] else 'built'} overlay {ov['path']})")
+            self.log(f"{tag}: vllm_diff {e['vllm_diff']} ({'reused' if ov['reused'] else 'built'} overlay {ov['path']}"
+                     + (f"; {ov.get('linked')} files linked, {ov.get('copied')} copied" if not ov["reused"] else "") + ")")
         if e["canary"]:
             env["DFLASH_LAB_CANARY"] = "1"
         if e["fix"]:

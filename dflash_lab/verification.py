@@ -1423,7 +1423,8 @@ def diff_check_processes(r) -> int:
 
 def diff_predictions(df, probes, diff_text: str):
     """``verify-diff-tp1`` (s47) and its controls against what their headers predicted before the runs, one row per
-    prediction: ``predicted``, ``measured``, ``held``. ``probes``: :func:`probe_table`; ``diff_text``: the committed
+    prediction: ``kind`` ("pre-registered": in the header before the runs; "integrity check": that the instrument did what
+    it says, written after), ``predicted``, ``measured``, ``held``. ``probes``: :func:`probe_table`; ``diff_text``: the committed
     diff, whose hunks the runs' overlay stamps must name (the runs tested this diff's code, whatever its header says).
 
     (a) the stock control at 32 crashed, its core naming a kernel; (b) the diff's engine completed 10 of 10 at 32,
@@ -1440,8 +1441,8 @@ def diff_predictions(df, probes, diff_text: str):
         raise LabError(f"no run lines of {DIFF_MATRIX} in the data")
     rows = []
 
-    def add(pred, measured, held):
-        rows.append({"predicted": pred, "measured": measured, "held": bool(held)})
+    def add(pred, measured, held, kind="pre-registered"):
+        rows.append({"kind": kind, "predicted": pred, "measured": measured, "held": bool(held)})
 
     def kernel(r):
         f = r.get("fault")
@@ -1461,13 +1462,15 @@ def diff_predictions(df, probes, diff_text: str):
         add(f"(b) the diff at {conc}: completes {need} of {need}", f"{ok} of {len(g)} completed",
             len(g) == need and ok == need)
     procs = [diff_check_processes(r) for _, r in d[d["fix_via"] == "upstream diff"].iterrows()]
+    # the header predicted the check in the engine log; that every process of every run logged it is stricter, and
+    # was written after the runs: an integrity check of the instrument, like the stamp below, not a prediction
     add("every diff engine's processes imported the overlay and checked it (API process and engine core: 2)",
-        f"processes with the check per run: {sorted(set(procs))}", len(procs) > 0 and min(procs) >= 2)
+        f"processes with the check per run: {sorted(set(procs))}", len(procs) > 0 and min(procs) >= 2, "integrity check")
     stamps = {r["vllm_diff_stamp"]["hunks_sha256"] for _, r in d[d["fix_via"] == "upstream diff"].iterrows()
               if isinstance(r.get("vllm_diff_stamp"), dict)}
     want = hunks_sha256(diff_text)
     add("the runs' overlay holds the committed diff's hunks", f"stamped {sorted(x[:12] for x in stamps)}, "
-        f"committed {want[:12]}", stamps == {want})
+        f"committed {want[:12]}", stamps == {want}, "integrity check")
     p = probes[(probes["gpu_session"].isin(set(d["gpu_session"]))) & (probes["fix"].str.startswith("upstream diff"))]
     if len(p) != 1:
         add("(c) the diff under the step probe at 8", f"{len(p)} probe logs", False)
@@ -1480,4 +1483,4 @@ def diff_predictions(df, probes, diff_text: str):
             f"{q['violations']} canary violations",
             q["runs ok / runs"] == "1/1" and q["FULL steps"] > 0 and q["FULL steps diverging"] == 0
             and q["max |output diff|"] == 0 and pd.isna(q["first NaN step"]))
-    return pd.DataFrame(rows, columns=["predicted", "measured", "held"])
+    return pd.DataFrame(rows, columns=["kind", "predicted", "measured", "held"])

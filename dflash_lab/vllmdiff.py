@@ -51,11 +51,29 @@ class Hunk:
         return [x[1:] for x in self.lines if x[0] in " +"]
 
 
+def _lines(text: str) -> list[str]:
+    """``text`` cut after each newline only (``str.splitlines`` also cuts at form feeds and other separators a
+    source file may hold inside a string)."""
+    parts = text.split("\n")
+    out = [x + "\n" for x in parts[:-1]]
+    return out + ([parts[-1]] if parts[-1] else [])
+
+
+def _read(path) -> str:
+    with open(path, newline="") as f:   # no newline translation: a CRLF file stays CRLF, and a hunk must match it
+        return f.read()
+
+
 def hunks_text(diff_text: str) -> str:
-    """The diff from its first ``--- a/`` line on: the code change without the prose header above it."""
+    """The diff from its first ``--- a/`` line on: the code change without the prose header above it. A file or hunk
+    header of another form in the prose (``--- /dev/null``, a new file) is refused, not skipped."""
     m = re.search(r"^--- a/", diff_text, re.M)
     if m is None:
         raise LabError("the diff has no '--- a/' line: no file to change")
+    for n, line in enumerate(_lines(diff_text[:m.start()]), 1):
+        if line.startswith(("--- ", "+++ ", "@@ ")):
+            raise LabError(f"diff line {n}: {line.rstrip()!r} before the first '--- a/' file header; only changes to "
+                           "existing files (--- a/X, +++ b/X) are taken")
     return diff_text[m.start():]
 
 
@@ -65,7 +83,7 @@ def hunks_sha256(diff_text: str) -> str:
 
 def parse(diff_text: str) -> dict[str, list[Hunk]]:
     """``{relative path: hunks}`` of a unified diff (``--- a/X`` / ``+++ b/X`` pairs; X the same on both sides)."""
-    lines = hunks_text(diff_text).splitlines(True)
+    lines = _lines(hunks_text(diff_text))
     files: dict[str, list[Hunk]] = {}
     i, cur = 0, None
     while i < len(lines):
@@ -77,6 +95,8 @@ def parse(diff_text: str) -> dict[str, list[Hunk]]:
                 raise LabError(f"diff line {i + 1}: '--- a/{old}' is not followed by '+++ b/{old}'")
             if old in files:
                 raise LabError(f"diff line {i + 1}: {old} appears twice")
+            if old.startswith("/") or ".." in old.split("/") or not old.startswith("vllm/"):
+                raise LabError(f"diff line {i + 1}: {old}: only files inside the vllm package (vllm/...) are taken")
             cur = files[old] = []
             i += 2
             continue
@@ -105,7 +125,7 @@ def parse(diff_text: str) -> dict[str, list[Hunk]]:
 
 def apply_text(rel: str, old_text: str, hunks: list[Hunk]) -> str:
     """``old_text`` with ``hunks`` applied at exactly their line numbers (no fuzz, no offset)."""
-    src = old_text.splitlines(True)
+    src = _lines(old_text)
     out, pos = [], 0                                   # pos: index in src of the next line not yet copied
     for n, h in enumerate(hunks, 1):
         start = h.old_start - 1 if h.old_len else h.old_start
@@ -144,14 +164,22 @@ def installed_package() -> Path:
     return pkg
 
 
-def _link_tree(src: Path, dst: Path) -> None:
+def _link_tree(src: Path, dst: Path) -> tuple[int, int]:
+    """``dst`` as ``src`` without ``__pycache__``: files hard-linked, copied where a link cannot be made (another file
+    system). Returns (linked, copied), which the stamp records. Nothing may ever write into a linked file in place:
+    that would write into the installed package (the diff's files are unlinked and written anew)."""
+    n = {"linked": 0, "copied": 0}
+
     def link(s, d):
         try:
             os.link(s, d)
+            n["linked"] += 1
         except OSError:
             shutil.copy2(s, d)
+            n["copied"] += 1
     shutil.copytree(src, dst, copy_function=link, symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
+    return n["linked"], n["copied"]
 
 
 def overlay(diff_path: str | os.PathLike, package: str | os.PathLike | None = None,
@@ -172,36 +200,48 @@ def overlay(diff_path: str | os.PathLike, package: str | os.PathLike | None = No
         p = root / rel
         if not p.is_file():
             raise LabError(f"{rel}: the diff changes a file the installed vllm ({pkg}) does not have")
-        return p.read_text()
+        return _read(p)
 
     new = apply_tree(text, read)                       # refuses a diff that does not apply: nothing is built
-    for rel in new:
-        if not rel.startswith("vllm/"):
-            raise LabError(f"{rel}: the diff changes a file outside the vllm package")
     files = {rel: _sha(t) for rel, t in sorted(new.items())}
-    key = hashlib.sha256(json.dumps([str(pkg), files], sort_keys=True).encode()).hexdigest()[:16]
+    # the installed distribution's RECORD: a reinstalled vLLM at the same path gets an overlay of its own, not one
+    # whose other files are links to the replaced package's
+    records = sorted(root.glob("vllm-*.dist-info/RECORD"))
+    installed = hashlib.sha256(b"".join(r.read_bytes() for r in records)).hexdigest() if records else None
+    key = hashlib.sha256(json.dumps([str(pkg), installed, files], sort_keys=True).encode()).hexdigest()[:16]
     base = Path(base) if base else Path(tempfile.gettempdir())
     dest = base / f"dflash-lab-vllm-diff-{key}"
-    stamp = {"path": str(dest), "source": str(pkg), "diff": str(diff_path), "diff_sha256": _sha(text),
-             "hunks_sha256": hunks_sha256(text), "files": files}
-    if (dest / STAMP).is_file():
+    stamp = {"path": str(dest), "source": str(pkg), "installed_record_sha256": installed, "diff": str(diff_path),
+             "diff_sha256": _sha(text), "hunks_sha256": hunks_sha256(text), "files": files}
+
+    def existing():
         old = json.loads((dest / STAMP).read_text())
-        if old.get("files") == files and old.get("source") == str(pkg):
+        if old.get("files") == files and old.get("source") == str(pkg) and old.get("installed_record_sha256") == installed:
             return {**old, "diff": str(diff_path), "diff_sha256": stamp["diff_sha256"], "reused": True}
         raise LabError(f"{dest}: an overlay with other contents is already there; remove it")
-    base.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".vllm-diff-", dir=base))
+
+    if (dest / STAMP).is_file():
+        return existing()
+    scratch = None
     try:
-        _link_tree(pkg, scratch / "vllm")
+        base.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".vllm-diff-", dir=base))
+        stamp["linked"], stamp["copied"] = _link_tree(pkg, scratch / "vllm")
         for rel, t in new.items():
             p = scratch / rel
             p.unlink()                                 # a hard link to the installed file: never write through it
-            p.write_text(t)
+            with open(p, "w", newline="") as f:
+                f.write(t)
         (scratch / STAMP).write_text(json.dumps(stamp, indent=1))
         os.rename(scratch, dest)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
+        scratch = None
+    except OSError as e:
+        if (dest / STAMP).is_file():                   # another runner built the same overlay meanwhile
+            return existing()
+        raise LabError(f"cannot build the vllm overlay in {base}: {e}") from e
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return {**stamp, "reused": False}
 
 
@@ -222,7 +262,7 @@ def check_loaded(path: str | None = None) -> str:
         raise LabError(f"{ENV}={path}: this process imported vllm from {loaded}, not from the overlay "
                        "(PYTHONPATH must put the overlay first)")
     for rel, sha in stamp["files"].items():
-        got = _sha((Path(path) / rel).read_text())
+        got = _sha(_read(Path(path) / rel))
         if got != sha:
             raise LabError(f"{ENV}={path}: {rel} has sha256 {got[:12]}, the stamp says {sha[:12]}")
     return (f"vLLM with the upstream diff (hunks sha256 {stamp['hunks_sha256'][:12]}): vllm imported from {loaded}, "

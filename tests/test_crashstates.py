@@ -28,8 +28,9 @@ def test_path_rates_counts_only_natural_stock_runs():
     k, n = C.parse_rate(r.loc["offline, TP=1", 32])
     assert k == n >= 15
     # s21: a plain c16 (keep-running core dumps are passive) joined the hooked runs, so the cell is no longer marked;
-    # c8 crashed 3/3 in s20, 3/3 in s22, 1/1 in s39 and 3/3 in s40, where 12 and 16 complete: not monotonic
-    assert r.loc["offline, TP=1", 16] == "0/8" and r.loc["offline, TP=1", 8] == "10/10" and r.loc["offline, TP=1", 12] == "0/4"
+    # c8 crashed 3/3 in s20, 3/3 in s22, 1/1 in s39, 3/3 in s40 and 1/1 in s47 (the stock control beside the upstream
+    # diff), where 12 and 16 complete: not monotonic
+    assert r.loc["offline, TP=1", 16] == "0/8" and r.loc["offline, TP=1", 8] == "11/11" and r.loc["offline, TP=1", 12] == "0/4"
     # s22's one-run looks at 6 and 10 get columns of their own: no concurrency a stock run recorded is left out
     assert r.loc["offline, TP=1", 6] == "0/1" and r.loc["offline, TP=1", 10] == "0/1"
     assert [c for c in r.columns if isinstance(c, int)] == [1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 64]
@@ -41,7 +42,7 @@ def test_path_rates_counts_only_natural_stock_runs():
     kern = r.loc["offline, TP=1", "faulting kernel (core dump)"]
     assert kern.startswith("copy_and_expand_dflash_inputs_kernel (") and "triton_poi_fused_2 (2)" in kern
     # s22: the stock control at 8 faulted first in the target's GDN kernel; s40: both snapshot engines at 8 too
-    assert "fused_sigmoid_gating_delta_rule_update_kernel (3)" in kern
+    assert "fused_sigmoid_gating_delta_rule_update_kernel (4)" in kern   # and s47's control at 8
     assert all(v == "not run" or "/" in v for v in r[32])  # a path without runs says so
     assert r.loc["server, TP=1", 32] == "5/5"
 
@@ -87,10 +88,11 @@ def test_threshold_states_s20():
     assert len(early) >= 4 and (early["finished before the step"] == 0).all() and (early["finished since the previous step"] == 0).all()
     c8 = st[st["concurrency"] == 8]
     # three crash steps from s20, three from s22 (threshold2 and verify-fix-e's control), one from s39's untapped
-    # engine with the schedule snapshot (probe-padding) and three from s40's (probe-padding, snap-coredump), all alike
-    assert len(c8) == 10 and set(c8["scheduled tokens"]) == {112} and (c8["finished since the previous step"] == 0).all()
+    # engine with the schedule snapshot (probe-padding), three from s40's (probe-padding, snap-coredump) and one from
+    # s47's control beside the upstream diff (verify-diff-controls), all alike
+    assert len(c8) == 11 and set(c8["scheduled tokens"]) == {112} and (c8["finished since the previous step"] == 0).all()
     assert sorted(c8["file"].str.extract(r"_h200_(\w+?)-")[0]) == (["probe"] * 2 + ["snap"] * 2 + ["threshold"] * 3
-                                                                   + ["threshold2"] * 2 + ["verify"])
+                                                                   + ["threshold2"] * 2 + ["verify"] * 2)
 
     # the server's and fixed runs are not in the offline rows
     assert not st["run"].str.startswith("server").any() and not st["run"].str.startswith("fix").any()
@@ -102,13 +104,14 @@ def test_keep_running_core_dumps_print_the_device_asserts():
     """s20: with the driver's skip_abort the process lives on after the core dump and prints the failed device asserts,
     the two position-index bounds of the drafter's RoPE kernel; the runs whose process the driver ended print none.
     s22: where the core names the DFlash input kernel or the RoPE kernel, both asserts print; the c8 control whose core
-    names the target's GDN kernel printed none. s40 (snap-coredump-tp1): the same split, 2 and 2."""
+    names the target's GDN kernel printed none. s40 (snap-coredump-tp1): the same split, 2 and 2; s47 (the controls beside the
+    upstream diff): 2 and 1."""
     ft = analysis.fault_table(analysis.load_runs())
     keep = ft[ft["cell"].str.contains("keep running")]
-    assert len(keep) == 9
+    assert len(keep) == 12   # s47: the stock controls beside the upstream diff at 32, 20 and 8
     rope = analysis.compiled_kernel("triton_poi_fused_2")["device_asserts"]
     gdn = keep["faulting kernel"] == "fused_sigmoid_gating_delta_rule_update_kernel"
-    assert sorted(keep.loc[gdn, "run"]) == ["stock-control-c8/c8/r0", "stock-snap-core-c8/c8/r0", "stock-snap-core-c8/c8/r1"]
+    assert sorted(keep.loc[gdn, "run"]) == ["stock-control-c8/c8/r0"] * 2 + ["stock-snap-core-c8/c8/r0", "stock-snap-core-c8/c8/r1"]
     assert (keep.loc[gdn, "device asserts (engine log)"] == "").all() and set(keep.loc[gdn, "concurrency"]) == {8}
     for text in keep.loc[~gdn, "device asserts (engine log)"]:
         assert all(a in text for a in rope)
@@ -189,12 +192,12 @@ def test_empty_steps_bound():
 
 
 def test_concurrency_8_crash_steps_show_many_empty_steps():
-    """s20, s22, s39 and s40, concurrency 8: every crash step's dump has 7 requests past the bound by 13-27 steps; the
+    """s20, s22, s39, s40 and s47, concurrency 8: every crash step's dump has 7 requests past the bound by 13-27 steps; the
     report's crash B and the early crashes at 20 and 28 show none."""
     st = C.threshold_states(analysis.load_runs())
     c8 = st[st["concurrency"] == 8]
-    assert len(c8) == 10 and (c8["requests with empty steps"] == 7).all()
-    assert sorted(c8["empty steps per request (at least)"]) == ["13..24", "16..25"] + ["16..27"] * 8
+    assert len(c8) == 11 and (c8["requests with empty steps"] == 7).all()
+    assert sorted(c8["empty steps per request (at least)"]) == ["13..24", "16..25"] + ["16..27"] * 9
     early = st[st["concurrency"].isin([20, 28])]
     assert (early["requests with empty steps"] == 0).all()
     t = C.side_by_side(analysis.load_runs())

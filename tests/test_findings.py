@@ -111,15 +111,15 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "Every decided prediction held" in text
     assert "4/4 requests identical to the PIECEWISE reference" in text and "not attributed" not in text
     # s19: the offline counts stay offline, the server path has its own line with what its clients saw
-    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 21/21 crashed" in text
+    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 22/22 crashed" in text
     # s20-s21: every other concurrency with its own count; s21's plain 16 joined the hooked runs
-    assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 10/10 crashed" in text
+    assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 11/11 crashed" in text
     assert "16: 0/8 crashed (0/3 with core dump on (keep running); 0/3 with launch hook; 0/2 plain)" in text
     assert "6: 0/1 crashed (0/1 plain)" in text and "10: 0/1 crashed (0/1 plain)" in text
     assert "24: 4/4 crashed (3/3 with core dump on; 1/1 plain)" in text
     # s21: not monotonic, and the acceptance-8.8 runs counted apart, never pooled with 1.86
     # s22 ran 8, 10, 12 and 16 in one session
-    assert ("Not monotonic in concurrency in the runs so far: 8 (s20, s22, s39, s40) crashed where 10 (s22), 12 (s21, s22), 16 (s21, "
+    assert ("Not monotonic in concurrency in the runs so far: 8 (s20, s22, s39, s40, s47) crashed where 10 (s22), 12 (s21, s22), 16 (s21, "
             "s22, a session before labels) completed (each of these concurrencies also ran in GPU session s22).") in text
     assert "the first draft position was accepted in 100% of drafts, so no step rejected every draft" in text
     # TP=1's: at TP=2 stock crashed at 16 (s27), where the fix has not run
@@ -128,9 +128,10 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "completes too") in text and "the fix has not run at" not in text
     assert ("Part 1 alone there: 3/3 at concurrency 8 (s22, whose stock control crashed), 3/3 at concurrency 20 (s22, whose "
             "stock control crashed), 3/3 at concurrency 32 (s16, whose stock control crashed).") in text
-    # s22: the c8 control's core names the target's GDN kernel and its log has no RoPE assert; s40's two at 8 the same
-    assert ("in 6 of 9 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
-    assert "; the 3 at concurrency 8 whose cores name fused_sigmoid_gating_delta_rule_update_kernel printed none" in text
+    # s22: the c8 control's core names the target's GDN kernel and its log has no RoPE assert; s40's two at 8 and s47's
+    # control (beside the upstream diff) the same; s47's controls at 32 and 20 printed both
+    assert ("in 8 of 12 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
+    assert "; the 4 at concurrency 8 whose cores name fused_sigmoid_gating_delta_rule_update_kernel printed none" in text
     assert text.count("whose core names fused_sigmoid_gating") + text.count("whose cores name fused_sigmoid_gating") == 1
     assert "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: concurrency 16: 0/3 crashed" in text
     # the fix's runs at 16 are where stock completes: said once, in the sentence that sets each fix concurrency beside stock
@@ -219,7 +220,7 @@ def test_the_findings_state_tp2_beside_tp1_s27():
 
     df = analysis.load_runs()
     text = findings._tp2_clause(df, *_tp2_inputs(df))
-    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 21/21)" in text
+    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 22/22)" in text
     assert "(2 x NVIDIA H200; " in text
     assert "core dumps name copy_and_expand_dflash_inputs_kernel (1), triton_poi_fused_3 (3)" in text
     assert "in 4 of 4 every rank's core names the same kernel" in text

@@ -169,3 +169,102 @@ def test_a_diff_that_does_not_apply_ends_its_engine_with_one_clear_line_per_run(
     assert lines[0]["error"].startswith("vllm_diff: vllm/a.py: hunk 1 does not apply at line 2: line 6 is")
     assert "diff" not in logs                                          # no engine was started for it
     assert json.dumps(lines[0])                                        # a whole line, readable
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("why\n--- /dev/null\n+++ b/vllm/new.py\n@@ -0,0 +1 @@\n+x\n--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1 +1 @@\n-a\n+b\n",
+     "before the first '--- a/' file header"),
+    ("--- a/vllm/../../etc/x\n+++ b/vllm/../../etc/x\n@@ -1 +1 @@\n-a\n+b\n", "only files inside the vllm package"),
+    ("--- a/setup.py\n+++ b/setup.py\n@@ -1 +1 @@\n-a\n+b\n", "only files inside the vllm package"),
+    ("--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1,1 +1,1 @@\n-a\n-b\n+c\n", "counts 2 old and 1 new lines"),
+])
+def test_a_new_file_a_path_outside_vllm_or_a_miscounted_hunk_is_refused(text, msg):
+    with pytest.raises(LabError, match=msg):
+        vllmdiff.parse(text)
+
+
+def test_overlapping_hunks_are_refused():
+    h = "--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -2,2 +2,2 @@\n v2 = 2\n-v3 = 3\n+v3 = 'x'\n@@ -3,1 +3,1 @@\n-v3 = 3\n+v3 = 'y'\n"
+    with pytest.raises(LabError, match="hunk 2 .* overlaps the hunk before it"):
+        vllmdiff.apply_tree(h, lambda rel: OLD)
+
+
+def test_a_form_feed_inside_a_line_is_not_a_line_break():
+    old = "a = '\x0c'\nb = 1\n"
+    d = "--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -2 +2 @@\n-b = 1\n+b = 2\n"
+    assert vllmdiff.apply_tree(d, lambda rel: old) == {"vllm/a.py": "a = '\x0c'\nb = 2\n"}
+
+
+def test_a_failed_build_leaves_no_scratch_and_another_overlay_is_not_overwritten(tmp_path, monkeypatch):
+    site, d = _fake_vllm(tmp_path)
+
+    def boom(src, dst):
+        dst.mkdir(parents=True)
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(vllmdiff, "_link_tree", boom)
+    with pytest.raises(LabError, match="cannot build the vllm overlay .*No space left"):
+        vllmdiff.overlay(d, package=site / "vllm", base=tmp_path / "ov")
+    assert list((tmp_path / "ov").iterdir()) == []                      # the scratch folder is gone
+    monkeypatch.undo()
+    ov = vllmdiff.overlay(d, package=site / "vllm", base=tmp_path / "ov")
+    assert ov["linked"] == 3 and ov["copied"] == 0                      # every file linked; a.py's link then replaced
+    stamp = tmp_path / "ov" / os.path.basename(ov["path"]) / vllmdiff.STAMP
+    st = json.loads(stamp.read_text())
+    stamp.write_text(json.dumps({**st, "files": {"vllm/a.py": "0" * 64}}))
+    with pytest.raises(LabError, match="an overlay with other contents is already there"):
+        vllmdiff.overlay(d, package=site / "vllm", base=tmp_path / "ov")
+
+
+def test_a_reinstalled_vllm_gets_an_overlay_of_its_own(tmp_path):
+    site, d = _fake_vllm(tmp_path)
+    rec = site / "vllm-0.22.1.dist-info" / "RECORD"
+    rec.parent.mkdir()
+    rec.write_text("vllm/a.py,sha256=x,1\n")
+    first = vllmdiff.overlay(d, package=site / "vllm", base=tmp_path / "ov")
+    rec.write_text("vllm/a.py,sha256=y,1\n")                           # the same path, another install
+    second = vllmdiff.overlay(d, package=site / "vllm", base=tmp_path / "ov")
+    assert first["path"] != second["path"] and not second["reused"]
+
+
+def test_the_installed_package_behind_an_overlay_is_the_original(tmp_path):
+    site, d = _fake_vllm(tmp_path)
+    ov = vllmdiff.overlay(d, package=site / "vllm", base=tmp_path / "ov")
+    code = "from dflash_lab import vllmdiff; print(vllmdiff.installed_package())"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ov["path"], str(site), os.getcwd()]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == str((site / "vllm").resolve()), r.stderr
+
+
+def test_the_runners_second_diff_engine_reuses_the_overlay_and_says_so(tmp_path):
+    site, d = _fake_vllm(tmp_path)
+    (tmp_path / "tmp").mkdir()
+    lines, logs = _run(tmp_path, [{"id": "d1", "vllm_diff": str(d), "runs": [{"concurrency": 1}]},
+                                  {"id": "d2", "vllm_diff": str(d), "runs": [{"concurrency": 1}]}], site)
+    assert [l["outcome"] for l in lines] == ["ok", "ok"]
+    assert lines[0]["vllm_diff_stamp"]["path"] == lines[1]["vllm_diff_stamp"]["path"]
+    assert len(list((tmp_path / "tmp").glob("dflash-lab-vllm-diff-*"))) == 1
+
+
+def test_a_diff_line_and_a_plugin_fix_on_one_run_line_is_refused():
+    from dflash_lab import analysis
+
+    assert analysis.as_fix({"vllm_diff": DIFF, "fix": False})["fix_via"] == "upstream diff"
+    assert analysis.as_fix({"fix": True})["fix_via"] == "plugin"
+    with pytest.raises(LabError, match="both the upstream diff and the plugin's fix"):
+        analysis.as_fix({"run_id": "x", "vllm_diff": DIFF, "fix": True})
+
+
+def test_the_bench_names_a_diff_engine_apart_from_stock():
+    from dflash_lab import bench
+
+    r = {"spec_method": "dflash", "cudagraph_mode": "FULL_AND_PIECEWISE", "fix": False}
+    assert bench.mode_of(r) == "DFlash FULL (stock)"
+    assert bench.mode_of({**r, "vllm_diff": DIFF}) == "DFlash FULL (upstream diff)"
+
+
+def test_the_findings_say_when_the_diff_has_not_run():
+    import pandas as pd
+
+    from dflash_lab import findings
+
+    assert "has not run on the GPU" in findings._diff_line(pd.DataFrame({"matrix": ["other"]}), None)
