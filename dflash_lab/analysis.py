@@ -23,13 +23,19 @@ SCHED_RE = re.compile(r"Dumping scheduler output for model execution: (.*)$")
 STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\((.*)\)")
 
 
+def diff_of(r) -> str | None:
+    """The upstream diff a run line's engine ran as a diff (runner key ``vllm_diff``), else None (pandas: NaN)."""
+    d = r.get("vllm_diff")
+    return d if isinstance(d, str) and d else None
+
+
 def as_fix(r: dict) -> dict:
     """A run line for the analysis: an engine started on vLLM with the upstream diff applied (runner key
     ``vllm_diff``; the plugin's fix off, so its line says ``fix: false``) had the fix, all three parts, as the diff's
     hunks: ``fix`` True, ``fix_parts`` all of them, and ``fix_via`` says how ("plugin" or "upstream diff"). Every
     table that separates stock from fixed runs then leaves the diff's runs out of stock."""
     r["plugin_fix"] = bool(r.get("fix"))             # what the line itself says: the plugin's fix on or off
-    if r.get("vllm_diff"):
+    if diff_of(r):
         if r["plugin_fix"]:
             raise LabError(f"run {r.get('run_id')}: both the upstream diff and the plugin's fix (the runner refuses that)")
         r.update(fix=True, fix_parts=list(FIX_PARTS), fix_via="upstream diff")
@@ -98,8 +104,8 @@ def fix_label(r: dict) -> str | None:
     (the FA3 schedule refresh alone) or another subset ('fix parts: ...')."""
     if not r.get("fix"):
         return None
-    if isinstance(r.get("vllm_diff"), str) and r.get("vllm_diff"):
-        return f"upstream diff applied ({os.path.basename(r['vllm_diff'])})"
+    if diff_of(r):
+        return f"upstream diff applied ({os.path.basename(diff_of(r))})"
     parts = fix_parts_of(r)
     if parts == set(FIX_PARTS):
         return "fix 2: FA3 schedule refresh + kernel edits + k+1"

@@ -56,7 +56,9 @@ def mode_of(r) -> str:
     if cg == "PIECEWISE":
         return "DFlash PIECEWISE"
     if cg == "FULL_AND_PIECEWISE":
-        if isinstance(r.get("vllm_diff"), str) and r.get("vllm_diff"):
+        from .analysis import diff_of
+
+        if diff_of(r):
             return "DFlash FULL (upstream diff)"   # the fix as the diff, the plugin's off (analysis.as_fix)
         if not r.get("fix"):
             return "DFlash FULL (stock)"

@@ -532,6 +532,7 @@ class Runner:
         if e["first_step_requests"]:
             # validate_matrix allows it only on an engine with one measured run: N is that run's concurrency
             env[admit.ENV] = f"{e['first_step_requests']}/{eng['runs'][0].concurrency}"
+        diff_stamp = None
         if e["vllm_diff"]:
             try:
                 ov = self.overlays.get(e["vllm_diff"])
@@ -543,6 +544,8 @@ class Runner:
                     self.line(eng, r, "startup_error", attempt, error=f"vllm_diff: {err}")
                 return []
             self.overlays[e["vllm_diff"]] = ov
+            diff_stamp = {k: ov.get(k) for k in ("diff_sha256", "hunks_sha256", "files", "path", "source",
+                                                 "installed_record_sha256")}
             env["PYTHONPATH"] = os.pathsep.join(x for x in (ov["path"], env.get("PYTHONPATH")) if x)
             env[vllmdiff.ENV] = ov["path"]
             self.log(f"{tag}: vllm_diff {e['vllm_diff']} ({'reused' if ov['reused'] else 'built'} overlay {ov['path']}"
@@ -568,9 +571,8 @@ class Runner:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         reader = _EventReader(events_path)
         extra = {"log": str(log_path), "hook_dir": hook_dir}
-        if e["vllm_diff"]:
-            ov = self.overlays[e["vllm_diff"]]
-            extra["vllm_diff_stamp"] = {k: ov[k] for k in ("diff_sha256", "hunks_sha256", "files", "path", "source")}
+        if diff_stamp:
+            extra["vllm_diff_stamp"] = diff_stamp
         if e["probe"]:
             extra["probe_dir"] = env["DFLASH_LAB_PROBE"]
 
