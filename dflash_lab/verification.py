@@ -1461,12 +1461,13 @@ def diff_predictions(df, probes, diff_text: str):
         ok = int((g["outcome"] == "ok").sum())
         add(f"(b) the diff at {conc}: completes {need} of {need}", f"{ok} of {len(g)} completed",
             len(g) == need and ok == need)
-    procs = [diff_check_processes(r) for _, r in d[d["fix_via"] == "upstream diff"].iterrows()]
+    diffed = d[d["fix_via"] == "upstream diff"]
+    procs = [diff_check_processes(r) for _, r in diffed.iterrows()]
     # the header predicted the check in the engine log; that every process of every run logged it is stricter, and
     # was written after the runs: an integrity check of the instrument, like the stamp below, not a prediction
     add("every diff engine's processes imported the overlay and checked it (API process and engine core: 2)",
         f"processes with the check per run: {sorted(set(procs))}", len(procs) > 0 and min(procs) >= 2, "integrity check")
-    stamps = {r["vllm_diff_stamp"]["hunks_sha256"] for _, r in d[d["fix_via"] == "upstream diff"].iterrows()
+    stamps = {r["vllm_diff_stamp"]["hunks_sha256"] for _, r in diffed.iterrows()
               if isinstance(r.get("vllm_diff_stamp"), dict)}
     want = hunks_sha256(diff_text)
     add("the runs' overlay holds the committed diff's hunks", f"stamped {sorted(x[:12] for x in stamps)}, "
