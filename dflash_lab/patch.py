@@ -351,6 +351,12 @@ no plugin fix. Stock controls in the same session crashed at 32, 20 and 8 (cores
 twice, the GDN kernel at 8); with the diff 10/10 runs at concurrency 32, then 3/3 at 8 and 3/3 at 20 completed
 (one engine start), and
 under the step probe at 8 all 279 FULL-graph steps were identical to the no-graph pass (largest difference 0).
+On the OpenAI server, the report's path (GPU session 2026-12-03-s48, data/runs/2026-12-03_h200_verify-diff-
+server-*-tp1.jsonl, matrices/verify-diff-server-tp1.yaml, predictions written before the runs): stock servers
+in the same session crashed at 32, 8 and 20 (cores: the DFlash input kernel at 32 and 20, the GDN kernel at
+8; clients saw HTTP 200, then an in-stream error); the diff's server completed 10/10 runs at 32, 3/3 at 8 and
+3/3 at 20 (one server start), every request HTTP 200 with all 512 tokens; at synthetic acceptance 6.0 and
+concurrency 8 it counted exactly 6.000 tokens per step in 3/3 runs where stock counted 5.11-5.12 (3/3).
 Before that, the same change applied through the dflash_lab plugin:
 GPU session 2026-11-30-s14 (data/runs/2026-11-30_h200_verify-fix-{a,b,c}-tp1.jsonl): the stock control
 crashed at concurrency 32; with the change, 10/10 runs at concurrency 32 and 3/3 each at 16 and 64
@@ -371,7 +377,7 @@ at 8 and 20 crashed; with the change 3/3 each at 8, 20, 24 and 28 completed (hun
 and at 20), where stock crashed in every run (plain runs: 8: 6/6, 20: 4/4, 24: 4/4, 28: 4/4 over s19-s22). On the
 OpenAI server the plugin's change completed every run of issue 11's benchmark (GPU sessions s24-s34: 158
 runs, warm-ups included, at concurrency 1-64, acceptance 1.86-6.0; a benchmark, not a crash test with its
-own stock control). Not measured: this diff on the server path, TP > 1, real weights. Stock also crashed 3/3 at 64 (s20), in a later session than
+own stock control). Not measured: TP > 1, real weights. Stock also crashed 3/3 at 64 (s20), in a later session than
 the fix's 3/3 there, but completed at 16 (3/3 without the launch hook in s21), so the fix's 3/3 at 16 is no evidence.
 """
 

@@ -75,10 +75,13 @@ def session_table(df, session: str, acceptance=analysis.CRASH_ACCEPTANCE):
     return pd.DataFrame(rows, columns=["session", "what", "concurrency", "runs", "ok", "crashed", "other", "files"])
 
 
-def _offline_stock_and_fix(df, acceptance):
-    """Offline TP=1 runs that measured the engine (no probe or raising canary, no deadline cut or failed start) at one
-    acceptance: (stock FULL_AND_PIECEWISE runs, fixed runs, the GPU sessions whose stock runs crashed)."""
-    d = df[(df["mode"].fillna("offline") == "offline") & (df["tensor_parallel_size"] == 1)]
+def _stock_and_fix(df, acceptance, mode="offline"):
+    """TP=1 runs of one path (``mode``: "offline" or "server") that measured the engine (no probe or raising canary,
+    no deadline cut or failed start) at one acceptance: (stock FULL_AND_PIECEWISE runs, fixed runs, the GPU sessions
+    whose stock runs crashed)."""
+    if mode not in ("offline", "server"):
+        raise LabError(f"mode must be offline or server, not {mode!r}")
+    d = df[(df["mode"].fillna("offline") == mode) & (df["tensor_parallel_size"] == 1)]
     d = _natural(d[~d.apply(analysis.is_deadline_cut, axis=1) & (d["outcome"] != "startup_error")])
     if "acceptance" in d:
         d = d[analysis.at_acceptance(d, acceptance)]
@@ -86,14 +89,15 @@ def _offline_stock_and_fix(df, acceptance):
     return stock, d[d["fix"] == True], set(stock.loc[stock["crashed"], "gpu_session"].dropna())
 
 
-def fix_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
-    """Every concurrency the fix (all three parts, part 1 alone, or the upstream diff applied as a diff) ran at, offline TP=1, beside stock
-    FULL_AND_PIECEWISE at the same concurrency over all sessions: a fix run is evidence about the crash only where
-    stock crashed every run (``stock there``: "crashes", "completes", "partly", "not run"), and a same-session stock
-    control that crashed names the sessions that count (``sessions with a crashed stock control``)."""
+def fix_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE, mode="offline"):
+    """Every concurrency the fix (all three parts, part 1 alone, or the upstream diff applied as a diff) ran at, TP=1
+    on one path (``mode``: "offline", the default, or "server": the run lines of data/runs, not the benchmark's),
+    beside stock FULL_AND_PIECEWISE at the same concurrency and path over all sessions: a fix run is evidence about
+    the crash only where stock crashed every run (``stock there``: "crashes", "completes", "partly", "not run"), and a
+    same-session stock control that crashed names the sessions that count (``sessions with a crashed stock control``)."""
     import pandas as pd
 
-    stock, fixed, crashed_ctrl = _offline_stock_and_fix(df, acceptance)
+    stock, fixed, crashed_ctrl = _stock_and_fix(df, acceptance, mode)
     rows = []
     for label, keep in (("fix 2 (all parts)", is_fix2),
                         ("part 1 alone", lambda r: analysis.fix_label(dict(r)) == "part 1 only: FA3 schedule refresh"),
@@ -120,7 +124,7 @@ def standard_where_stock_crashes(df, acceptance=analysis.CRASH_ACCEPTANCE):
     crashed, pooled over such sessions (the issue's one-session counts are :func:`verdict`'s). One row per such concurrency: ``needed``, ``fix runs`` (in those sessions), ``completed``, ``met``."""
     import pandas as pd
 
-    stock, fixed, controlled = _offline_stock_and_fix(df, acceptance)
+    stock, fixed, controlled = _stock_and_fix(df, acceptance)
     fix2 = analysis.rows_where(fixed, is_fix2)
     fix2 = fix2[fix2["gpu_session"].isin(controlled)]
     rows = []
@@ -499,7 +503,7 @@ def matrix_run_lines(df, matrices):
 def untapped_runs(df, concurrency: int):
     """Untapped stock FULL_AND_PIECEWISE run lines, offline at TP=1 and ``concurrency`` (synthetic acceptance 1.86),
     that measured the engine (no deadline cut or failed start)."""
-    s, _, _ = _offline_stock_and_fix(df, analysis.CRASH_ACCEPTANCE)
+    s, _, _ = _stock_and_fix(df, analysis.CRASH_ACCEPTANCE)
     return s[s["concurrency"] == concurrency]
 
 
@@ -1408,6 +1412,7 @@ def plot_admission(ax, sites, concurrency: int = 28):
 
 DIFF_MATRIX = "verify-diff-tp1"
 DIFF_CONTROLS_MATRIX = "verify-diff-controls-tp1"
+DIFF_SERVER_MATRIX = "verify-diff-server-tp1"
 DIFF_CHECK_LINE = "vLLM with the upstream diff"   # what vllmdiff.check_loaded prints in each engine process
 
 
@@ -1419,6 +1424,35 @@ def diff_check_processes(r) -> int:
         return 0
     pids = re.findall(r"dflash-lab \[(\d+)\]: " + re.escape(DIFF_CHECK_LINE), analysis.read_text(log))
     return len(set(pids))
+
+
+def _kernel(r):
+    f = r.get("fault")
+    return f.get("kernel") if isinstance(f, dict) else None
+
+
+def _crash_with_core(what: str, sel) -> tuple:
+    """(predicted, measured, held) of "``what``: crashes, its core names a kernel" over the run lines ``sel``."""
+    ks = [_kernel(r) for _, r in sel.iterrows()]
+    return (f"{what}: crashes, its core names a kernel",
+            f"{int(sel['crashed'].sum())} of {len(sel)} crashed; core: {', '.join(str(k) for k in ks) or '-'}",
+            bool(len(sel) >= 1 and sel["crashed"].all() and all(ks)))
+
+
+def _diff_integrity(diffed, diff_text: str) -> list[tuple]:
+    """(predicted, measured, held) rows that the diff's runs ran the committed diff's code: every process of every
+    run (the API process or offline driver, and the engine core: 2) logged the overlay check, and the runs' overlay
+    stamps name the hunks of ``diff_text``."""
+    from .vllmdiff import hunks_sha256
+
+    procs = [diff_check_processes(r) for _, r in diffed.iterrows()]
+    stamps = {r["vllm_diff_stamp"]["hunks_sha256"] for _, r in diffed.iterrows()
+              if isinstance(r.get("vllm_diff_stamp"), dict)}
+    want = hunks_sha256(diff_text)
+    return [("every diff engine's processes imported the overlay and checked it (API process and engine core: 2)",
+             f"processes with the check per run: {sorted(set(procs))}", bool(len(procs) > 0 and min(procs) >= 2)),
+            ("the runs' overlay holds the committed diff's hunks",
+             f"stamped {sorted(x[:12] for x in stamps)}, committed {want[:12]}", stamps == {want})]
 
 
 def diff_predictions(df, probes, diff_text: str):
@@ -1433,8 +1467,6 @@ def diff_predictions(df, probes, diff_text: str):
     the controls at 8 and 20 crashed, each core naming a kernel. Raises when a matrix has no lines."""
     import pandas as pd
 
-    from .vllmdiff import hunks_sha256
-
     d = df[df["matrix"] == DIFF_MATRIX]
     c = df[df["matrix"] == DIFF_CONTROLS_MATRIX]
     if not len(d):
@@ -1444,34 +1476,20 @@ def diff_predictions(df, probes, diff_text: str):
     def add(pred, measured, held, kind="pre-registered"):
         rows.append({"kind": kind, "predicted": pred, "measured": measured, "held": bool(held)})
 
-    def kernel(r):
-        f = r.get("fault")
-        return f.get("kernel") if isinstance(f, dict) else None
-
     for what, sel, conc in (("(a) stock control", d[d["engine_id"] == "stock-control"], 32),
                             ("control", c[c["engine_id"] == "stock-control-c20"], 20),
                             ("control", c[c["engine_id"] == "stock-control-c8"], 8)):
-        ks = [kernel(r) for _, r in sel.iterrows()]
-        add(f"{what}, stock at {conc}: crashes, its core names a kernel",
-            f"{int(sel['crashed'].sum())} of {len(sel)} crashed; core: {', '.join(str(k) for k in ks) or '-'}",
-            len(sel) >= 1 and sel["crashed"].all() and all(ks))
+        add(*_crash_with_core(f"{what}, stock at {conc}", sel))
     runs = d[(d["engine_id"] == "diff-c32")]
     for conc, need in ((32, 10), (8, 3), (20, 3)):
         g = runs[runs["concurrency"] == conc]
         ok = int((g["outcome"] == "ok").sum())
         add(f"(b) the diff at {conc}: completes {need} of {need}", f"{ok} of {len(g)} completed",
             len(g) == need and ok == need)
-    diffed = d[d["fix_via"] == "upstream diff"]
-    procs = [diff_check_processes(r) for _, r in diffed.iterrows()]
     # the header predicted the check in the engine log; that every process of every run logged it is stricter, and
-    # was written after the runs: an integrity check of the instrument, like the stamp below, not a prediction
-    add("every diff engine's processes imported the overlay and checked it (API process and engine core: 2)",
-        f"processes with the check per run: {sorted(set(procs))}", len(procs) > 0 and min(procs) >= 2, "integrity check")
-    stamps = {r["vllm_diff_stamp"]["hunks_sha256"] for _, r in diffed.iterrows()
-              if isinstance(r.get("vllm_diff_stamp"), dict)}
-    want = hunks_sha256(diff_text)
-    add("the runs' overlay holds the committed diff's hunks", f"stamped {sorted(x[:12] for x in stamps)}, "
-        f"committed {want[:12]}", stamps == {want}, "integrity check")
+    # was written after the runs: an integrity check of the instrument, like the stamp, not a prediction
+    for row in _diff_integrity(d[d["fix_via"] == "upstream diff"], diff_text):
+        add(*row, "integrity check")
     p = probes[(probes["gpu_session"].isin(set(d["gpu_session"]))) & (probes["fix"].str.startswith("upstream diff"))]
     if len(p) != 1:
         add("(c) the diff under the step probe at 8", f"{len(p)} probe logs", False)
@@ -1484,4 +1502,83 @@ def diff_predictions(df, probes, diff_text: str):
             f"{q['violations']} canary violations",
             q["runs ok / runs"] == "1/1" and q["FULL steps"] > 0 and q["FULL steps diverging"] == 0
             and q["max |output diff|"] == 0 and pd.isna(q["first NaN step"]))
+    return pd.DataFrame(rows, columns=["kind", "predicted", "measured", "held"])
+
+
+def _clients_clean(r) -> bool:
+    """Every one of a server run's requests came back HTTP 200, none failed, each with all its tokens, and the server
+    was alive after the run."""
+    st = r.get("http_statuses")
+    st = list(st) if isinstance(st, (list, tuple)) else []
+    conc, mt = int(r["concurrency"]), r.get("max_tokens")
+    return bool(len(st) == conc and set(st) == {200} and r.get("requests_failed") == 0
+                and r.get("requests_completed") == conc and r.get("output_tokens") == conc * mt
+                and r.get("server_alive") is True)
+
+
+def _clients_saw_stream_error(r) -> bool:
+    """A crashed server run's failed requests all got HTTP 200 and then an in-stream error event (what s19's did)."""
+    e = r.get("request_errors")
+    if not isinstance(e, dict) or not e.get("failed"):
+        return False
+    n = e["failed"]
+    return e.get("by_kind") == {"stream_error_event": n} and e.get("by_status") == {"200": n}
+
+
+def diff_server_predictions(df, diff_text: str):
+    """``verify-diff-server-tp1`` (s48: the upstream diff on the OpenAI server, the report's path) against what its
+    header predicted before the runs, one row per prediction, as :func:`diff_predictions`: (a) the stock server at 32
+    crashes, its core names a kernel, its clients see HTTP 200 then an in-stream error; (b) the diff's server completes
+    10 of 10 at 32, 3 of 3 at 8 and at 20, every request HTTP 200 with all its tokens and the server alive, no run
+    counting below the schedule; (c) the stock server crashes at 8 and at 20, each core naming a kernel; (d) at
+    synthetic acceptance 6.0 and 8 the diff counts exactly 6.000 in 3 of 3 and stock below 6 in 3 of 3, both
+    completing. Then the two integrity checks of :func:`_diff_integrity`. Raises when the matrix has no lines."""
+    import pandas as pd
+
+    from . import acceptance
+
+    d = df[df["matrix"] == DIFF_SERVER_MATRIX]
+    if not len(d):
+        raise LabError(f"no run lines of {DIFF_SERVER_MATRIX} in the data")
+    rows = []
+
+    def add(pred, measured, held, kind="pre-registered"):
+        rows.append({"kind": kind, "predicted": pred, "measured": measured, "held": bool(held)})
+
+    def eng(name):
+        return d[d["engine_id"] == name]
+
+    a = eng("stock-control")
+    add(*_crash_with_core("(a) stock server at 32", a))
+    add("(a) its clients: HTTP 200, then an in-stream error event",
+        "; ".join(f"{r['request_errors'].get('failed')} failed, by kind {r['request_errors'].get('by_kind')}, "
+                  f"by status {r['request_errors'].get('by_status')}" for _, r in a.iterrows()
+                  if isinstance(r.get("request_errors"), dict)) or "-",
+        len(a) >= 1 and all(_clients_saw_stream_error(r) for _, r in a[a["crashed"]].iterrows()) and a["crashed"].any())
+    b = eng("diff-server")
+    for conc, need in ((32, 10), (8, 3), (20, 3)):
+        g = b[b["concurrency"] == conc]
+        ok = int((g["outcome"] == "ok").sum())
+        clean = sum(_clients_clean(r) for _, r in g.iterrows())
+        add(f"(b) the diff's server at {conc}: completes {need} of {need}, every request HTTP 200 with all its tokens",
+            f"{ok} of {len(g)} completed; {clean} with every request clean", len(g) == need and ok == need == clean)
+    cb = acceptance.counted_against_schedule(b, outcomes=("ok",))
+    add("(b) no diff run at 1.86 counts below the schedule (acceptance.below)",
+        f"{int(cb['below the schedule'].sum())} of {len(cb)} below; counted "
+        f"{cb['counted mean'].min():.3f}-{cb['counted mean'].max():.3f}" if len(cb) else "no counters",
+        len(cb) == len(b) == 16 and not cb["below the schedule"].any())
+    c = eng("stock-controls")
+    for conc in (8, 20):
+        add(*_crash_with_core(f"(c) stock server at {conc}", c[c["concurrency"] == conc]))
+    for name, pred, want in (("diff-acc6", "(d) the diff at acceptance 6.0 and 8: completes 3 of 3, counts exactly 6.000",
+                              lambda x: abs(x - 6.0) < 1e-9),
+                             ("stock-acc6", "(d) stock at acceptance 6.0 and 8: completes 3 of 3, counts below 6",
+                              lambda x: x < 6.0 - 1e-9)):
+        g = eng(name)
+        t = acceptance.counted_against_schedule(g, outcomes=("ok",))
+        add(pred, f"{int((g['outcome'] == 'ok').sum())} of {len(g)} completed; counted "
+                  + (", ".join(f"{x:.3f}" for x in t["counted mean"]) or "-"),
+            len(g) == 3 and (g["outcome"] == "ok").all() and len(t) == 3 and all(want(x) for x in t["counted mean"]))
+    for row in _diff_integrity(d[d["fix_via"] == "upstream diff"], diff_text):
+        add(*row, "integrity check")
     return pd.DataFrame(rows, columns=["kind", "predicted", "measured", "held"])

@@ -859,3 +859,67 @@ def test_diff_predictions_fail_on_a_crash_a_missing_check_another_diff_or_a_dive
     assert _failed(V.diff_predictions(df, pt, text)) == ["every diff engine's processes "]
     with pytest.raises(LabError, match="no run lines of verify-diff-tp1"):
         V.diff_predictions(df[df["matrix"] != V.DIFF_MATRIX], pt, text)
+
+
+def _server_diff_case():
+    df = analysis.load_runs()
+    return df, Path("patches/vllm-0.22.1-dflash.diff").read_text()
+
+
+def _at(df, run_id):
+    return df.index[(df["matrix"] == V.DIFF_SERVER_MATRIX) & (df["run_id"] == run_id)][0]
+
+
+def test_the_recorded_server_diff_test_held_as_pre_registered():
+    """s48 (verify-diff-server-tp1): on the OpenAI server, stock crashed at 32, 8 and 20; the diff's server completed
+    10/10 at 32 and 3/3 at 8 and 20 with every request clean, and at acceptance 6.0 it counted exactly 6 where stock
+    counted below."""
+    df, text = _server_diff_case()
+    t = V.diff_server_predictions(df, text)
+    assert len(t) == 12 and t["held"].all(), t
+    assert list(t["kind"]).count("pre-registered") == 10
+    w = V.fix_where_stock_crashes(df, mode="server").set_index("concurrency")
+    assert w["fix completed / runs"].to_dict() == {8: "3/3", 20: "3/3", 32: "10/10"}
+    assert set(w["sessions with a crashed stock control"]) == {"2026-12-03-s48"}
+    assert set(w["stock there"]) == {"crashes"}
+    # the offline table keeps the offline runs only
+    assert "2026-12-03-s48" not in " ".join(V.fix_where_stock_crashes(df)["fix sessions"])
+    with pytest.raises(LabError, match="mode must be offline or server"):
+        V.fix_where_stock_crashes(df, mode="tp2")
+
+
+def test_server_diff_predictions_fail_on_a_crash_a_bad_request_a_lost_token_or_a_control_that_completes():
+    df, text = _server_diff_case()
+    bad = df.copy()
+    bad.loc[_at(df, "diff-server/c32/r4"), ["outcome", "crashed"]] = ["crash", True]
+    # a crashed run also leaves the counters one run short of the 16
+    assert _failed(V.diff_server_predictions(bad, text)) == ["(b) the diff's server at 32: c", "(b) no diff run at 1.86 counts"]
+    bad = df.copy()
+    i = _at(df, "diff-server/c32/r7")
+    bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"], "acceptance_length": 1.80}
+    assert _failed(V.diff_server_predictions(bad, text)) == ["(b) no diff run at 1.86 counts"]
+    bad = df.copy()
+    i = _at(df, "diff-server/c8/r1")
+    bad.at[i, "http_statuses"] = [200] * 7 + [500]                  # one request refused: not a clean run
+    assert _failed(V.diff_server_predictions(bad, text)) == ["(b) the diff's server at 8: co"]
+    bad = df.copy()
+    i = _at(df, "diff-server/c20/r2")
+    bad.at[i, "output_tokens"] = 20 * 512 - 1                       # a request that came back short
+    assert _failed(V.diff_server_predictions(bad, text)) == ["(b) the diff's server at 20: c"]
+    bad = df.copy()
+    i = _at(df, "diff-acc6/c8/r1")
+    bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"], "acceptance_length": 5.99}
+    assert _failed(V.diff_server_predictions(bad, text)) == ["(d) the diff at acceptance 6.0"]
+    bad = df.copy()
+    i = _at(df, "stock-acc6/c8/r0")
+    bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"], "acceptance_length": 6.0}
+    assert _failed(V.diff_server_predictions(bad, text)) == ["(d) stock at acceptance 6.0 an"]
+    bad = df.copy()
+    bad.loc[_at(df, "stock-controls/c8/r0"), ["outcome", "crashed"]] = ["ok", False]
+    assert _failed(V.diff_server_predictions(bad, text)) == ["(c) stock server at 8: crashes"]
+    bad = df.copy()
+    i = _at(df, "stock-control/c32/r0")
+    bad.at[i, "request_errors"] = {**df.at[i, "request_errors"], "by_status": {"500": 24}}   # refused, not streamed
+    assert _failed(V.diff_server_predictions(bad, text)) == ["(a) its clients: HTTP 200, the"]
+    with pytest.raises(LabError, match="no run lines of verify-diff-server-tp1"):
+        V.diff_server_predictions(df[df["matrix"] != V.DIFF_SERVER_MATRIX], text)
