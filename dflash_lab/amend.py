@@ -31,6 +31,12 @@
   ``builds_before_first_step`` (the ledger's), else false. The ledger changes the allocations around capture (s38's
   stale schedules held other padding than s37's), so runs with and without it are told apart.
 
+- **unread-counters**: a server-mode line whose server was gone after its run (``server_alive`` false), recorded
+  by a worker that did not say whether it read the counters (no ``spec_counters_read``, before s48's change). That
+  worker put the counters read before the run in place of the ones it could not read from a server gone, so the line
+  says 0 drafts, 0 accepted where nothing was measured: ``spec_decode_metrics`` becomes None and
+  ``spec_counters_read`` false. s48's three stock server crashes were recorded so.
+
 Every amended line gets an ``amended`` list entry: the rule, the recorded file the new values came from, the
 values it replaced (``as_recorded``) and the fields it added (``added``). The file is rewritten atomically, keeping
 its permissions (ingest leaves recorded files read-only), then ``NAME.meta.json`` gets an ``amendments`` entry
@@ -211,6 +217,16 @@ def _build_ledger(line: dict, data: Path, name: str) -> dict | None:
             "as_recorded": {}}
 
 
+def _unread_counters(line: dict, data: Path, name: str) -> dict | None:
+    if (line.get("mode") != "server" or line.get("server_alive") is not False or "spec_counters_read" in line
+            or not isinstance(line.get("spec_decode_metrics"), dict)):
+        return None
+    return {"rule": "unread-counters", "source": "dflash_lab/worker.py (serve_run before s48: a server gone after its "
+                                                 "run had its counters from before the run put in place of after's)",
+            "set": {"spec_decode_metrics": None, "spec_counters_read": False},
+            "as_recorded": {"spec_decode_metrics": line["spec_decode_metrics"]}}
+
+
 def amend(name: str, data_dir: str = "data") -> dict:
     data = Path(data_dir)
     path = data / "runs" / f"{name}.jsonl"
@@ -226,7 +242,7 @@ def amend(name: str, data_dir: str = "data") -> dict:
     for i, line in enumerate(lines):
         for make in (lambda: _stale_core(line, data, name, path, recorded), lambda: _gdb_reread(line, data, name),
                      lambda: _client_view(line, data, name), lambda: _process_name(line, data, name),
-                     lambda: _build_ledger(line, data, name)):
+                     lambda: _build_ledger(line, data, name), lambda: _unread_counters(line, data, name)):
             rule = make()   # each rule sees the line as the rules before it left it
             if rule is None:
                 continue

@@ -134,7 +134,11 @@ def spec_metrics_from_prometheus(text: str) -> dict:
     return out
 
 
-def spec_delta(before: dict, after: dict) -> dict:
+def spec_delta(before: dict | None, after: dict | None) -> dict | None:
+    """vLLM's spec-decode counters over one run: ``after`` minus ``before``; None when either was not read (a server
+    that had exited or did not answer its metrics endpoint), never a made-up zero."""
+    if before is None or after is None:
+        return None
     d = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")}
     res = {"num_drafts": d["drafts"], "num_draft_tokens": d["draft_tokens"], "num_accepted": d["accepted"],
            "acceptance_length": (1 + d["accepted"] / d["drafts"]) if d["drafts"] else None,
@@ -311,7 +315,9 @@ def serve_run(base: str, name: str, prompt: str, run: dict, alive, scrape, hook_
     :mod:`dflash_lab.servebench`; returns the ``run_end`` fields, ``outcome`` included.
 
     ``alive()`` says whether the server process still runs; ``scrape()`` reads its spec-decode
-    counters. Outcome: ``ok`` when every request completed (status 200, a full stream, no
+    counters (None when the server does not answer). They are read right after the requests, while the server still
+    runs (an API server outlives its dead engine core for a moment: s19's crash lines have them), before any wait for
+    it to exit; a server already gone has none to read, and the line's ``spec_decode_metrics`` is then None. Outcome: ``ok`` when every request completed (status 200, a full stream, no
     in-stream error) and the server is alive, else ``crash``. ``serve_metrics`` holds the
     run's metrics under ``vllm bench serve``'s names, ``request_errors`` how requests failed.
     """
@@ -323,6 +329,7 @@ def serve_run(base: str, name: str, prompt: str, run: dict, alive, scrape, hook_
         body["stream_options"] = {"include_usage": True}
     n = run["concurrency"]
     results, wall = servebench.run_requests(base + "/v1/chat/completions", body, n, n, timeout=timeout)
+    after = scrape() if alive() else None
     dead = not alive()
     if not dead and any(not r.success for r in results):
         # a server that dropped its streams may still be exiting: its sockets close before its process has ended,
@@ -331,7 +338,6 @@ def serve_run(base: str, name: str, prompt: str, run: dict, alive, scrape, hook_
         while not dead and time.monotonic() < deadline:
             time.sleep(0.05)
             dead = not alive()
-    after = scrape() if not dead else before
     ok = [r for r in results if r.success]
     ntok = sum(servebench.output_len(r) for r in ok)
     ttft = [r.ttft for r in ok if r.ttft is not None]
@@ -348,7 +354,7 @@ def serve_run(base: str, name: str, prompt: str, run: dict, alive, scrape, hook_
                 serve_metrics=servebench.calculate_metrics(results, wall),
                 request_errors=servebench.summarize_failures(results),
                 spec_decode_metrics=spec_delta(before, after), hook=hook_stats(hook_dir),
-                server_alive=not dead)
+                spec_counters_read=before is not None and after is not None, server_alive=not dead)
 
 
 def run_server(spec, paths, events):
@@ -388,8 +394,8 @@ def run_server(spec, paths, events):
         try:
             with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
                 return spec_metrics_from_prometheus(r.read().decode())
-        except (OSError, http.client.HTTPException, ValueError):  # a server dying mid-answer too
-            return {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": None}
+        except (OSError, http.client.HTTPException, ValueError):  # a server dying mid-answer too: not read
+            return None
 
     try:
         for run in spec["runs"]:

@@ -234,3 +234,32 @@ def test_the_client_view_reads_an_events_file_ingest_stored_compressed(data):
         ev.unlink()
     out = amend(SERVER, data_dir=str(data))["amended"]
     assert [a["run_id"] for a in out if a["rule"] == "client-view"] == [f"server-stock/c32/r{i}" for i in range(4)]
+
+
+def test_a_server_gone_after_its_run_had_no_counters_read(tmp_path):
+    """s48's three stock server crashes, as ingested: the worker then put the counters read before the run in place of
+    the unread ones, so each line said 0 drafts. Amended to None; the completed runs and s19's crash lines (their
+    server still answered) stay byte for byte."""
+    d = tmp_path / "data"
+    (d / "runs").mkdir(parents=True)
+    name = "2026-12-03_h200_verify-diff-server-b-tp1"
+    lines = read_lines(ROOT / "data" / "runs" / f"{name}.jsonl")
+    for l in lines:   # as ingested: before any amendment
+        if l.get("amended"):
+            l["spec_decode_metrics"] = l["amended"][0]["as_recorded"]["spec_decode_metrics"]
+            l.pop("spec_counters_read", None)
+            l.pop("amended")
+    text = "".join(json.dumps(l) + "\n" for l in lines)
+    (d / "runs" / f"{name}.jsonl").write_text(text)
+    out = amend(name, str(d))
+    assert out["amended"] == [{"run_id": "stock-controls/c8/r0", "rule": "unread-counters"}]
+    got = {l["run_id"]: l for l in read_lines(d / "runs" / f"{name}.jsonl")}
+    crash = got["stock-controls/c8/r0"]
+    assert crash["spec_decode_metrics"] is None and crash["spec_counters_read"] is False
+    assert crash["amended"][0]["as_recorded"]["spec_decode_metrics"]["num_drafts"] == 0
+    assert all(l["spec_decode_metrics"]["num_drafts"] > 0 for k, l in got.items() if k != "stock-controls/c8/r0")
+    assert amend(name, str(d))["amended"] == []   # a second run finds nothing
+    # s19's crash lines were read while the server still answered: nothing to amend there
+    s19 = d / "runs" / "2026-11-30_h200_server-tp1.jsonl"
+    shutil.copy(ROOT / "data" / "runs" / s19.name, s19)
+    assert not [c for c in amend(s19.stem, str(d))["amended"] if c["rule"] == "unread-counters"]

@@ -104,10 +104,35 @@ def test_a_run_with_failed_requests_waits_for_the_exiting_server_to_be_seen_dead
 
     run = {"concurrency": 2, "max_tokens": 4, "temperature": 0.7, "stream": True, "ignore_eos": True}
     monkeypatch.setattr(servebench, "run_requests", requests(True))
-    scrape = lambda: {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": None}  # noqa: E731
+    reads = iter([{"drafts": 10, "draft_tokens": 150, "accepted": 9, "per_pos": None},
+                  {"drafts": 30, "draft_tokens": 450, "accepted": 27, "per_pos": None}])
+    scrape = lambda: next(reads)  # noqa: E731
     out = worker.serve_run("http://x", "m", "p", run, alive, scrape)
     assert out["outcome"] == "crash" and out["server_alive"] is False and len(looks) == 3
+    # the counters were read while the dying server still answered, before the wait: the run's own drafts
+    assert out["spec_decode_metrics"]["num_drafts"] == 20 and out["spec_decode_metrics"]["num_accepted"] == 18
     looks.clear()
     monkeypatch.setattr(servebench, "run_requests", requests(False))
-    out = worker.serve_run("http://x", "m", "p", run, lambda: looks.append(1) or True, scrape)
-    assert out["outcome"] == "ok" and out["server_alive"] is True and len(looks) == 1
+    counters = lambda: {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": None}  # noqa: E731
+    out = worker.serve_run("http://x", "m", "p", run, lambda: looks.append(1) or True, counters)
+    assert out["outcome"] == "ok" and out["server_alive"] is True and len(looks) == 2
+
+
+def test_a_server_gone_or_silent_after_the_requests_records_no_counters(monkeypatch):
+    """s48's three crash lines (before this) said 0 drafts: the runner had put the counters read before the run in place
+    of the ones it could not read after. Counters not read are None, never a zero or a negative delta."""
+    from dflash_lab import servebench, worker
+
+    def failed(url, body, n, c, timeout):
+        return [servebench.RequestResult(index=i, elapsed=0.5) for i in range(n)], 1.0
+
+    monkeypatch.setattr(servebench, "run_requests", failed)
+    run = {"concurrency": 2, "max_tokens": 4, "temperature": 0.7, "stream": True, "ignore_eos": True}
+    before = {"drafts": 10, "draft_tokens": 150, "accepted": 9, "per_pos": None}
+    out = worker.serve_run("http://x", "m", "p", run, lambda: False, lambda: before)       # gone at once
+    assert out["outcome"] == "crash" and out["spec_decode_metrics"] is None
+    reads = iter([before, None])                                                          # alive, but no answer
+    looks = iter([True, False])
+    out = worker.serve_run("http://x", "m", "p", run, lambda: next(looks), lambda: next(reads))
+    assert out["outcome"] == "crash" and out["spec_decode_metrics"] is None
+    assert worker.spec_delta(None, before) is None and worker.spec_delta(before, None) is None
