@@ -83,7 +83,7 @@ def write_findings(root: Path, out: Path) -> Path:
     server_line = (
         (f"The OpenAI server at TP=1 (streamed chat completions from N concurrent clients, the report's prompt, 512 tokens): "
          + "; ".join(f"concurrency {c}: {analysis.breakdown(server[server.concurrency == c])}" for c in sorted(set(server["concurrency"])))
-         + (f". Clients of a crashed server got HTTP {', '.join(sorted(set(cv['HTTP statuses'])))} and then, inside the stream, "
+         + (f". Clients of a crashed server got HTTP {', '.join(sorted(set(cv['HTTP statuses']), key=_numbers_in))} and then, inside the stream, "
             f"{', '.join(sorted(set(cv['first error body'].dropna())))}; requests already finished completed." if len(cv) else "."))
         if len(server) else "The OpenAI server path: not run on the GPU yet.")
     bench_runs = _bench_runs(root)   # read once: the speed sentence and the server sentence both use it
@@ -197,7 +197,7 @@ def write_findings(root: Path, out: Path) -> Path:
                         "evidence about the crash" if len(no_ev) else "")
                      + (f"; the fix has not run at {', '.join(map(str, never))}, where stock crashes" if never else "") + "."
                      + _part1_line(wsc))
-        fix_line += _diff_line(df, pt)
+        fix_line += _diff_line(df, pt) + _diff_server_line(df)
         fix_line += " " + _end_to_end_line(df)
     else:
         fix_line += f" GPU runs with it: {len(fix2)}."
@@ -634,6 +634,13 @@ def _without_asserts(keep, rope) -> str:
                    for (c, k, printed), g in groups)
 
 
+def _numbers_in(text: str) -> list[int]:
+    """Sort key: the whole numbers in ``text``, in order ("200 x8" before "200 x20")."""
+    import re
+
+    return [int(x) for x in re.findall(r"\d+", text)]
+
+
 def _diff_line(df, pt) -> str:
     """The upstream diff applied as a diff (verify-diff-tp1, s47): what held of its pre-registered predictions and
     integrity checks, or that it has not run. The diff's text is :func:`patch.upstream_diff` (what the committed file
@@ -656,6 +663,33 @@ def _diff_line(df, pt) -> str:
             f"{int(stock['crashed'].sum())}/{len(stock)} (at {', '.join(str(int(c)) for c in stock['concurrency'])}); with the "
             f"diff {by_c} completed (one engine start, in that order)"
             + (f"; under the step probe at 8: {probe['measured'].iloc[0]}" if len(probe) else "") + ".")
+
+
+def _diff_server_line(df) -> str:
+    """The upstream diff on the OpenAI server (verify-diff-server-tp1, s48): what held of its predictions and checks,
+    the stock servers beside it, the diff's runs and the counted acceptance at 6.0; empty when it has not run."""
+    from . import verification
+    from .patch import upstream_diff
+
+    if "matrix" not in df or not (df["matrix"] == verification.DIFF_SERVER_MATRIX).any():
+        return ""
+    dp = verification.diff_server_predictions(df, upstream_diff())
+    sr = verification.server_runs(df[df["matrix"] == verification.DIFF_SERVER_MATRIX])
+    at = lambda who, acc: sr[(sr["vLLM"] == who) & (sr["synthetic acceptance"] == acc)]
+    stock, diff = at("stock", 1.86), at("upstream diff", 1.86)
+    by_c = ", ".join(f"{int((g['outcome'] == 'ok').sum())}/{len(g)} at {int(c)}"
+                     for c, g in diff.groupby("concurrency", sort=False))
+    counted = lambda who: ", ".join(at(who, 6.0)["counted acceptance"])
+    clean = bool(dp.loc[dp["predicted"].str.startswith("(b) the diff's server at"), "held"].all())
+    sess = ", ".join(sorted(set(df.loc[df["matrix"] == verification.DIFF_SERVER_MATRIX, "gpu_session"].dropna())))
+    return (f" On the OpenAI server, the report's path (GPU session {sess}; {_held_of(dp, 'pre-registered')} predictions "
+            f"written before the runs held, and {_held_of(dp, 'integrity check')} integrity checks): stock servers crashed "
+            f"{int((stock['outcome'] == 'crash').sum())}/{len(stock)} (at "
+            + ", ".join(f"{c}: {k}" for c, k in zip(stock["concurrency"], stock["core: faulting kernel"]))
+            + f"); the diff's server completed {by_c} (one server start, in that order)"
+            + (", every request HTTP 200 with all its tokens" if clean else ", not every request clean (notebook 04)")
+            + f"; at synthetic acceptance 6.0 and concurrency 8 the diff counted {counted('upstream diff')} tokens "
+            f"per step, stock {counted('stock')} (the schedule gives exactly 6).")
 
 
 def _held_of(dp, kind: str) -> str:

@@ -1426,14 +1426,15 @@ def diff_check_processes(r) -> int:
     return len(set(pids))
 
 
-def _kernel(r):
+def fault_kernel(r):
+    """The faulting kernel a run line's core dump named, else None."""
     f = r.get("fault")
     return f.get("kernel") if isinstance(f, dict) else None
 
 
 def _crash_with_core(what: str, sel) -> tuple:
     """(predicted, measured, held) of "``what``: crashes, its core names a kernel" over the run lines ``sel``."""
-    ks = [_kernel(r) for _, r in sel.iterrows()]
+    ks = [fault_kernel(r) for _, r in sel.iterrows()]
     return (f"{what}: crashes, its core names a kernel",
             f"{int(sel['crashed'].sum())} of {len(sel)} crashed; core: {', '.join(str(k) for k in ks) or '-'}",
             bool(len(sel) >= 1 and sel["crashed"].all() and all(ks)))
@@ -1523,6 +1524,35 @@ def _clients_saw_stream_error(r) -> bool:
         return False
     n = e["failed"]
     return e.get("by_kind") == {"stream_error_event": n} and e.get("by_status") == {"200": n}
+
+
+def server_runs(d):
+    """One row per server run line of ``d``, what a reader of the report checks first: ``vLLM`` ("stock" or "upstream
+    diff"), synthetic acceptance, concurrency, outcome, the clients' HTTP statuses (status: count) and errors (kind:
+    count), requests completed and failed, output tokens, vLLM's counted acceptance length, and the core dump's
+    faulting kernel (crashes)."""
+    import pandas as pd
+
+    cols = ["run", "vLLM", "synthetic acceptance", "concurrency", "outcome", "HTTP statuses", "client errors",
+            "requests completed", "requests failed", "output tokens", "counted acceptance", "core: faulting kernel"]
+    rows = []
+    for _, r in d[d["mode"] == "server"].iterrows():
+        st = r.get("http_statuses")
+        st = list(st) if isinstance(st, (list, tuple)) else []
+        err = r.get("request_errors") if isinstance(r.get("request_errors"), dict) else {}
+        sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
+        L = sd.get("acceptance_length")
+        rows.append(dict(zip(cols, (
+            r["run_id"], "upstream diff" if analysis.diff_of(r) else "stock" if r.get("fix") is not True else "plugin fix",
+            r.get("acceptance"), int(r["concurrency"]), r["outcome"],
+            ", ".join(f"{k}: {st.count(k)}" for k in sorted(set(st))) or "-",
+            ", ".join(f"{k}: {v}" for k, v in (err.get("by_kind") or {}).items()) or "-",
+            r.get("requests_completed"), r.get("requests_failed"), r.get("output_tokens"),
+            f"{L:.3f}" if isinstance(L, (int, float)) else "-", fault_kernel(r) or "-"))))
+    t = pd.DataFrame(rows, columns=cols)
+    for c in ("requests completed", "requests failed", "output tokens"):   # counts, not floats (pandas' NaN-able ints)
+        t[c] = pd.array([None if x is None or x != x else int(x) for x in t[c]], dtype="Int64")
+    return t
 
 
 def diff_server_predictions(df, diff_text: str):

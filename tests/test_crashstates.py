@@ -24,7 +24,10 @@ def test_side_by_side_puts_the_report_first_and_merges_identical_dumps():
 def test_path_rates_counts_only_natural_stock_runs():
     r = C.path_rates(analysis.load_runs()).set_index("path")
     # the crash configuration's acceptance first on each path; s21's acceptance-8.8 runs get a row of their own
-    assert list(r.index) == ["offline, TP=1", "offline, TP=1, acceptance 8.8", "server, TP=1", "offline, TP=2", "server, TP=2"]
+    # s48: the stock server at 6.0 (beside the upstream diff's) gets its own row, never pooled with 1.86
+    assert list(r.index) == ["offline, TP=1", "offline, TP=1, acceptance 8.8", "server, TP=1", "server, TP=1, acceptance 6",
+                             "offline, TP=2", "server, TP=2"]
+    assert r.loc["server, TP=1, acceptance 6", 8] == "0/3"
     k, n = C.parse_rate(r.loc["offline, TP=1", 32])
     assert k == n >= 15
     # s21: a plain c16 (keep-running core dumps are passive) joined the hooked runs, so the cell is no longer marked;
@@ -44,7 +47,7 @@ def test_path_rates_counts_only_natural_stock_runs():
     # s22: the stock control at 8 faulted first in the target's GDN kernel; s40: both snapshot engines at 8 too
     assert "fused_sigmoid_gating_delta_rule_update_kernel (4)" in kern   # and s47's control at 8
     assert all(v == "not run" or "/" in v for v in r[32])  # a path without runs says so
-    assert r.loc["server, TP=1", 32] == "5/5"
+    assert r.loc["server, TP=1", 32] == "6/6"
 
 
 def test_stock_full_keeps_one_acceptance():
@@ -128,19 +131,21 @@ def test_device_asserts_parses_runtime_lines():
     assert analysis.device_asserts("no asserts here") == []
 
 
-def test_server_path_s19_s21():
-    """s19 ran 4 of the server's c32 runs, s21 the fifth (another GPU session, its own file)."""
+def test_server_path_s19_s21_s48():
+    """s19 ran 4 of the server's c32 runs, s21 the fifth (another GPU session, its own file); s48's stock servers beside
+    the upstream diff's added one run each at 32, 8 and 20."""
     r = C.path_rates(analysis.load_runs()).set_index("path")
-    assert r.loc["server, TP=1", 16] == "0/5" and r.loc["server, TP=1", 32] == "5/5"
+    assert r.loc["server, TP=1", 16] == "0/5" and r.loc["server, TP=1", 32] == "6/6"
+    assert r.loc["server, TP=1", 8] == "1/1" and r.loc["server, TP=1", 20] == "1/1"
     assert r.loc["server, TP=1", "faulting kernel (core dump)"] == (
-        "copy_and_expand_dflash_inputs_kernel (4), triton_poi_fused_2 (1)")
+        "copy_and_expand_dflash_inputs_kernel (6), fused_sigmoid_gating_delta_rule_update_kernel (1), triton_poi_fused_2 (1)")
 
 
 def test_client_view_shows_what_the_clients_of_a_crashed_server_got():
     v = C.client_view(analysis.load_runs())
-    assert len(v) == 5 and set(v["HTTP statuses"]) == {"200 x32"}   # s19: 4, s21: 1
+    assert len(v) == 8 and set(v["HTTP statuses"]) == {"200 x32", "200 x8", "200 x20"}   # s19: 4, s21: 1, s48: 3
     assert all(k.startswith("stream_error_event x") for k in v["how it failed"])
-    assert (v["completed"] + v["failed"] == 32).all()
+    assert (v["completed"] + v["failed"] == v["concurrency"]).all()
     assert all('"code": 500' in b and "InternalServerError" in b for b in v["first error body"])
 
 

@@ -137,7 +137,14 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # the fix's runs at 16 are where stock completes: said once, in the sentence that sets each fix concurrency beside stock
     assert "concurrency 16: 3/3 completed" in text and "stock completed there too" not in text
     assert "concurrency 64: 3/3 completed," in text or "concurrency 64: 3/3 completed;" in text
-    assert "The OpenAI server at TP=1" in text and "concurrency 32: 5/5 crashed" in text and '"code": 500' in text
+    assert "The OpenAI server at TP=1" in text and "concurrency 32: 6/6 crashed" in text and '"code": 500' in text
+    # s48: stock servers at 8 and 20 beside the upstream diff's, and the clients' statuses in numeric order
+    assert "concurrency 8: 1/1 crashed (1/1 with core dump on)" in text and "HTTP 200 x8, 200 x20, 200 x32 and then" in text
+    assert ("On the OpenAI server, the report's path (GPU session 2026-12-03-s48; 10 of 10 predictions written before the "
+            "runs held, and 2 of 2 integrity checks): stock servers crashed 3/3") in text
+    assert ("the diff's server completed 10/10 at 32, 3/3 at 8, 3/3 at 20 (one server start, in that order), every request "
+            "HTTP 200 with all its tokens; at synthetic acceptance 6.0 and concurrency 8 the diff counted 6.000, 6.000, "
+            "6.000 tokens per step, stock 5.120, 5.108, 5.108") in text
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
@@ -472,3 +479,15 @@ def test_plain_sites_text_names_one_site_or_says_there_are_several():
     assert findings.plain_sites_text(sites) == ("at 20, 4 runs, first at step 10 in L15 attn; at 28, 1 run, first at "
                                                  "step 11 in L23 attn; at 32, 2 runs at 2 different first sites; at 16, "
                                                  "2 runs, no NaN recorded")
+
+
+def test_the_server_diff_clause_is_absent_without_its_runs_and_says_when_a_request_was_not_clean():
+    from dflash_lab import analysis, findings, verification
+
+    df = analysis.load_runs()
+    assert findings._diff_server_line(df[df["matrix"] != verification.DIFF_SERVER_MATRIX]) == ""
+    bad = df.copy()
+    i = bad.index[(bad["matrix"] == verification.DIFF_SERVER_MATRIX) & (bad["run_id"] == "diff-server/c8/r0")][0]
+    bad.at[i, "requests_failed"] = 1
+    line = findings._diff_server_line(bad)
+    assert "not every request clean (notebook 04)" in line and "9 of 10 predictions" in line

@@ -923,3 +923,16 @@ def test_server_diff_predictions_fail_on_a_crash_a_bad_request_a_lost_token_or_a
     assert _failed(V.diff_server_predictions(bad, text)) == ["(a) its clients: HTTP 200, the"]
     with pytest.raises(LabError, match="no run lines of verify-diff-server-tp1"):
         V.diff_server_predictions(df[df["matrix"] != V.DIFF_SERVER_MATRIX], text)
+
+
+def test_server_runs_reads_each_server_line_as_its_clients_saw_it():
+    df, _ = _server_diff_case()
+    t = V.server_runs(df[df["matrix"] == V.DIFF_SERVER_MATRIX]).set_index("run")
+    assert len(t) == 25 and set(t["vLLM"]) == {"stock", "upstream diff"}
+    c = t.loc["stock-control/c32/r0"]
+    assert (c["outcome"], c["HTTP statuses"], c["client errors"], c["requests failed"]) == \
+        ("crash", "200: 32", "stream_error_event: 24", 24)
+    assert c["core: faulting kernel"] == "copy_and_expand_dflash_inputs_kernel" and c["counted acceptance"] == "-"
+    assert t.loc["diff-acc6/c8/r2", "counted acceptance"] == "6.000" and t.loc["diff-acc6/c8/r2", "output tokens"] == 4096
+    # offline lines are not server runs
+    assert not len(V.server_runs(df[df["matrix"] == V.DIFF_MATRIX]))
