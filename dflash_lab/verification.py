@@ -1517,7 +1517,7 @@ def _clients_clean(r) -> bool:
                 and r.get("server_alive") is True)
 
 
-def _clients_saw_stream_error(r) -> bool:
+def clients_saw_stream_error(r) -> bool:
     """A crashed server run's failed requests all got HTTP 200 and then an in-stream error event (what s19's did)."""
     e = r.get("request_errors")
     if not isinstance(e, dict) or not e.get("failed"):
@@ -1579,12 +1579,13 @@ def diff_server_predictions(df, diff_text: str):
         return d[d["engine_id"] == name]
 
     a = eng("stock-control")
+    a = a[a["concurrency"] == 32]
     add(*_crash_with_core("(a) stock server at 32", a))
     add("(a) its clients: HTTP 200, then an in-stream error event",
         "; ".join(f"{r['request_errors'].get('failed')} failed, by kind {r['request_errors'].get('by_kind')}, "
                   f"by status {r['request_errors'].get('by_status')}" for _, r in a.iterrows()
                   if isinstance(r.get("request_errors"), dict)) or "-",
-        len(a) >= 1 and all(_clients_saw_stream_error(r) for _, r in a[a["crashed"]].iterrows()) and a["crashed"].any())
+        len(a) >= 1 and all(clients_saw_stream_error(r) for _, r in a[a["crashed"]].iterrows()) and a["crashed"].any())
     b = eng("diff-server")
     for conc, need in ((32, 10), (8, 3), (20, 3)):
         g = b[b["concurrency"] == conc]
@@ -1605,6 +1606,7 @@ def diff_server_predictions(df, diff_text: str):
                              ("stock-acc6", "(d) stock at acceptance 6.0 and 8: completes 3 of 3, counts below 6",
                               lambda x: x < 6.0 - 1e-9)):
         g = eng(name)
+        g = g[(g["acceptance"] == 6.0) & (g["concurrency"] == 8)]
         t = acceptance.counted_against_schedule(g, outcomes=("ok",))
         add(pred, f"{int((g['outcome'] == 'ok').sum())} of {len(g)} completed; counted "
                   + (", ".join(f"{x:.3f}" for x in t["counted mean"]) or "-"),

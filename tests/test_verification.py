@@ -890,37 +890,31 @@ def test_the_recorded_server_diff_test_held_as_pre_registered():
 
 def test_server_diff_predictions_fail_on_a_crash_a_bad_request_a_lost_token_or_a_control_that_completes():
     df, text = _server_diff_case()
-    bad = df.copy()
-    bad.loc[_at(df, "diff-server/c32/r4"), ["outcome", "crashed"]] = ["crash", True]
+
+    def failed(run_id, **fields):
+        """The predictions that fail once ``run_id``'s line has ``fields`` (``acceptance_length``: in its counters)."""
+        bad = df.copy()
+        i = _at(df, run_id)
+        if "acceptance_length" in fields:
+            bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"],
+                                                "acceptance_length": fields.pop("acceptance_length")}
+        for k, v in fields.items():
+            bad.at[i, k] = v
+        return _failed(V.diff_server_predictions(bad, text))
+
     # a crashed run also leaves the counters one run short of the 16
-    assert _failed(V.diff_server_predictions(bad, text)) == ["(b) the diff's server at 32: c", "(b) no diff run at 1.86 counts"]
-    bad = df.copy()
-    i = _at(df, "diff-server/c32/r7")
-    bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"], "acceptance_length": 1.80}
-    assert _failed(V.diff_server_predictions(bad, text)) == ["(b) no diff run at 1.86 counts"]
-    bad = df.copy()
-    i = _at(df, "diff-server/c8/r1")
-    bad.at[i, "http_statuses"] = [200] * 7 + [500]                  # one request refused: not a clean run
-    assert _failed(V.diff_server_predictions(bad, text)) == ["(b) the diff's server at 8: co"]
-    bad = df.copy()
-    i = _at(df, "diff-server/c20/r2")
-    bad.at[i, "output_tokens"] = 20 * 512 - 1                       # a request that came back short
-    assert _failed(V.diff_server_predictions(bad, text)) == ["(b) the diff's server at 20: c"]
-    bad = df.copy()
-    i = _at(df, "diff-acc6/c8/r1")
-    bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"], "acceptance_length": 5.99}
-    assert _failed(V.diff_server_predictions(bad, text)) == ["(d) the diff at acceptance 6.0"]
-    bad = df.copy()
-    i = _at(df, "stock-acc6/c8/r0")
-    bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"], "acceptance_length": 6.0}
-    assert _failed(V.diff_server_predictions(bad, text)) == ["(d) stock at acceptance 6.0 an"]
-    bad = df.copy()
-    bad.loc[_at(df, "stock-controls/c8/r0"), ["outcome", "crashed"]] = ["ok", False]
-    assert _failed(V.diff_server_predictions(bad, text)) == ["(c) stock server at 8: crashes"]
-    bad = df.copy()
-    i = _at(df, "stock-control/c32/r0")
-    bad.at[i, "request_errors"] = {**df.at[i, "request_errors"], "by_status": {"500": 24}}   # refused, not streamed
-    assert _failed(V.diff_server_predictions(bad, text)) == ["(a) its clients: HTTP 200, the"]
+    assert failed("diff-server/c32/r4", outcome="crash", crashed=True) == ["(b) the diff's server at 32: c",
+                                                                           "(b) no diff run at 1.86 counts"]
+    assert failed("diff-server/c32/r7", acceptance_length=1.80) == ["(b) no diff run at 1.86 counts"]
+    # one request refused, one that came back short: not a clean run
+    assert failed("diff-server/c8/r1", http_statuses=[200] * 7 + [500]) == ["(b) the diff's server at 8: co"]
+    assert failed("diff-server/c20/r2", output_tokens=20 * 512 - 1) == ["(b) the diff's server at 20: c"]
+    assert failed("diff-acc6/c8/r1", acceptance_length=5.99) == ["(d) the diff at acceptance 6.0"]
+    assert failed("stock-acc6/c8/r0", acceptance_length=6.0) == ["(d) stock at acceptance 6.0 an"]
+    assert failed("stock-controls/c8/r0", outcome="ok", crashed=False) == ["(c) stock server at 8: crashes"]
+    errors = df.at[_at(df, "stock-control/c32/r0"), "request_errors"]
+    assert failed("stock-control/c32/r0", request_errors={**errors, "by_status": {"500": 24}}) == \
+        ["(a) its clients: HTTP 200, the"]                                    # refused, not streamed
     with pytest.raises(LabError, match="no run lines of verify-diff-server-tp1"):
         V.diff_server_predictions(df[df["matrix"] != V.DIFF_SERVER_MATRIX], text)
 
