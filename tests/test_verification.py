@@ -910,6 +910,8 @@ def test_server_diff_predictions_fail_on_a_crash_a_bad_request_a_lost_token_or_a
     assert failed("diff-server/c8/r1", http_statuses=[200] * 7 + [500]) == ["(b) the diff's server at 8: co"]
     assert failed("diff-server/c20/r2", output_tokens=20 * 512 - 1) == ["(b) the diff's server at 20: c"]
     assert failed("diff-acc6/c8/r1", acceptance_length=5.99) == ["(d) the diff at acceptance 6.0"]
+    # a loss too small to show at 3 decimals is still a loss
+    assert failed("diff-acc6/c8/r2", acceptance_length=5.9999) == ["(d) the diff at acceptance 6.0"]
     assert failed("stock-acc6/c8/r0", acceptance_length=6.0) == ["(d) stock at acceptance 6.0 an"]
     assert failed("stock-controls/c8/r0", outcome="ok", crashed=False) == ["(c) stock server at 8: crashes"]
     errors = df.at[_at(df, "stock-control/c32/r0"), "request_errors"]
