@@ -1250,8 +1250,7 @@ def snapcore_test(df, matrix: str = SNAPCORE_MATRIX, data_dir: str = "data"):
         add("(f)", "group 7's schedule at the first served step (snapshot)", fmt_schedule(fa3sched.STALE_S39),
             "; ".join(sorted(fmt_schedule(v) for v in snapped)) or "no group 7 in the snapshot",
             snapped == {fa3sched.STALE_S39})
-        f = r.get("fault") if isinstance(r.get("fault"), dict) else {}
-        kernel = f.get("kernel")
+        kernel = fault_kernel(r)
         add("(g)", "the core's faulting kernel", " or ".join(SNAPCORE_KERNELS[c]),
             kernel or ("no core dump" if crashed else "no crash"), kernel in SNAPCORE_KERNELS[c])
     return pd.DataFrame(rows, columns=PADDING_COLUMNS)
