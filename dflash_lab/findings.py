@@ -197,7 +197,7 @@ def write_findings(root: Path, out: Path) -> Path:
                         "evidence about the crash" if len(no_ev) else "")
                      + (f"; the fix has not run at {', '.join(map(str, never))}, where stock crashes" if never else "") + "."
                      + _part1_line(wsc))
-        fix_line += _diff_line(df, pt) + _diff_server_line(df)
+        fix_line += _diff_line(df, pt) + _diff_rest_line(df, pt) + _diff_server_line(df)
         fix_line += " " + _end_to_end_line(df)
     else:
         fix_line += f" GPU runs with it: {len(fix2)}."
@@ -663,6 +663,49 @@ def _diff_line(df, pt) -> str:
             f"{int(stock['crashed'].sum())}/{len(stock)} (at {', '.join(str(int(c)) for c in stock['concurrency'])}); with the "
             f"diff {by_c} completed (one engine start, in that order)"
             + (f"; under the step probe at 8: {probe['measured'].iloc[0]}" if len(probe) else "") + ".")
+
+
+def _diff_rest_line(df, pt) -> str:
+    """The upstream diff offline at 64, 24 and 28 (verify-diff-rest-tp1, s49): its predictions (decided, held, not run
+    yet, and which failed as written), the stock controls with what named their fault, the diff's runs and counted
+    acceptance; empty when it has not run."""
+    from . import acceptance, verification
+    from .patch import upstream_diff
+
+    if "matrix" not in df or not (df["matrix"] == verification.DIFF_REST_MATRIX).any():
+        return ""
+    dp = verification.diff_rest_predictions(df, pt, upstream_diff())
+    d = df[df["matrix"] == verification.DIFF_REST_MATRIX]
+    pre = dp[dp["kind"] == "pre-registered"]
+    decided = pre[pre["held"].map(lambda h: h is not None)]
+    failed = decided[decided["held"].map(lambda h: h is False)]
+    pending = pre[pre["held"].map(lambda h: h is None)]
+    stock = d[d["engine_id"] == "stock-controls"]
+    named = []
+    for _, r in stock.iterrows():
+        k = verification.fault_kernel(r)
+        if k:
+            named.append(f"{int(r['concurrency'])}: {k}")
+        else:
+            a = verification.log_assert_text(r)
+            named.append(f"{int(r['concurrency'])}: no core file, its engine log printed "
+                         + (f"{len(a.split('; '))} failed device asserts, the drafter's RoPE position bounds"
+                            if a and all("< 262144" in x for x in a.split("; "))
+                            else f"device asserts: {a}" if a else "no device assert"))
+    diff = d[(d["fix_via"] == "upstream diff") & (d["probe"] != True)]  # noqa: E712
+    by_c = ", ".join(f"{int((g['outcome'] == 'ok').sum())}/{len(g)} at {int(c)}"
+                     for c, g in diff.groupby("concurrency", sort=False))
+    cb = acceptance.counted_against_schedule(diff, outcomes=("ok",))
+    sess = ", ".join(sorted(set(d["gpu_session"].dropna()), key=analysis.session_key))
+    return (f" Offline at 64, 24 and 28, where stock crashes every run (GPU session {sess}): stock controls crashed "
+            f"{int(stock['crashed'].sum())}/{len(stock)} (at {'; at '.join(named)}); with the diff {by_c} completed (one "
+            f"engine start, in that order), {int(cb['below the schedule'].sum()) if len(cb) else 0} of {len(cb)} counting "
+            f"below the schedule" + (f" (counted {cb['counted mean'].min():.3f}-{cb['counted mean'].max():.3f})" if len(cb) else "")
+            + f". Of its {len(pre)} predictions written before the runs, {int(sum(h is True for h in decided['held']))} of "
+            f"{len(decided)} decided held"
+            + (f"; failed as written: {'; '.join(x.split(':')[0] for x in failed['predicted'])}" if len(failed) else "")
+            + (f"; not run yet: {'; '.join(x.split(':')[0] for x in pending['predicted'])}" if len(pending) else "")
+            + f"; {_held_of(dp, 'integrity check')} integrity checks held.")
 
 
 def _diff_server_line(df) -> str:

@@ -1412,6 +1412,7 @@ def plot_admission(ax, sites, concurrency: int = 28):
 DIFF_MATRIX = "verify-diff-tp1"
 DIFF_CONTROLS_MATRIX = "verify-diff-controls-tp1"
 DIFF_SERVER_MATRIX = "verify-diff-server-tp1"
+DIFF_REST_MATRIX = "verify-diff-rest-tp1"
 DIFF_CHECK_LINE = "vLLM with the upstream diff"   # what vllmdiff.check_loaded prints in each engine process
 
 
@@ -1431,12 +1432,53 @@ def fault_kernel(r):
     return f.get("kernel") if isinstance(f, dict) else None
 
 
+def log_assert_text(r) -> str | None:
+    """The device asserts a run's stored engine log printed, as "message (source, N threads)" joined by "; "; None
+    when the log is not recorded, "" when it printed none."""
+    log = analysis.engine_log(r)
+    if log is None:
+        return None
+    return "; ".join(f"{a['message']} ({a['source']}, {a['threads']} threads)" for a in analysis.log_asserts(log))
+
+
 def _crash_with_core(what: str, sel) -> tuple:
-    """(predicted, measured, held) of "``what``: crashes, its core names a kernel" over the run lines ``sel``."""
+    """(predicted, measured, held) of "``what``: crashes, its core names a kernel" over the run lines ``sel``. A crash
+    whose core named nothing is measured with the runner's reason and the device asserts its engine log printed
+    (the other evidence of where it faulted)."""
     ks = [fault_kernel(r) for _, r in sel.iterrows()]
+    notes = []
+    for _, r in sel[sel["crashed"]].iterrows():
+        if fault_kernel(r):
+            continue
+        f = r.get("fault") if isinstance(r.get("fault"), dict) else {}
+        asserts = log_assert_text(r)
+        notes.append(f"{r['run_id']}: {f.get('error') or 'no core read'}; error line "
+                     f"'{str(r.get('error') or '-')[:60]}'; engine log's device asserts: "
+                     + (asserts if asserts else "none" if asserts == "" else "log not recorded"))
     return (f"{what}: crashes, its core names a kernel",
-            f"{int(sel['crashed'].sum())} of {len(sel)} crashed; core: {', '.join(str(k) for k in ks) or '-'}",
+            f"{int(sel['crashed'].sum())} of {len(sel)} crashed; core: {', '.join(str(k) for k in ks) or '-'}"
+            + "".join(f" ({n})" for n in notes),
             bool(len(sel) >= 1 and sel["crashed"].all() and all(ks)))
+
+
+def _probe_prediction(p, what: str) -> tuple:
+    """(predicted, measured, held) of "``what``: completes, every FULL step identical to the no-graph pass" over the
+    probe-table rows ``p`` (one row expected): held None when there is none (the probe has not run)."""
+    import pandas as pd
+
+    pred = f"{what}: completes, every FULL step identical to the no-graph pass"
+    if not len(p):
+        return pred, "not run yet (no probe log)", None
+    if len(p) != 1:
+        return pred, f"{len(p)} probe logs", False
+    q = p.iloc[0]
+    return (pred,
+            f"runs ok {q['runs ok / runs']}; {q['FULL steps diverging']} of {q['FULL steps']} FULL steps diverging "
+            f"(up to {q['max requests in a FULL step']} requests), largest difference {q['max |output diff|']}, "
+            f"first NaN step {q['first NaN step'] if pd.notna(q['first NaN step']) else 'none'}, "
+            f"{q['violations']} canary violations",
+            bool(q["runs ok / runs"] == "1/1" and q["FULL steps"] > 0 and q["FULL steps diverging"] == 0
+                 and q["max |output diff|"] == 0 and pd.isna(q["first NaN step"])))
 
 
 def _diff_integrity(diffed, diff_text: str) -> list[tuple]:
@@ -1491,17 +1533,8 @@ def diff_predictions(df, probes, diff_text: str):
     for row in _diff_integrity(d[d["fix_via"] == "upstream diff"], diff_text):
         add(*row, "integrity check")
     p = probes[(probes["gpu_session"].isin(set(d["gpu_session"]))) & (probes["fix"].str.startswith("upstream diff"))]
-    if len(p) != 1:
-        add("(c) the diff under the step probe at 8", f"{len(p)} probe logs", False)
-    else:
-        q = p.iloc[0]
-        add("(c) the diff under the step probe at 8: completes, every FULL step identical to the no-graph pass",
-            f"runs ok {q['runs ok / runs']}; {q['FULL steps diverging']} of {q['FULL steps']} FULL steps diverging "
-            f"(up to {q['max requests in a FULL step']} requests), largest difference {q['max |output diff|']}, "
-            f"first NaN step {q['first NaN step'] if pd.notna(q['first NaN step']) else 'none'}, "
-            f"{q['violations']} canary violations",
-            q["runs ok / runs"] == "1/1" and q["FULL steps"] > 0 and q["FULL steps diverging"] == 0
-            and q["max |output diff|"] == 0 and pd.isna(q["first NaN step"]))
+    pred, measured, held = _probe_prediction(p, "(c) the diff under the step probe at 8")
+    add(pred, measured, bool(held))   # s47 ran it: a missing probe log here is a failure, not a run to come
     return pd.DataFrame(rows, columns=["kind", "predicted", "measured", "held"])
 
 
@@ -1615,3 +1648,46 @@ def diff_server_predictions(df, diff_text: str):
     for row in _diff_integrity(d[d["fix_via"] == "upstream diff"], diff_text):
         add(*row, "integrity check")
     return pd.DataFrame(rows, columns=["kind", "predicted", "measured", "held"])
+
+
+def diff_rest_predictions(df, probes, diff_text: str):
+    """``verify-diff-rest-tp1`` (s49: the upstream diff offline at 64, 24 and 28, the concurrencies where offline stock
+    crashed every run and the diff had not run) against what its header predicted before the runs, one row per
+    prediction, as :func:`diff_predictions`: (a) the stock controls crash at 64, 24 and 28, each core naming a kernel;
+    (b) the diff completes 3 of 3 at each, no run counting below the schedule; (c) under the step probe at 64 the diff
+    completes and every FULL step is identical to the no-graph pass. Then the integrity checks of
+    :func:`_diff_integrity`. ``held`` is None for a prediction whose runs have no line yet (not run: neither held nor
+    failed). ``probes``: :func:`probe_table`. Raises when the matrix has no lines."""
+    import pandas as pd
+
+    from . import acceptance
+
+    d = df[df["matrix"] == DIFF_REST_MATRIX]
+    if not len(d):
+        raise LabError(f"no run lines of {DIFF_REST_MATRIX} in the data")
+    rows = []
+
+    def add(pred, measured, held, kind="pre-registered"):
+        rows.append({"kind": kind, "predicted": pred, "measured": measured, "held": None if held is None else bool(held)})
+
+    stock = d[d["engine_id"] == "stock-controls"]
+    for conc in (64, 24, 28):
+        add(*_crash_with_core(f"(a) stock control at {conc}", stock[stock["concurrency"] == conc]))
+    diff = d[d["engine_id"] == "diff"]
+    for conc in (64, 24, 28):
+        g = diff[diff["concurrency"] == conc]
+        ok = int((g["outcome"] == "ok").sum())
+        add(f"(b) the diff at {conc}: completes 3 of 3", f"{ok} of {len(g)} completed", len(g) == 3 and ok == 3)
+    cb = acceptance.counted_against_schedule(diff, outcomes=("ok",))
+    add("(b) no diff run counts below the schedule (acceptance.below)",
+        f"{int(cb['below the schedule'].sum())} of {len(cb)} below; counted "
+        f"{cb['counted mean'].min():.3f}-{cb['counted mean'].max():.3f}" if len(cb) else "no counters",
+        len(cb) == len(diff) == 9 and not cb["below the schedule"].any())
+    p = probes[(probes["engine"].str.startswith("diff-probe-c64.")) & probes["fix"].str.startswith("upstream diff")
+               & probes["gpu_session"].isin(set(d["gpu_session"]))]
+    add(*_probe_prediction(p, "(c) the diff under the step probe at 64"))
+    for row in _diff_integrity(d[d["fix_via"] == "upstream diff"], diff_text):
+        add(*row, "integrity check")
+    t = pd.DataFrame(rows, columns=["kind", "predicted", "measured"])
+    t["held"] = pd.Series([r["held"] for r in rows], dtype=object)   # True, False or None (not run), never NaN
+    return t

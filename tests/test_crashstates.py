@@ -108,10 +108,14 @@ def test_keep_running_core_dumps_print_the_device_asserts():
     the two position-index bounds of the drafter's RoPE kernel; the runs whose process the driver ended print none.
     s22: where the core names the DFlash input kernel or the RoPE kernel, both asserts print; the c8 control whose core
     names the target's GDN kernel printed none. s40 (snap-coredump-tp1): the same split, 2 and 2; s47 (the controls beside the
-    upstream diff): 2 and 1."""
+    upstream diff): 2 and 1. s49 (the controls beside the diff at 64, 24 and 28): 3 and 0, the one at 24 without a core
+    file (its process was gone before one was written), its asserts read from the engine log all the same."""
     ft = analysis.fault_table(analysis.load_runs())
     keep = ft[ft["cell"].str.contains("keep running")]
-    assert len(keep) == 12   # s47: the stock controls beside the upstream diff at 32, 20 and 8
+    assert len(keep) == 15   # s47: the stock controls beside the upstream diff at 32, 20 and 8; s49: at 64, 24, 28
+    s49 = keep[keep["file"] == "2026-12-03_h200_verify-diff-rest-b-tp1.jsonl"].set_index("concurrency")
+    assert s49.loc[24, "faulting kernel"] == "unread" and s49.loc[24, "cores"] == 0
+    assert s49.loc[24, "error line"] == "CUDA error: unspecified launch failure"
     rope = analysis.compiled_kernel("triton_poi_fused_2")["device_asserts"]
     gdn = keep["faulting kernel"] == "fused_sigmoid_gating_delta_rule_update_kernel"
     assert sorted(keep.loc[gdn, "run"]) == ["stock-control-c8/c8/r0"] * 2 + ["stock-snap-core-c8/c8/r0", "stock-snap-core-c8/c8/r1"]

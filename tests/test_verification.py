@@ -834,8 +834,11 @@ def test_the_recorded_diff_test_held_as_pre_registered():
     assert not len(analysis.stock_full(d[d["fix_via"] == "upstream diff"], acceptance=None))
     w = V.fix_where_stock_crashes(df)
     w = w[w["fix"] == "the upstream diff, as a diff"].set_index("concurrency")
-    assert w["fix completed / runs"].to_dict() == {8: "3/3", 20: "3/3", 32: "10/10"}
-    assert set(w["sessions with a crashed stock control"]) == {"2026-12-03-s47"}
+    assert w["fix completed / runs"].to_dict() == {8: "3/3", 20: "3/3", 24: "3/3", 28: "3/3", 32: "10/10", 64: "3/3"}
+    # s49 ran the diff at 24, 28 and 64 (verify-diff-rest-tp1), beside its own stock controls
+    assert w["sessions with a crashed stock control"].to_dict() == {8: "2026-12-03-s47", 20: "2026-12-03-s47",
+                                                                     24: "2026-12-03-s49", 28: "2026-12-03-s49",
+                                                                     32: "2026-12-03-s47", 64: "2026-12-03-s49"}
 
 
 def test_diff_predictions_fail_on_a_crash_a_missing_check_another_diff_or_a_diverging_step(monkeypatch):
@@ -919,6 +922,73 @@ def test_server_diff_predictions_fail_on_a_crash_a_bad_request_a_lost_token_or_a
         ["(a) its clients: HTTP 200, the"]                                    # refused, not streamed
     with pytest.raises(LabError, match="no run lines of verify-diff-server-tp1"):
         V.diff_server_predictions(df[df["matrix"] != V.DIFF_SERVER_MATRIX], text)
+
+
+def _rest_at(df, run_id):
+    return df.index[(df["matrix"] == V.DIFF_REST_MATRIX) & (df["run_id"] == run_id)][0]
+
+
+def _rest_failed(t):
+    """The first 30 characters of each decided prediction that did not hold (held False; None is not run)."""
+    return list(t.loc[t["held"].map(lambda h: h is False), "predicted"].str[:30])
+
+
+def test_the_recorded_rest_diff_test_as_pre_registered():
+    """s49 (verify-diff-rest-tp1): stock crashed at 64, 24 and 28, the diff completed 3/3 at each; the control at 24
+    left no core file (its engine log printed both drafter RoPE asserts), so its '(a)' failed as written; the probe at
+    64 did not run before the device time ran out."""
+    df, text = _server_diff_case()
+    pt = V.probe_table(df)
+    t = V.diff_rest_predictions(df, pt, text)
+    assert len(t) == 10 and list(t["kind"]).count("pre-registered") == 8
+    assert _rest_failed(t) == ["(a) stock control at 24: crash"]
+    c24 = t.loc[t["predicted"].str.startswith("(a) stock control at 24"), "measured"].iloc[0]
+    assert c24.startswith("1 of 1 crashed; core: None") and "unspecified launch failure" in c24
+    assert "0 <= tmp16 < 262144" in c24 and "0 <= tmp48 < 262144" in c24
+    probe = t[t["predicted"].str.startswith("(c)")]
+    assert len(probe) == 1 and probe["held"].iloc[0] is None and probe["measured"].iloc[0].startswith("not run yet")
+    assert sum(h is True for h in t["held"]) == 8
+    w = V.fix_where_stock_crashes(df)
+    w = w[w["fix"] == "the upstream diff, as a diff"].set_index("concurrency")
+    assert {c: w.loc[c, "fix completed / runs"] for c in (24, 28, 64)} == {24: "3/3", 28: "3/3", 64: "3/3"}
+    assert {w.loc[c, "sessions with a crashed stock control"] for c in (24, 28, 64)} == {"2026-12-03-s49"}
+
+
+def test_rest_diff_predictions_fail_on_a_crash_a_lost_token_a_completed_control_or_a_diverging_probe():
+    df, text = _server_diff_case()
+    pt = V.probe_table(df)
+
+    def failed(run_id, **fields):
+        bad = df.copy()
+        i = _rest_at(df, run_id)
+        if "acceptance_length" in fields:
+            bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"],
+                                                "acceptance_length": fields.pop("acceptance_length")}
+        for k, v in fields.items():
+            bad.at[i, k] = v
+        return _rest_failed(V.diff_rest_predictions(bad, pt, text))
+
+    base = ["(a) stock control at 24: crash"]
+    assert failed("diff/c64/r1", outcome="crash", crashed=True) == base + ["(b) the diff at 64: completes ",
+                                                                           "(b) no diff run counts below t"]
+    assert failed("diff/c28/r2", acceptance_length=1.70) == base + ["(b) no diff run counts below t"]
+    assert failed("stock-controls/c64/r0", outcome="ok", crashed=False) == ["(a) stock control at 64: crash"] + base
+    # a probe log of the diff at 64: judged once it exists, held when bit-identical, failed when a FULL step diverges
+    row = {c: None for c in pt.columns}
+    row.update({"session": "2026-12-03_h200_verify-diff-rest-c-tp1", "engine": "diff-probe-c64.a1",
+                "fix": "upstream diff, as a diff", "gpu_session": "2026-12-03-s49", "concurrencies": "64",
+                "runs ok / runs": "1/1", "FULL steps": 280, "FULL steps diverging": 0, "max requests in a FULL step": 64,
+                "max |output diff|": 0.0, "first NaN step": None, "violations": 0})
+    import pandas as pd
+    ok = pd.concat([pt, pd.DataFrame([row])], ignore_index=True)
+    t = V.diff_rest_predictions(df, ok, text)
+    assert t.loc[t["predicted"].str.startswith("(c)"), "held"].iloc[0] is True
+    bad = pd.concat([pt, pd.DataFrame([{**row, "FULL steps diverging": 3, "max |output diff|": 0.5}])], ignore_index=True)
+    assert _rest_failed(V.diff_rest_predictions(df, bad, text)) == base + ["(c) the diff under the step pr"]
+    other = text.replace("+        own = getattr(self", "+        own = getattr(self  ", 1)
+    assert _rest_failed(V.diff_rest_predictions(df, pt, other)) == base + ["the runs' overlay holds the co"]
+    with pytest.raises(LabError, match="no run lines of verify-diff-rest-tp1"):
+        V.diff_rest_predictions(df[df["matrix"] != V.DIFF_REST_MATRIX], pt, text)
 
 
 def test_server_runs_reads_each_server_line_as_its_clients_saw_it():
