@@ -869,8 +869,20 @@ def _server_diff_case():
     return df, Path("patches/vllm-0.22.1-dflash.diff").read_text()
 
 
-def _at(df, run_id):
-    return df.index[(df["matrix"] == V.DIFF_SERVER_MATRIX) & (df["run_id"] == run_id)][0]
+def _at(df, run_id, matrix=V.DIFF_SERVER_MATRIX):
+    return df.index[(df["matrix"] == matrix) & (df["run_id"] == run_id)][0]
+
+
+def _edited(df, matrix, run_id, **fields):
+    """A copy of ``df`` whose line ``run_id`` of ``matrix`` has ``fields`` (``acceptance_length``: in its counters)."""
+    bad = df.copy()
+    i = _at(df, run_id, matrix)
+    if "acceptance_length" in fields:
+        bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"],
+                                            "acceptance_length": fields.pop("acceptance_length")}
+    for k, v in fields.items():
+        bad.at[i, k] = v
+    return bad
 
 
 def test_the_recorded_server_diff_test_held_as_pre_registered():
@@ -895,15 +907,8 @@ def test_server_diff_predictions_fail_on_a_crash_a_bad_request_a_lost_token_or_a
     df, text = _server_diff_case()
 
     def failed(run_id, **fields):
-        """The predictions that fail once ``run_id``'s line has ``fields`` (``acceptance_length``: in its counters)."""
-        bad = df.copy()
-        i = _at(df, run_id)
-        if "acceptance_length" in fields:
-            bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"],
-                                                "acceptance_length": fields.pop("acceptance_length")}
-        for k, v in fields.items():
-            bad.at[i, k] = v
-        return _failed(V.diff_server_predictions(bad, text))
+        """The predictions that fail once ``run_id``'s line has ``fields``."""
+        return _failed(V.diff_server_predictions(_edited(df, V.DIFF_SERVER_MATRIX, run_id, **fields), text))
 
     # a crashed run also leaves the counters one run short of the 16
     assert failed("diff-server/c32/r4", outcome="crash", crashed=True) == ["(b) the diff's server at 32: c",
@@ -922,10 +927,6 @@ def test_server_diff_predictions_fail_on_a_crash_a_bad_request_a_lost_token_or_a
         ["(a) its clients: HTTP 200, the"]                                    # refused, not streamed
     with pytest.raises(LabError, match="no run lines of verify-diff-server-tp1"):
         V.diff_server_predictions(df[df["matrix"] != V.DIFF_SERVER_MATRIX], text)
-
-
-def _rest_at(df, run_id):
-    return df.index[(df["matrix"] == V.DIFF_REST_MATRIX) & (df["run_id"] == run_id)][0]
 
 
 def _rest_failed(t):
@@ -959,14 +960,7 @@ def test_rest_diff_predictions_fail_on_a_crash_a_lost_token_a_completed_control_
     pt = V.probe_table(df)
 
     def failed(run_id, **fields):
-        bad = df.copy()
-        i = _rest_at(df, run_id)
-        if "acceptance_length" in fields:
-            bad.at[i, "spec_decode_metrics"] = {**df.at[i, "spec_decode_metrics"],
-                                                "acceptance_length": fields.pop("acceptance_length")}
-        for k, v in fields.items():
-            bad.at[i, k] = v
-        return _rest_failed(V.diff_rest_predictions(bad, pt, text))
+        return _rest_failed(V.diff_rest_predictions(_edited(df, V.DIFF_REST_MATRIX, run_id, **fields), pt, text))
 
     base = ["(a) stock control at 24: crash"]
     assert failed("diff/c64/r1", outcome="crash", crashed=True) == base + ["(b) the diff at 64: completes ",
