@@ -382,6 +382,11 @@ def crash_table(df):
     return out
 
 
+def assert_text(asserts: list[dict]) -> str:
+    """:func:`device_asserts` as one line: "message (source, N threads)" joined by "; " ("" for none)."""
+    return "; ".join(f"{a['message']} ({a['source']}, {a['threads']} threads)" for a in asserts)
+
+
 def log_asserts(path: str) -> list[dict]:
     """:func:`device_asserts` of a stored engine log, read once per file version (a notebook builds the fault table
     several times; an engine log is up to a few MB)."""
@@ -417,8 +422,7 @@ def fault_table(df, data_dir: str = "data"):
                      "process": (f or {}).get("process"),
                      "cores": ("; ".join(f"{c.get('process') or c.get('pid')}: {c.get('kernel')}" for c in f["cores"])
                                if f and f.get("cores") else (1 if f and f.get("kernel") else 0)),
-                     "device asserts (engine log)": "; ".join(f"{a['message']} ({a['source']}, {a['threads']} threads)"
-                                                              for a in asserts) or ("" if log else "log not stored"),
+                     "device asserts (engine log)": assert_text(asserts) or ("" if log else "log not stored"),
                      "error line": r["error"], "file": r["file"],
                      # a line corrected after recording (dflash_lab.amend): the rules, the replaced values in the line
                      "amended": ", ".join(a["rule"] for a in r["amended"]) if isinstance(r.get("amended"), list) else ""})

@@ -1433,12 +1433,12 @@ def fault_kernel(r):
 
 
 def log_assert_text(r) -> str | None:
-    """The device asserts a run's stored engine log printed, as "message (source, N threads)" joined by "; "; None
-    when the log is not recorded, "" when it printed none."""
+    """The device asserts a run's stored engine log printed, as :func:`analysis.assert_text` writes them; None when the
+    log is not recorded, "" when it printed none."""
     log = analysis.engine_log(r)
     if log is None:
         return None
-    return "; ".join(f"{a['message']} ({a['source']}, {a['threads']} threads)" for a in analysis.log_asserts(log))
+    return analysis.assert_text(analysis.log_asserts(log))
 
 
 def _crash_with_core(what: str, sel) -> tuple:
