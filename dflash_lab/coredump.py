@@ -164,6 +164,19 @@ def processes(engine_log: str | os.PathLike | None) -> dict[int, str]:
     return out
 
 
+DUMP_STARTED = "Starting GPU coredump generation"   # what the CUDA driver prints to the process's stderr first
+
+
+def dump_started(engine_log: str | os.PathLike | None) -> bool | None:
+    """Whether the engine log holds the driver's line that it began writing a core dump; None without a log. s49's
+    control at 24 logged it and left no core file: its processes were gone before the file appeared."""
+    if engine_log is None or not os.path.isfile(engine_log):
+        return None
+    from .runner import read_recorded
+
+    return DUMP_STARTED in read_recorded(engine_log, errors="replace")
+
+
 def _pid_of(core: Path) -> int | None:
     m = re.search(r"(\d+)$", core.name)
     return int(m.group(1)) if m else None
@@ -180,7 +193,10 @@ def collect(core_dir, pgid: int | None, log_path: str | os.PathLike | None, wait
     fresh = set(cores(core_dir, since))
     stale = [str(p) for p in cores(core_dir) if p not in fresh]
     if wait_for_core(core_dir, pgid, wait_s, since=since) is None:
-        return {"kernel": None, "error": f"no core file in {core_dir} after {time.time() - t0:.0f} s",
+        started = dump_started(engine_log)
+        return {"kernel": None, "error": f"no core file in {core_dir} after {time.time() - t0:.0f} s"
+                + ("; the driver had logged that it started a dump" if started else ""),
+                **({"dump_started": started} if started is not None else {}),
                 **({"stale_cores": stale} if stale else {})}
     found = cores(core_dir, since)   # oldest first: the first finished dump leads
     names = processes(engine_log)

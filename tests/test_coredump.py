@@ -199,3 +199,22 @@ def test_coredump_takes_true_false_or_keep_running(tmp_path):
                coredump_root=str(tmp_path / "cores"))
     r = run_cli("dflash_lab", "run", str(m), "--out", str(tmp_path / "o.jsonl"))
     assert r.returncode == 2 and "coredump must be true, false or 'keep-running'" in r.stderr
+
+
+def test_a_missing_core_says_whether_the_driver_had_started_one(tmp_path):
+    """s49: the control at 24 crashed, its engine log held the driver's 'Starting GPU coredump generation', and no core
+    file appeared; the fault now records that the dump had started, and without the line that it had not."""
+    from dflash_lab import coredump
+    d = tmp_path / "cores"
+    d.mkdir()
+    log = tmp_path / "engine.log"
+    log.write_text("x.py:97: unknown: block: [53,0,0], thread: [57,0,0] Assertion `index out of bounds` failed.\n"
+                   "Starting GPU coredump generation, set the CUDA_COREDUMP_SHOW_PROGRESS environment variable to 1\n")
+    f = coredump.collect(d, None, tmp_path / "gdb.log", wait_s=2, engine_log=log)
+    assert f["kernel"] is None and f["dump_started"] is True
+    assert f["error"].startswith(f"no core file in {d} after ") and f["error"].endswith("started a dump")
+    log.write_text("no dump here\n")
+    g = coredump.collect(d, None, tmp_path / "gdb.log", wait_s=2, engine_log=log)
+    assert g["dump_started"] is False and "started a dump" not in g["error"]
+    h = coredump.collect(d, None, tmp_path / "gdb.log", wait_s=2)
+    assert "dump_started" not in h
