@@ -666,9 +666,9 @@ def _diff_line(df, pt) -> str:
 
 
 def _diff_rest_line(df, pt) -> str:
-    """The upstream diff offline at 64, 24 and 28 (verify-diff-rest-tp1, s49): its predictions (decided, held, not run
-    yet, and which failed as written), the stock controls with what named their fault, the diff's runs and counted
-    acceptance; empty when it has not run."""
+    """The upstream diff offline at 64, 24 and 28 (verify-diff-rest-tp1, s49-s50): its predictions (decided, held, not
+    run yet, and which failed as written), the stock controls of each session with what named their fault, the diff's
+    runs and counted acceptance, its step probe at 64; empty when it has not run."""
     from . import acceptance, verification
     from .patch import upstream_diff
 
@@ -684,11 +684,12 @@ def _diff_rest_line(df, pt) -> str:
     named = []
     for _, r in stock.iterrows():
         k = verification.fault_kernel(r)
+        where = f"{int(r['concurrency'])} ({verification.session_tag(r['gpu_session'])})"
         if k:
-            named.append(f"{int(r['concurrency'])}: {k}")
+            named.append(f"{where}: {k}")
         else:
             a = verification.log_assert_text(r)
-            named.append(f"{int(r['concurrency'])}: no core file, its engine log printed "
+            named.append(f"{where}: no core file, its engine log printed "
                          + (f"{len(a.split('; '))} failed device asserts, the drafter's RoPE position bounds"
                             if a and all("< 262144" in x for x in a.split("; "))
                             else f"device asserts: {a}" if a else "no device assert"))
@@ -697,10 +698,16 @@ def _diff_rest_line(df, pt) -> str:
                      for c, g in diff.groupby("concurrency", sort=False))
     cb = acceptance.counted_against_schedule(diff, outcomes=("ok",))
     sess = ", ".join(sorted(set(d["gpu_session"].dropna()), key=analysis.session_key))
-    return (f" Offline at 64, 24 and 28, where stock crashes every run (GPU session {sess}): stock controls crashed "
-            f"{int(stock['crashed'].sum())}/{len(stock)} (at {'; at '.join(named)}); with the diff {by_c} completed (one "
-            f"engine start, in that order), {int(cb['below the schedule'].sum()) if len(cb) else 0} of {len(cb)} counting "
+    probe = dp[dp["predicted"].str.startswith("(c)") & dp["held"].map(lambda h: h is not None)]
+    psess = d.loc[(d["fix_via"] == "upstream diff") & (d["probe"] == True), "gpu_session"]  # noqa: E712
+    return (f" Offline at 64, 24 and 28, where stock crashes every run (GPU sessions {sess}; each session ran its "
+            f"stock controls first): stock controls crashed {int(stock['crashed'].sum())}/{len(stock)} (at "
+            f"{'; at '.join(named)}); with the diff {by_c} completed (one engine start, in that order, "
+            f"{', '.join(sorted(set(diff['gpu_session'].dropna())))}), "
+            f"{int(cb['below the schedule'].sum()) if len(cb) else 0} of {len(cb)} counting "
             f"below the schedule" + (f" (counted {cb['counted mean'].min():.3f}-{cb['counted mean'].max():.3f})" if len(cb) else "")
+            + (f"; under the step probe at 64 ({', '.join(sorted(set(psess.dropna())))}): {probe['measured'].iloc[0]}"
+               if len(probe) else "")
             + f". Of its {len(pre)} predictions written before the runs, {int(sum(h is True for h in decided['held']))} of "
             f"{len(decided)} decided held"
             + (f"; failed as written: {'; '.join(x.split(':')[0] for x in failed['predicted'])}" if len(failed) else "")

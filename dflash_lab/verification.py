@@ -1651,9 +1651,10 @@ def diff_server_predictions(df, diff_text: str):
 
 
 def diff_rest_predictions(df, probes, diff_text: str):
-    """``verify-diff-rest-tp1`` (s49: the upstream diff offline at 64, 24 and 28, the concurrencies where offline stock
-    crashed every run and the diff had not run) against what its header predicted before the runs, one row per
-    prediction, as :func:`diff_predictions`: (a) the stock controls crash at 64, 24 and 28, each core naming a kernel;
+    """``verify-diff-rest-tp1`` (s49-s50: the upstream diff offline at 64, 24 and 28, the concurrencies where offline
+    stock crashed every run and the diff had not run) against what its header predicted before the runs, one row per
+    prediction, as :func:`diff_predictions`: (a) the stock controls crash at 64, 24 and 28, each core naming a kernel,
+    one row per concurrency and GPU session (each session that continued the matrix ran its controls first);
     (b) the diff completes 3 of 3 at each, no run counting below the schedule; (c) under the step probe at 64 the diff
     completes and every FULL step is identical to the no-graph pass. Then the integrity checks of
     :func:`_diff_integrity`. ``held`` is None for a prediction whose runs have no line yet (not run: neither held nor
@@ -1671,8 +1672,12 @@ def diff_rest_predictions(df, probes, diff_text: str):
         rows.append({"kind": kind, "predicted": pred, "measured": measured, "held": None if held is None else bool(held)})
 
     stock = d[d["engine_id"] == "stock-controls"]
-    for conc in (64, 24, 28):
-        add(*_crash_with_core(f"(a) stock control at {conc}", stock[stock["concurrency"] == conc]))
+    # the controls run again in every GPU session that continues the matrix (runner: control engines): (a) is judged
+    # per session, s49's beside (b) and s50's beside (c)
+    for sess in sorted(set(stock["gpu_session"].dropna()), key=session_key):
+        for conc in (64, 24, 28):
+            s = stock[(stock["gpu_session"] == sess) & (stock["concurrency"] == conc)]
+            add(*_crash_with_core(f"(a) stock control at {conc} ({session_tag(sess)})", s))
     diff = d[d["engine_id"] == "diff"]
     for conc in (64, 24, 28):
         g = diff[diff["concurrency"] == conc]
@@ -1690,4 +1695,50 @@ def diff_rest_predictions(df, probes, diff_text: str):
         add(*row, "integrity check")
     t = pd.DataFrame(rows, columns=["kind", "predicted", "measured"])
     t["held"] = pd.Series([r["held"] for r in rows], dtype=object)   # True, False or None (not run), never NaN
+    return t
+
+
+def session_tag(label: str) -> str:
+    """'s49' for the GPU session label '2026-12-03-s49' (the label itself when it has no such tail)."""
+    m = re.search(r"-(s\d+)$", str(label))
+    return m.group(1) if m else str(label)
+
+
+C24_CORE_MATRIX = "stock-c24-core-tp1"
+# kernels that stock cores at TP=1 had named before s50 (the matrix's prediction (b) lists them)
+STOCK_TP1_KERNELS = ("copy_and_expand_dflash_inputs_kernel", "triton_poi_fused_2",
+                     "fused_sigmoid_gating_delta_rule_update_kernel")
+
+
+def c24_core_predictions(df):
+    """``stock-c24-core-tp1`` (s50: stock at 24 again, after s49's control there left no core file) against its
+    header's predictions, one row each, ``held`` True, False or None (not decided: a planned run has no line yet):
+    (a) stock crashes at 24 in each of the 2 planned fresh engines; (b) each crash leaves a core naming a kernel that
+    stock cores at TP=1 had named before (:data:`STOCK_TP1_KERNELS`), or without a core records ``dump_started``.
+    Raises when the matrix has no lines."""
+    import pandas as pd
+
+    d = df[df["matrix"] == C24_CORE_MATRIX]
+    if not len(d):
+        raise LabError(f"no run lines of {C24_CORE_MATRIX} in the data")
+    planned, ran = 2, len(d)
+    crashed = int(d["crashed"].sum())
+    a_held = False if crashed < ran else (True if ran >= planned else None)
+    rows = [("(a) stock crashes at 24 in 2 of 2 fresh engines",
+             f"{crashed} of {ran} run(s) crashed" + (f"; {planned - ran} planned run(s) not run" if ran < planned else ""),
+             a_held)]
+    notes, ok = [], []
+    for _, r in d[d["crashed"]].iterrows():
+        k = fault_kernel(r)
+        f = r.get("fault") if isinstance(r.get("fault"), dict) else {}
+        if k:
+            notes.append(f"{r['run_id']}: core names {k}" + (f" (grid {tuple(f['grid'])})" if f.get("grid") else ""))
+            ok.append(k in STOCK_TP1_KERNELS)
+        else:
+            notes.append(f"{r['run_id']}: no core file, dump_started {f.get('dump_started')}")
+            ok.append(f.get("dump_started") is True)
+    rows.append(("(b) each crash: a core naming a kernel stock cores had named, or dump_started recorded",
+                 "; ".join(notes) or "no crash", all(ok) if ok else None))
+    t = pd.DataFrame([r[:2] for r in rows], columns=["predicted", "measured"])
+    t["held"] = pd.Series([r[2] for r in rows], dtype=object)
     return t

@@ -43,7 +43,8 @@ def test_path_rates_counts_only_natural_stock_runs():
     assert r.loc["offline, TP=1, acceptance 8.8", "acceptance"] == "8.8" and r.loc["offline, TP=1", "acceptance"] == "1.86"
     # counted per run (file and run id: run ids repeat across sessions); s19 and s20 added the drafter's RoPE assert
     kern = r.loc["offline, TP=1", "faulting kernel (core dump)"]
-    assert kern.startswith("copy_and_expand_dflash_inputs_kernel (") and "triton_poi_fused_2 (2)" in kern
+    # s50's repeat at 24 (stock-c24-core-tp1) a third
+    assert kern.startswith("copy_and_expand_dflash_inputs_kernel (") and "triton_poi_fused_2 (3)" in kern
     # s22: the stock control at 8 faulted first in the target's GDN kernel; s40: both snapshot engines at 8 too
     assert "fused_sigmoid_gating_delta_rule_update_kernel (4)" in kern   # and s47's control at 8
     assert all(v == "not run" or "/" in v for v in r[32])  # a path without runs says so
@@ -109,10 +110,17 @@ def test_keep_running_core_dumps_print_the_device_asserts():
     s22: where the core names the DFlash input kernel or the RoPE kernel, both asserts print; the c8 control whose core
     names the target's GDN kernel printed none. s40 (snap-coredump-tp1): the same split, 2 and 2; s47 (the controls beside the
     upstream diff): 2 and 1. s49 (the controls beside the diff at 64, 24 and 28): 3 and 0, the one at 24 without a core
-    file (its process was gone before one was written), its asserts read from the engine log all the same."""
+    file (its process was gone before one was written), its asserts read from the engine log all the same. s50 (the
+    controls again, and stock-c24-core's repeat at 24): 4 and 0, every one with a core (3 the DFlash input kernel, the
+    repeat at 24 the RoPE kernel)."""
     ft = analysis.fault_table(analysis.load_runs())
     keep = ft[ft["cell"].str.contains("keep running")]
-    assert len(keep) == 15   # s47: the stock controls beside the upstream diff at 32, 20 and 8; s49: at 64, 24, 28
+    assert len(keep) == 19   # s47: the stock controls beside the upstream diff at 32, 20 and 8; s49 and s50: at 64, 24, 28
+    s50 = keep[keep["file"].isin(
+        ["2026-12-03_h200_verify-diff-rest-c-tp1.jsonl", "2026-12-03_h200_verify-diff-rest-d-tp1.jsonl",
+         "2026-12-03_h200_stock-c24-core-a-tp1.jsonl"])]
+    assert sorted(s50["faulting kernel"]) == ["copy_and_expand_dflash_inputs_kernel"] * 3 + ["triton_poi_fused_2"]
+    assert (s50["cores"] == 1).all()
     s49 = keep[keep["file"] == "2026-12-03_h200_verify-diff-rest-b-tp1.jsonl"].set_index("concurrency")
     assert s49.loc[24, "faulting kernel"] == "unread" and s49.loc[24, "cores"] == 0
     assert s49.loc[24, "error line"] == "CUDA error: unspecified launch failure"
@@ -412,11 +420,12 @@ def test_rope_focus_solves_the_combo_grid():
 
 def test_rope_focus_table_on_the_recorded_cores():
     t = C.rope_focus_table(analysis.load_runs())
-    # every rank's core, read from the recorded cuda-gdb text: 3 TP=1 crashes (one core each), 3 TP=2 crashes x 2 ranks
-    assert len(t) == 9 and sorted(t["core"][t["TP"] == 2]) == ["Worker_TP0"] * 3 + ["Worker_TP1"] * 3
+    # every rank's core, read from the recorded cuda-gdb text: 4 TP=1 crashes (one core each; s50's repeat at 24 the
+    # fourth), 3 TP=2 crashes x 2 ranks
+    assert len(t) == 10 and sorted(t["core"][t["TP"] == 2]) == ["Worker_TP0"] * 3 + ["Worker_TP1"] * 3
     known = t[t["T (dumped step)"].notna()]
     # where the crash step was dumped (T = scheduled requests x 16): one fit, the focused block in batch row 0's q tokens
-    assert len(known) == 7 and (known["batch rows"] == "0").all() and (known["branch"] == "q").all()
+    assert len(known) == 8 and (known["batch rows"] == "0").all() and (known["branch"] == "q").all()
     assert not known["fits (XBLOCK, T)"].str.contains("), (", regex=False).any()
     # the block shapes had one XBLOCK each there (128 threads: 1024, 256: 512); applied to the two undumped cores
     rest = t[t["T (dumped step)"].isna()]

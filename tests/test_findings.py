@@ -116,15 +116,22 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 11/11 crashed" in text
     assert "16: 0/8 crashed (0/3 with core dump on (keep running); 0/3 with launch hook; 0/2 plain)" in text
     assert "6: 0/1 crashed (0/1 plain)" in text and "10: 0/1 crashed (0/1 plain)" in text
-    # s49's stock controls beside the upstream diff added one keep-running crash each at 24, 28 and 64
-    assert "24: 5/5 crashed (3/3 with core dump on; 1/1 with core dump on (keep running); 1/1 plain)" in text
-    assert "64: 4/4 crashed (2/2 with core dump on (keep running); 2/2 plain)" in text
-    assert ("Offline at 64, 24 and 28, where stock crashes every run (GPU session 2026-12-03-s49): stock controls crashed "
-            "3/3 (at 64: copy_and_expand_dflash_inputs_kernel; at 24: no core file, its engine log printed 2 failed device "
-            "asserts, the drafter's RoPE position bounds; at 28: copy_and_expand_dflash_inputs_kernel); with the diff 3/3 at "
-            "64, 3/3 at 24, 3/3 at 28 completed (one engine start, in that order), 0 of 9 counting below the schedule") in text
-    assert ("6 of 7 decided held; failed as written: (a) stock control at 24; not run yet: (c) the diff under the step "
-            "probe at 64; 2 of 2 integrity checks held.") in text
+    # s49's and s50's stock controls beside the upstream diff added one keep-running crash each at 24, 28 and 64 per
+    # session, and s50's repeat at 24 (stock-c24-core-tp1) one more at 24
+    assert "24: 7/7 crashed (3/3 with core dump on; 3/3 with core dump on (keep running); 1/1 plain)" in text
+    assert "28: 6/6 crashed (3/3 with core dump on; 2/2 with core dump on (keep running); 1/1 plain)" in text
+    assert "64: 5/5 crashed (3/3 with core dump on (keep running); 2/2 plain)" in text
+    assert ("Offline at 64, 24 and 28, where stock crashes every run (GPU sessions 2026-12-03-s49, 2026-12-03-s50; each "
+            "session ran its stock controls first): stock controls crashed 6/6 (at 64 (s49): "
+            "copy_and_expand_dflash_inputs_kernel; at 24 (s49): no core file, its engine log printed 2 failed device "
+            "asserts, the drafter's RoPE position bounds; at 28 (s49): copy_and_expand_dflash_inputs_kernel; at 64 (s50): "
+            "copy_and_expand_dflash_inputs_kernel; at 24 (s50): copy_and_expand_dflash_inputs_kernel; at 28 (s50): "
+            "copy_and_expand_dflash_inputs_kernel); with the diff 3/3 at 64, 3/3 at 24, 3/3 at 28 completed (one engine "
+            "start, in that order, 2026-12-03-s49), 0 of 9 counting below the schedule") in text
+    assert ("under the step probe at 64 (2026-12-03-s50): runs ok 1/1; 0 of 280 FULL steps diverging (up to 29 requests), "
+            "largest difference 0.0, first NaN step none, 0 canary violations. Of its 11 predictions written before the "
+            "runs, 10 of 11 decided held; failed as written: (a) stock control at 24 (s49); 2 of 2 integrity checks "
+            "held.") in text and "not run yet: (c)" not in text
     # s21: not monotonic, and the acceptance-8.8 runs counted apart, never pooled with 1.86
     # s22 ran 8, 10, 12 and 16 in one session
     assert ("Not monotonic in concurrency in the runs so far: 8 (s20, s22, s39, s40, s47) crashed where 10 (s22), 12 (s21, s22), 16 (s21, "
@@ -138,8 +145,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "stock control crashed), 3/3 at concurrency 32 (s16, whose stock control crashed).") in text
     # s22: the c8 control's core names the target's GDN kernel and its log has no RoPE assert; s40's two at 8 and s47's
     # control (beside the upstream diff) the same; s47's controls at 32 and 20 printed both; s49's at 64, 24 (no core
-    # file) and 28 printed both
-    assert ("in 11 of 15 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
+    # file) and 28 printed both, and so did s50's controls and its repeat at 24
+    assert ("in 15 of 19 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
     assert "; the 4 at concurrency 8 whose cores name fused_sigmoid_gating_delta_rule_update_kernel printed none" in text
     assert text.count("whose core names fused_sigmoid_gating") + text.count("whose cores name fused_sigmoid_gating") == 1
     assert "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: concurrency 16: 0/3 crashed" in text

@@ -935,20 +935,25 @@ def _rest_failed(t):
 
 
 def test_the_recorded_rest_diff_test_as_pre_registered():
-    """s49 (verify-diff-rest-tp1): stock crashed at 64, 24 and 28, the diff completed 3/3 at each; the control at 24
-    left no core file (its engine log printed both drafter RoPE asserts), so its '(a)' failed as written; the probe at
-    64 did not run before the device time ran out."""
+    """s49-s50 (verify-diff-rest-tp1): stock crashed at 64, 24 and 28 in both sessions, the diff completed 3/3 at each
+    (s49); s49's control at 24 left no core file (its engine log printed both drafter RoPE asserts), so its '(a)' failed
+    as written, while s50's controls each left a core naming the DFlash input kernel; s50's probe at 64 was
+    bit-identical on all 280 FULL steps."""
     df, text = _server_diff_case()
     pt = V.probe_table(df)
     t = V.diff_rest_predictions(df, pt, text)
-    assert len(t) == 10 and list(t["kind"]).count("pre-registered") == 8
-    assert _rest_failed(t) == ["(a) stock control at 24: crash"]
-    c24 = t.loc[t["predicted"].str.startswith("(a) stock control at 24"), "measured"].iloc[0]
+    assert len(t) == 13 and list(t["kind"]).count("pre-registered") == 11
+    assert _rest_failed(t) == ["(a) stock control at 24 (s49):"]
+    c24 = t.loc[t["predicted"].str.startswith("(a) stock control at 24 (s49)"), "measured"].iloc[0]
     assert c24.startswith("1 of 1 crashed; core: None") and "unspecified launch failure" in c24
     assert "0 <= tmp16 < 262144" in c24 and "0 <= tmp48 < 262144" in c24
+    s50 = t[t["predicted"].str.contains(r"\(s50\)")]
+    assert len(s50) == 3 and all(h is True for h in s50["held"])
+    assert all("copy_and_expand_dflash_inputs_kernel" in m for m in s50["measured"])
     probe = t[t["predicted"].str.startswith("(c)")]
-    assert len(probe) == 1 and probe["held"].iloc[0] is None and probe["measured"].iloc[0].startswith("not run yet")
-    assert sum(h is True for h in t["held"]) == 8
+    assert len(probe) == 1 and probe["held"].iloc[0] is True
+    assert probe["measured"].iloc[0].startswith("runs ok 1/1; 0 of 280 FULL steps diverging")
+    assert sum(h is True for h in t["held"]) == 12 and not any(h is None for h in t["held"])
     w = V.fix_where_stock_crashes(df)
     w = w[w["fix"] == "the upstream diff, as a diff"].set_index("concurrency")
     assert {c: w.loc[c, "fix completed / runs"] for c in (24, 28, 64)} == {24: "3/3", 28: "3/3", 64: "3/3"}
@@ -962,27 +967,58 @@ def test_rest_diff_predictions_fail_on_a_crash_a_lost_token_a_completed_control_
     def failed(run_id, **fields):
         return _rest_failed(V.diff_rest_predictions(_edited(df, V.DIFF_REST_MATRIX, run_id, **fields), pt, text))
 
-    base = ["(a) stock control at 24: crash"]
+    base = ["(a) stock control at 24 (s49):"]
     assert failed("diff/c64/r1", outcome="crash", crashed=True) == base + ["(b) the diff at 64: completes ",
                                                                            "(b) no diff run counts below t"]
     assert failed("diff/c28/r2", acceptance_length=1.70) == base + ["(b) no diff run counts below t"]
-    assert failed("stock-controls/c64/r0", outcome="ok", crashed=False) == ["(a) stock control at 64: crash"] + base
-    # a probe log of the diff at 64: judged once it exists, held when bit-identical, failed when a FULL step diverges
-    row = {c: None for c in pt.columns}
-    row.update({"session": "2026-12-03_h200_verify-diff-rest-c-tp1", "engine": "diff-probe-c64.a1",
-                "fix": "upstream diff, as a diff", "gpu_session": "2026-12-03-s49", "concurrencies": "64",
-                "runs ok / runs": "1/1", "FULL steps": 280, "FULL steps diverging": 0, "max requests in a FULL step": 64,
-                "max |output diff|": 0.0, "first NaN step": None, "violations": 0})
-    import pandas as pd
-    ok = pd.concat([pt, pd.DataFrame([row])], ignore_index=True)
-    t = V.diff_rest_predictions(df, ok, text)
-    assert t.loc[t["predicted"].str.startswith("(c)"), "held"].iloc[0] is True
-    bad = pd.concat([pt, pd.DataFrame([{**row, "FULL steps diverging": 3, "max |output diff|": 0.5}])], ignore_index=True)
+    # the first stock-controls/c64/r0 line is s49's
+    assert failed("stock-controls/c64/r0", outcome="ok", crashed=False) == ["(a) stock control at 64 (s49):"] + base
+    # the probe at 64: not run yet without its log, failed when a FULL step diverges or a second log appears
+    probe = pt["engine"].str.startswith("diff-probe-c64.")
+    assert probe.sum() == 1
+    t = V.diff_rest_predictions(df, pt[~probe], text)
+    c = t[t["predicted"].str.startswith("(c)")]
+    assert c["held"].iloc[0] is None and c["measured"].iloc[0].startswith("not run yet")
+    bad = pt.copy()
+    bad.loc[probe, "FULL steps diverging"], bad.loc[probe, "max |output diff|"] = 3, 0.5
     assert _rest_failed(V.diff_rest_predictions(df, bad, text)) == base + ["(c) the diff under the step pr"]
+    import pandas as pd
+    twice = pd.concat([pt, pt[probe]], ignore_index=True)
+    assert _rest_failed(V.diff_rest_predictions(df, twice, text)) == base + ["(c) the diff under the step pr"]
     other = text.replace("+        own = getattr(self", "+        own = getattr(self  ", 1)
     assert _rest_failed(V.diff_rest_predictions(df, pt, other)) == base + ["the runs' overlay holds the co"]
     with pytest.raises(LabError, match="no run lines of verify-diff-rest-tp1"):
         V.diff_rest_predictions(df[df["matrix"] != V.DIFF_REST_MATRIX], pt, text)
+
+
+def test_the_recorded_c24_core_repeat_as_pre_registered():
+    """s50 (stock-c24-core-tp1): the one engine that ran before the device time ran out crashed with 'unspecified
+    launch failure', and this time left a core: the drafter's RoPE kernel (a device-side assert)."""
+    df, _ = _server_diff_case()
+    t = V.c24_core_predictions(df)
+    assert list(t["held"]) == [None, True]
+    assert t["measured"].iloc[0] == "1 of 1 run(s) crashed; 1 planned run(s) not run"
+    assert t["measured"].iloc[1] == "stock-c24/c24/r0: core names triton_poi_fused_2 (grid (576, 1, 1))"
+
+
+def test_c24_core_predictions_fail_on_a_completed_run_or_another_kernel():
+    df, _ = _server_diff_case()
+    m = V.C24_CORE_MATRIX
+
+    def held(**fields):
+        return list(V.c24_core_predictions(_edited(df, m, "stock-c24/c24/r0", **fields))["held"])
+
+    assert held(outcome="ok", crashed=False) == [False, None]
+    i = _at(df, "stock-c24/c24/r0", m)
+    assert held(fault={**df.at[i, "fault"], "kernel": "some_other_kernel"}) == [None, False]
+    assert held(fault={"kernel": None, "error": "no core file", "dump_started": True}) == [None, True]
+    assert held(fault={"kernel": None, "error": "no core file", "dump_started": False}) == [None, False]
+    # a second engine that crashed too decides (a)
+    import pandas as pd
+    two = pd.concat([df, df.loc[[i]].assign(run_id="stock-c24/c24/r1", round=1)], ignore_index=True)
+    assert list(V.c24_core_predictions(two)["held"]) == [True, True]
+    with pytest.raises(LabError, match="no run lines of stock-c24-core-tp1"):
+        V.c24_core_predictions(df[df["matrix"] != m])
 
 
 def test_server_runs_reads_each_server_line_as_its_clients_saw_it():
