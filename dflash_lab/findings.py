@@ -684,7 +684,7 @@ def _diff_rest_line(df, pt) -> str:
     named = []
     for _, r in stock.iterrows():
         k = verification.fault_kernel(r)
-        where = f"{int(r['concurrency'])} ({verification.session_tag(r['gpu_session'])})"
+        where = f"{int(r['concurrency'])} ({analysis.short_session(r['gpu_session'])})"
         if k:
             named.append(f"{where}: {k}")
         else:

@@ -1677,7 +1677,7 @@ def diff_rest_predictions(df, probes, diff_text: str):
     for sess in sorted(set(stock["gpu_session"].dropna()), key=session_key):
         for conc in (64, 24, 28):
             s = stock[(stock["gpu_session"] == sess) & (stock["concurrency"] == conc)]
-            add(*_crash_with_core(f"(a) stock control at {conc} ({session_tag(sess)})", s))
+            add(*_crash_with_core(f"(a) stock control at {conc} ({analysis.short_session(sess)})", s))
     diff = d[d["engine_id"] == "diff"]
     for conc in (64, 24, 28):
         g = diff[diff["concurrency"] == conc]
@@ -1696,12 +1696,6 @@ def diff_rest_predictions(df, probes, diff_text: str):
     t = pd.DataFrame(rows, columns=["kind", "predicted", "measured"])
     t["held"] = pd.Series([r["held"] for r in rows], dtype=object)   # True, False or None (not run), never NaN
     return t
-
-
-def session_tag(label: str) -> str:
-    """'s49' for the GPU session label '2026-12-03-s49' (the label itself when it has no such tail)."""
-    m = re.search(r"-(s\d+)$", str(label))
-    return m.group(1) if m else str(label)
 
 
 C24_CORE_MATRIX = "stock-c24-core-tp1"
