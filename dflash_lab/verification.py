@@ -1659,8 +1659,6 @@ def diff_rest_predictions(df, probes, diff_text: str):
     completes and every FULL step is identical to the no-graph pass. Then the integrity checks of
     :func:`_diff_integrity`. ``held`` is None for a prediction whose runs have no line yet (not run: neither held nor
     failed). ``probes``: :func:`probe_table`. Raises when the matrix has no lines."""
-    import pandas as pd
-
     from . import acceptance
 
     d = df[df["matrix"] == DIFF_REST_MATRIX]
@@ -1693,8 +1691,16 @@ def diff_rest_predictions(df, probes, diff_text: str):
     add(*_probe_prediction(p, "(c) the diff under the step probe at 64"))
     for row in _diff_integrity(d[d["fix_via"] == "upstream diff"], diff_text):
         add(*row, "integrity check")
-    t = pd.DataFrame(rows, columns=["kind", "predicted", "measured"])
-    t["held"] = pd.Series([r["held"] for r in rows], dtype=object)   # True, False or None (not run), never NaN
+    return _judged_table(rows, ["kind", "predicted", "measured"])
+
+
+def _judged_table(rows: list[dict], columns: list[str]):
+    """``rows`` (dicts with ``columns`` and ``held``) as a table whose ``held`` is True, False or None (not run or not
+    decided), kept in an object column: never NaN, never cast to bool."""
+    import pandas as pd
+
+    t = pd.DataFrame(rows, columns=columns)
+    t["held"] = pd.Series([r["held"] for r in rows], dtype=object)
     return t
 
 
@@ -1710,17 +1716,16 @@ def c24_core_predictions(df):
     (a) stock crashes at 24 in each of the 2 planned fresh engines; (b) each crash leaves a core naming a kernel that
     stock cores at TP=1 had named before (:data:`STOCK_TP1_KERNELS`), or without a core records ``dump_started``.
     Raises when the matrix has no lines."""
-    import pandas as pd
-
     d = df[df["matrix"] == C24_CORE_MATRIX]
     if not len(d):
         raise LabError(f"no run lines of {C24_CORE_MATRIX} in the data")
     planned, ran = 2, len(d)
     crashed = int(d["crashed"].sum())
     a_held = False if crashed < ran else (True if ran >= planned else None)
-    rows = [("(a) stock crashes at 24 in 2 of 2 fresh engines",
-             f"{crashed} of {ran} run(s) crashed" + (f"; {planned - ran} planned run(s) not run" if ran < planned else ""),
-             a_held)]
+    rows = [{"predicted": "(a) stock crashes at 24 in 2 of 2 fresh engines",
+             "measured": f"{crashed} of {ran} run(s) crashed"
+             + (f"; {planned - ran} planned run(s) not run" if ran < planned else ""),
+             "held": a_held}]
     notes, ok = [], []
     for _, r in d[d["crashed"]].iterrows():
         k = fault_kernel(r)
@@ -1731,8 +1736,6 @@ def c24_core_predictions(df):
         else:
             notes.append(f"{r['run_id']}: no core file, dump_started {f.get('dump_started')}")
             ok.append(f.get("dump_started") is True)
-    rows.append(("(b) each crash: a core naming a kernel stock cores had named, or dump_started recorded",
-                 "; ".join(notes) or "no crash", all(ok) if ok else None))
-    t = pd.DataFrame([r[:2] for r in rows], columns=["predicted", "measured"])
-    t["held"] = pd.Series([r[2] for r in rows], dtype=object)
-    return t
+    rows.append({"predicted": "(b) each crash: a core naming a kernel stock cores had named, or dump_started recorded",
+                 "measured": "; ".join(notes) or "no crash", "held": all(ok) if ok else None})
+    return _judged_table(rows, ["predicted", "measured"])
