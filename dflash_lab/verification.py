@@ -1710,19 +1710,33 @@ STOCK_TP1_KERNELS = ("copy_and_expand_dflash_inputs_kernel", "triton_poi_fused_2
                      "fused_sigmoid_gating_delta_rule_update_kernel")
 
 
-def c24_core_predictions(df):
+def planned_runs(matrix_path) -> list[str]:
+    """The run ids a matrix file plans (every engine's runs, rounds expanded, warm-ups left out)."""
+    from .runner import load_matrix
+
+    return [r.id for e in load_matrix(str(matrix_path))["engines"] for r in e["runs"] if not r.warmup]
+
+
+def c24_core_predictions(df, matrix_path=None):
     """``stock-c24-core-tp1`` (s50: stock at 24 again, after s49's control there left no core file) against its
     header's predictions, one row each, ``held`` True, False or None (not decided: a planned run has no line yet):
-    (a) stock crashes at 24 in each of the 2 planned fresh engines; (b) each crash leaves a core naming a kernel that
-    stock cores at TP=1 had named before (:data:`STOCK_TP1_KERNELS`), or without a core records ``dump_started``.
-    Raises when the matrix has no lines."""
+    (a) stock crashes at 24 in every planned fresh engine (the runs ``matrix_path`` plans, by default the repository's
+    ``matrices/stock-c24-core-tp1.yaml``: 2); (b) each crash leaves a core naming a kernel that stock cores at TP=1
+    had named before (:data:`STOCK_TP1_KERNELS`), or without a core records ``dump_started``.
+    Raises when the matrix has no lines, or a line's run is not one the matrix file plans."""
+    from pathlib import Path
+
     d = df[df["matrix"] == C24_CORE_MATRIX]
     if not len(d):
         raise LabError(f"no run lines of {C24_CORE_MATRIX} in the data")
-    planned, ran = 2, len(d)
+    plan = planned_runs(matrix_path or Path(__file__).resolve().parents[1] / "matrices" / f"{C24_CORE_MATRIX}.yaml")
+    stray = sorted(set(d["run_id"]) - set(plan))
+    if stray:
+        raise LabError(f"{C24_CORE_MATRIX}: run lines {stray} are not among the matrix file's planned runs {plan}")
+    planned, ran = len(plan), len(d)
     crashed = int(d["crashed"].sum())
     a_held = False if crashed < ran else (True if ran >= planned else None)
-    rows = [{"predicted": "(a) stock crashes at 24 in 2 of 2 fresh engines",
+    rows = [{"predicted": f"(a) stock crashes at 24 in {planned} of {planned} fresh engines",
              "measured": f"{crashed} of {ran} run(s) crashed"
              + (f"; {planned - ran} planned run(s) not run" if ran < planned else ""),
              "held": a_held}]

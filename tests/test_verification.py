@@ -1021,6 +1021,26 @@ def test_c24_core_predictions_fail_on_a_completed_run_or_another_kernel():
         V.c24_core_predictions(df[df["matrix"] != m])
 
 
+def test_c24_core_predictions_read_the_planned_runs_from_the_matrix_file(tmp_path):
+    """(a) is decided against the runs the matrix file plans, not a number written into the code: a file planning
+    one round decides it on the one recorded crash; a line whose run the file does not plan is refused."""
+    df, _ = _server_diff_case()
+    assert V.planned_runs("matrices/stock-c24-core-tp1.yaml") == ["stock-c24/c24/r0", "stock-c24/c24/r1"]
+    src = open("matrices/stock-c24-core-tp1.yaml").read()
+    assert "rounds: 2" in src
+    one = tmp_path / "one.yaml"
+    one.write_text(src.replace("rounds: 2", "rounds: 1"))
+    t = V.c24_core_predictions(df, one)
+    assert list(t["held"]) == [True, True] and t["measured"].iloc[0] == "1 of 1 run(s) crashed"
+    assert t["predicted"].iloc[0] == "(a) stock crashes at 24 in 1 of 1 fresh engines"
+    other = tmp_path / "other.yaml"
+    other.write_text(src.replace("id: stock-c24", "id: other-c24"))
+    with pytest.raises(LabError, match=r"run lines \['stock-c24/c24/r0'\] are not among"):
+        V.c24_core_predictions(df, other)
+    with pytest.raises(LabError, match="no such matrix file"):
+        V.c24_core_predictions(df, tmp_path / "missing.yaml")
+
+
 def test_server_runs_reads_each_server_line_as_its_clients_saw_it():
     df, _ = _server_diff_case()
     t = V.server_runs(df[df["matrix"] == V.DIFF_SERVER_MATRIX]).set_index("run")
