@@ -202,17 +202,28 @@ def _oor(runs) -> bool:
     return bool(_oor_parts(runs))
 
 
-def probe_table(df, pattern: str = divergence.PROBE_GLOB):
+def _probe_paths(pattern: str, sessions=None) -> list[str]:
+    """The step-probe logs ``pattern`` finds; with ``sessions``, only those of these run files (their stems, the probe
+    folders' names), the others not read."""
+    paths = divergence.probe_files(pattern)
+    if sessions is None:
+        return paths
+    keep = {str(x) for x in sessions}
+    return [x for x in paths if os.path.basename(os.path.dirname(os.path.dirname(x))) in keep]
+
+
+def probe_table(df, pattern: str = divergence.PROBE_GLOB, sessions=None):
     """Every step-probe log, matched to its run lines: fix or stock, configuration, FULL steps, diverging steps,
     largest output difference, first divergence and first NaN (None when there is none). ``concurrencies``: what
     the engine's runs asked for; ``reached``: those of them some FULL step actually ran with (a run cut by a
-    deadline before its first FULL step reached nothing). Empty data gives an empty table with these columns."""
+    deadline before its first FULL step reached nothing). ``sessions``: only the logs of these run files. Empty data
+    gives an empty table with these columns."""
     import pandas as pd
 
     from .discriminate import configuration
 
     rows = []
-    for path in divergence.probe_files(pattern):
+    for path in _probe_paths(pattern, sessions):
         p = divergence.load_probe(path)
         runs = probe_runs(df, p["session"], p["engine"])
         full = [s for s in p["steps"] if s["mode"] == "FULL"]
@@ -771,11 +782,7 @@ def oor_table(df, pattern: str = divergence.PROBE_GLOB, sessions=None):
     import pandas as pd
 
     rows = []
-    paths = divergence.probe_files(pattern)
-    if sessions is not None:
-        keep = {str(x) for x in sessions}
-        paths = [x for x in paths if os.path.basename(os.path.dirname(os.path.dirname(x))) in keep]
-    for path in paths:
+    for path in _probe_paths(pattern, sessions):
         p = divergence.load_probe(path)
         runs = probe_runs(df, p["session"], p["engine"])
         if not len(runs):
@@ -1753,3 +1760,87 @@ def c24_core_predictions(df, matrix_path=None):
     rows.append({"predicted": "(b) each crash: a core naming a kernel stock cores had named, or dump_started recorded",
                  "measured": "; ".join(notes) or "no crash", "held": all(ok) if ok else None})
     return _judged_table(rows, ["predicted", "measured"])
+
+
+PROBE_C24_MATRIX = "probe-c24-tp1"
+
+
+def _all_held(flags, missing: bool):
+    """A prediction judged over several logs: False when any log contradicts it, None when one is undecided or a
+    planned run has no line yet, else True."""
+    if any(f is False for f in flags):
+        return False
+    return None if missing or not flags or any(f is None for f in flags) else True
+
+
+def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=None):
+    """``probe-c24-tp1`` (s51: stock under the step probe at 24, the one crashing concurrency the probe had not run)
+    against its header's predictions, one row each, ``held`` True, False or None (undecided, or a planned run has no
+    line yet), judged per probe log (one per engine start):
+    (a) the first FULL step's replay diverges, layers 0-7 written bit-identically, layer 8 (GDN) first written
+        differently (:func:`divergence.first_divergence`);
+    (b) a crashing log ends at its first row-0 step (:func:`divergence.row0_without_token`), or its core names a kernel
+        of the target's forward with no row-0 step recorded (undecided: the faulting step has no line); a completed
+        log has no row-0 step;
+    (c) each crash's core names a kernel stock cores at TP=1 had named (:data:`STOCK_TP1_KERNELS`); a crash without a
+        core leaves it undecided.
+    Raises when the matrix has no run lines, a line's run is not one the matrix file plans, or a run has no probe log."""
+    from pathlib import Path
+
+    runs = df[df["matrix"] == PROBE_C24_MATRIX]
+    if not len(runs):
+        raise LabError(f"no run lines of {PROBE_C24_MATRIX} in the data")
+    plan = planned_runs(matrix_path or Path(__file__).resolve().parents[1] / "matrices" / f"{PROBE_C24_MATRIX}.yaml")
+    stray = sorted(set(runs["run_id"]) - set(plan))
+    if stray:
+        raise LabError(f"{PROBE_C24_MATRIX}: run lines {stray} are not among the matrix file's planned runs {plan}")
+    sessions = sorted({os.path.splitext(str(f))[0] for f in runs["file"]})
+    keys = {(os.path.splitext(str(f))[0], f"{e}.a{a}") for f, e, a in zip(runs["file"], runs["engine_id"], runs["attempt"])}
+    pt = probe_table(df, pattern, sessions=sessions)
+    pt = pt[[(s, e) in keys for s, e in zip(pt["session"], pt["engine"])]].set_index(["session", "engine"])
+    ot = oor_table(df, pattern, sessions=sessions)
+    ot = ot[[(s, e) in keys for s, e in zip(ot["session"], ot["engine"])]].set_index(["session", "engine"])
+    lost = sorted(keys - set(pt.index))
+    if lost:
+        raise LabError(f"{PROBE_C24_MATRIX}: no probe log for {[f'{s}/{e}' for s, e in lost]}")
+    missing = len(plan) - runs["run_id"].nunique()
+    a, b, c = ([], []), ([], []), ([], [])
+    for key in sorted(keys):
+        p, o = pt.loc[key], ot.loc[key]
+        name = f"{key[1]} ({o['outcome']})"
+        first = _int_or_none(p["first FULL step"])
+        ok_a = (first is not None and _int_or_none(p["first diverging step"]) == first
+                and _int_or_none(p["layers written identically before it"]) == 8
+                and p["first layer written differently"] == "L8 gdn")
+        a[0].append(f"{name}: first FULL step {first}, first diverging {_int_or_none(p['first diverging step'])}, "
+                    f"{_int_or_none(p['layers written identically before it'])} layers identical before "
+                    f"{p['first layer written differently']}")
+        a[1].append(bool(ok_a))
+        r0, last, kernel = _int_or_none(o["row-0 step"]), _int_or_none(o["last step"]), o["core kernel"]
+        if "crash" in str(o["outcome"]):
+            ok_b = True if r0 is not None and r0 == last else (
+                None if r0 is None and kernel in TARGET_FORWARD_KERNELS else False)
+            b[0].append(f"{name}: last step {last}, row-0 step {r0} ({o['row-0 how']})"
+                        + (f", core {kernel}" if isinstance(kernel, str) else ""))
+            c[0].append(f"{name}: " + (f"core names {kernel}" if isinstance(kernel, str) else "no core file"))
+            c[1].append(kernel in STOCK_TP1_KERNELS if isinstance(kernel, str) else None)
+        else:
+            ok_b = r0 is None
+            b[0].append(f"{name}: no row-0 step" if r0 is None else f"{name}: a row-0 step at {r0} and no crash")
+        b[1].append(ok_b)
+    tail = f"; {missing} planned run(s) not run" if missing > 0 else ""
+    rows = [{"predicted": "(a) the first FULL step diverges, layers 0-7 identical, layer 8 (GDN) the first written differently",
+             "measured": "; ".join(a[0]) + tail, "held": _all_held(a[1], missing > 0)},
+            {"predicted": "(b) a crashing log ends at its first row-0 step; a completed one has none",
+             "measured": "; ".join(b[0]) + tail, "held": _all_held(b[1], missing > 0)},
+            {"predicted": "(c) each crash's core names a kernel stock cores at TP=1 had named",
+             "measured": ("; ".join(c[0]) or "no crash, nothing to judge") + tail,
+             "held": _all_held(c[1], missing > 0) if c[1] else None}]
+    return _judged_table(rows, ["predicted", "measured"])
+
+
+def _int_or_none(v):
+    """A count or step from a table cell as int; None for None, NaN or pandas' NA."""
+    import pandas as pd
+
+    return None if v is None or pd.isna(v) else int(v)

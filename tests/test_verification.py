@@ -1052,3 +1052,59 @@ def test_server_runs_reads_each_server_line_as_its_clients_saw_it():
     assert t.loc["diff-acc6/c8/r2", "counted acceptance"] == "6.000" and t.loc["diff-acc6/c8/r2", "output tokens"] == 4096
     # offline lines are not server runs
     assert not len(V.server_runs(df[df["matrix"] == V.DIFF_MATRIX]))
+
+
+def _c64_as_c24(df, sessions=("2026-12-01_h200_probe-c64-a-tp1", "2026-12-01_h200_probe-c64-b-tp1")):
+    """s35's two stock probe-c64 lines relabelled as probe-c24-tp1's two planned runs (real probe logs, another
+    concurrency): what c24_probe_predictions reads, before that matrix ran."""
+    out = df.copy()
+    for n, s in enumerate(sessions):
+        i = out.index[(out["file"] == f"{s}.jsonl") & (out["engine_id"] == "stock-probe-c64")][0]
+        out.at[i, "matrix"] = V.PROBE_C24_MATRIX
+        out.at[i, "run_id"] = f"stock-probe-c24/c24/r{n}"
+    return out
+
+
+def test_c24_probe_predictions_judge_each_probe_log():
+    """Both s35 stock logs at 64 diverge first at their first FULL step (280) from layer 8, and each crash ended at its
+    first row-0 step (289 and 280, an out-of-vocabulary id in row 0); neither engine took a core dump, so (c) is
+    undecided, not held."""
+    df = analysis.load_runs()
+    t = V.c24_probe_predictions(_c64_as_c24(df))
+    assert list(t["held"]) == [True, True, None]
+    assert "stock-probe-c64.a1 (crash): last step 289, row-0 step 289 (sampled)" in t["measured"].iloc[1]
+    assert "first FULL step 280, first diverging 280, 8 layers identical before L8 gdn" in t["measured"].iloc[0]
+    assert t["measured"].iloc[2].count("no core file") == 2
+    # one of the two planned runs: nothing is decided yet
+    one = _c64_as_c24(df, sessions=("2026-12-01_h200_probe-c64-a-tp1",))
+    t1 = V.c24_probe_predictions(one)
+    assert list(t1["held"]) == [None, None, None] and t1["measured"].iloc[0].endswith("; 1 planned run(s) not run")
+
+
+def test_c24_probe_predictions_fail_on_a_contradicting_log(monkeypatch):
+    df = _c64_as_c24(analysis.load_runs())
+    i = _at(df, "stock-probe-c24/c24/r0", V.PROBE_C24_MATRIX)
+    # a completed run whose log holds a row-0 step contradicts (b)
+    t = V.c24_probe_predictions(_edited(df, V.PROBE_C24_MATRIX, "stock-probe-c24/c24/r0", outcome="ok", crashed=False))
+    assert t["held"].iloc[1] is False and "a row-0 step at 289 and no crash" in t["measured"].iloc[1]
+    # a core naming a kernel stock never named contradicts (c); one naming the DFlash input kernel holds
+    other = {"kernel": "some_other_kernel", "error": None}
+    assert V.c24_probe_predictions(_edited(df, V.PROBE_C24_MATRIX, "stock-probe-c24/c24/r0", fault=other))["held"].iloc[2] is False
+    known = {"kernel": "copy_and_expand_dflash_inputs_kernel", "error": None}
+    both = _edited(_edited(df, V.PROBE_C24_MATRIX, "stock-probe-c24/c24/r0", fault=known),
+                   V.PROBE_C24_MATRIX, "stock-probe-c24/c24/r1", fault=known)
+    assert list(V.c24_probe_predictions(both)["held"]) == [True, True, True]
+    # a probe log that diverged first elsewhere contradicts (a)
+    real = V.probe_table
+
+    def elsewhere(*args, **kw):
+        t = real(*args, **kw)
+        return t.assign(**{"first layer written differently": "L16 gdn"})
+
+    monkeypatch.setattr(V, "probe_table", elsewhere)
+    assert V.c24_probe_predictions(df)["held"].iloc[0] is False
+    monkeypatch.setattr(V, "probe_table", real)
+    with pytest.raises(LabError, match="no run lines of probe-c24-tp1"):
+        V.c24_probe_predictions(df[df["matrix"] != V.PROBE_C24_MATRIX])
+    with pytest.raises(LabError, match="no probe log for"):
+        V.c24_probe_predictions(df.assign(attempt=df["attempt"].where(df.index != i, 9)))
