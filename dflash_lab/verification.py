@@ -881,14 +881,17 @@ def row0_rule(t, up_to_session: int | None = None, confirmed=()) -> dict:
     A cut log neither shows nor contradicts the rule by itself: its faulting step has no line. It counts for the rule
     only when ``confirmed`` names it, (gpu_session, engine) pairs whose faulting step a replica showed to be a row-0
     step (:func:`confirmed_cuts` over :func:`oor_core_predictions`); the others are ``undecided``. ``holds``: every
-    crash at its first row-0 step or a confirmed cut, at least one crash, and no completed run with a row-0 step; an
-    undecided log keeps it False.
+    crash at its first row-0 step or a confirmed cut, at least one crash, no completed run with a row-0 step, and no
+    ``passed`` log (a run that neither crashed nor completed, e.g. a timeout, whose log records steps after its first
+    row-0 step: that step did not fault; s51's probe at 24 is one); an undecided log keeps it False.
     ``up_to_session``: only logs whose GPU sessions are all numbered at most this (``ROW0_FOUND_IN``: the logs the
     rule was found in, before any run tested it)."""
     if up_to_session is not None:
         t = t[t["gpu_session"].map(lambda v: all((session_no(x.strip()) or 0) <= up_to_session
                                                  for x in str(v).split(",")))]
     crash, ok = t[t["outcome"] == "crash"], t[t["outcome"] == "ok"]
+    other = t[~t["outcome"].isin(["crash", "ok"])]
+    passed = other[other["row-0 step"].notna() & (other["row-0 step"] < other["last step"])]
     at = crash[crash["row-0 step"].notna() & (crash["row-0 step"] == crash["last step"])]
     # logs a core dump ended inside the target's forward of the step after their last line (TARGET_FORWARD_KERNELS):
     # the faulting step has no line, so such a log neither shows nor contradicts a row-0 step there
@@ -902,7 +905,7 @@ def row0_rule(t, up_to_session: int | None = None, confirmed=()) -> dict:
     testable = ok[~ok["ids replaced"].astype(bool) & (ok["out-of-vocabulary first ids"] > 0)]
     return {"crashes": len(crash), "at row-0 step": len(at), "not": rest[~rest.index.isin(cut.index)], "cut": cut,
             "confirmed cut": confirmed_cut, "undecided": undecided,
-            "completed": len(ok), "completed with one": ok[ok["row-0 step"].notna()],
+            "completed": len(ok), "completed with one": ok[ok["row-0 step"].notna()], "passed": passed,
             "completed testable": len(testable),
             # what the crashing logs show before their row-0 step: rows above 0 without a token, and no fault
             "earlier steps above row 0": int(at["earlier steps without a token above row 0"].sum()),
@@ -913,7 +916,8 @@ def row0_rule(t, up_to_session: int | None = None, confirmed=()) -> dict:
             # cannot be told apart
             "at the first id": int((at["row-0 step"] == at["first out-of-vocabulary step"]).sum()),
             "by how": at.groupby("row-0 how")["concurrency"].agg(lambda c: sorted(set(c), key=int)).to_dict(),
-            "holds": len(at) + len(confirmed_cut) == len(crash) > 0 and not ok["row-0 step"].notna().any()}
+            "holds": (len(at) + len(confirmed_cut) == len(crash) > 0 and not ok["row-0 step"].notna().any()
+                      and not len(passed))}
 
 
 def confirmed_cuts(core) -> set:
@@ -1781,7 +1785,8 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
         differently (:func:`divergence.first_divergence`);
     (b) a crashing log ends at its first row-0 step (:func:`divergence.row0_without_token`), or its core names a kernel
         of the target's forward with no row-0 step recorded (undecided: the faulting step has no line); a completed
-        log has no row-0 step;
+        log has no row-0 step; a log of a run that neither crashed nor completed (a timeout) contradicts it when it
+        records steps after its first row-0 step (that step did not fault), and is undecided otherwise;
     (c) each crash's core names a kernel stock cores at TP=1 had named (:data:`STOCK_TP1_KERNELS`); a crash without a
         core leaves it undecided.
     Raises when the matrix has no run lines, a line's run is not one the matrix file plans, or a run has no probe log."""
@@ -1824,9 +1829,17 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
                         + (f", core {kernel}" if isinstance(kernel, str) else ""))
             c[0].append(f"{name}: " + (f"core names {kernel}" if isinstance(kernel, str) else "no core file"))
             c[1].append(kernel in STOCK_TP1_KERNELS if isinstance(kernel, str) else None)
-        else:
+        elif o["outcome"] == "ok":
             ok_b = r0 is None
             b[0].append(f"{name}: no row-0 step" if r0 is None else f"{name}: a row-0 step at {r0} and no crash")
+        else:
+            # neither crashed nor completed (a timeout): a log that went on past its first row-0 step shows that step
+            # did not fault, against the rule; one that stopped at it, or never had one, decides nothing
+            after = (last - r0) if r0 is not None and last is not None else 0
+            ok_b = False if after > 0 else None
+            b[0].append(f"{name}: " + (f"row-0 step {r0} ({o['row-0 how']}), then {after} more step(s) recorded "
+                                       f"without a fault (last step {last})" if after > 0 else
+                                       f"last step {last}, row-0 step {r0}: undecided"))
         b[1].append(ok_b)
     tail = f"; {missing} planned run(s) not run" if missing > 0 else ""
     rows = [{"predicted": "(a) the first FULL step diverges, layers 0-7 identical, layer 8 (GDN) the first written differently",

@@ -488,6 +488,13 @@ def test_row0_rule_needs_every_crash_at_its_row0_step_and_no_completed_run_with_
     t.loc[1, "gpu_session"] = "2026-12-02-s44"                     # the offending run came after the rule was read
     assert V.row0_rule(t, up_to_session=43)["holds"] and not V.row0_rule(t)["holds"]
     t.loc[1, "row-0 step"] = pd.NA
+    assert V.row0_rule(t)["holds"]
+    t.loc[1, ["outcome", "row-0 step", "last step"]] = ["timeout", 40, 54]   # a hang whose log went past its row-0 step
+    r = V.row0_rule(t)
+    assert not r["holds"] and list(r["passed"].index) == [1] and r["completed"] == 1
+    t.loc[1, "last step"] = 40                                      # stopped at it: undecided, not against the rule
+    assert V.row0_rule(t)["holds"] and not len(V.row0_rule(t)["passed"])
+    t.loc[1, ["outcome", "row-0 step", "last step"]] = ["ok", pd.NA, 16]
     assert (V.session_no("2026-12-02-s44"), V.session_no("local")) == (44, None)
     with pytest.raises(LabError, match="no crashing run"):
         import matplotlib
@@ -664,8 +671,15 @@ def test_oor_table_reads_the_recorded_probes():
     t = V.oor_table(df)
     x = V.oor_predictions(t)
     assert len(x) == 5 and x["held"].all()
-    # s45's GDN-kernel core cut one log short of its faulting step: the rule holds once its replica confirmed that step
-    assert V.row0_rule(t, confirmed=V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe)))["holds"]
+    # s45's GDN-kernel core cut one log short of its faulting step: the rule holds on the logs up to s50 once its
+    # replica confirmed that step; s51's probe at 24 went 14 steps past its first row-0 step (281) without a fault and
+    # then timed out, against the rule
+    conf = V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe))
+    assert V.row0_rule(t, up_to_session=50, confirmed=conf)["holds"]
+    r51 = V.row0_rule(t, confirmed=conf)
+    assert not r51["holds"] and len(r51["passed"]) == 1 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
+    assert (r51["passed"][["concurrency", "outcome", "row-0 step", "row-0 how", "last step"]].iloc[0].tolist()
+            == ["24", "timeout", 281, "sampled", 295])
     # s44: the pre-registered row-0 test, 4 runs, every prediction held; each row0 run's request in row 0 changed
     # several times before the one whose newcomer had a count of 0, the crash step
     r = V.row0_predictions(t)
@@ -687,8 +701,8 @@ def test_oor_table_reads_the_recorded_probes():
     # probe's no-graph reference pass of the move step
     assert (k.loc["row0", "core rows"], k.loc["row0", "rows at its last step"]) == (17, 18)
     assert k.loc["row0", "replica error"].startswith("reference pass: RuntimeError: CUDA error: CUBLAS")
-    assert len(V.row0_rule(t)["cut"]) == 1 and not V.row0_rule(t)["holds"]
-    assert V.row0_rule(t, confirmed=V.confirmed_cuts(k.reset_index()))["holds"]
+    assert len(V.row0_rule(t)["cut"]) == 1 and not V.row0_rule(t, up_to_session=50)["holds"]
+    assert V.row0_rule(t, up_to_session=50, confirmed=V.confirmed_cuts(k.reset_index()))["holds"]
 
 
 def test_first_sites_group_runs_by_concurrency_and_site():
@@ -992,51 +1006,53 @@ def test_rest_diff_predictions_fail_on_a_crash_a_lost_token_a_completed_control_
 
 
 def test_the_recorded_c24_core_repeat_as_pre_registered():
-    """s50 (stock-c24-core-tp1): the one engine that ran before the device time ran out crashed with 'unspecified
-    launch failure', and this time left a core: the drafter's RoPE kernel (a device-side assert)."""
+    """s50-s51 (stock-c24-core-tp1): both planned engines crashed at 24, each leaving a core: s50's the drafter's RoPE
+    kernel (a device-side assert, 'unspecified launch failure'), s51's the DFlash input kernel."""
     df, _ = _server_diff_case()
     t = V.c24_core_predictions(df)
-    assert list(t["held"]) == [None, True]
-    assert t["measured"].iloc[0] == "1 of 1 run(s) crashed; 1 planned run(s) not run"
-    assert t["measured"].iloc[1] == "stock-c24/c24/r0: core names triton_poi_fused_2 (grid (576, 1, 1))"
+    assert list(t["held"]) == [True, True]
+    assert t["measured"].iloc[0] == "2 of 2 run(s) crashed"
+    assert t["measured"].iloc[1] == ("stock-c24/c24/r0: core names triton_poi_fused_2 (grid (576, 1, 1)); "
+                                     "stock-c24/c24/r1: core names copy_and_expand_dflash_inputs_kernel (grid (13, 1, 1))")
 
 
 def test_c24_core_predictions_fail_on_a_completed_run_or_another_kernel():
     df, _ = _server_diff_case()
     m = V.C24_CORE_MATRIX
 
-    def held(**fields):
-        return list(V.c24_core_predictions(_edited(df, m, "stock-c24/c24/r0", **fields))["held"])
+    def held(d=df, **fields):
+        return list(V.c24_core_predictions(_edited(d, m, "stock-c24/c24/r0", **fields))["held"])
 
-    assert held(outcome="ok", crashed=False) == [False, None]
+    assert held(outcome="ok", crashed=False) == [False, True]
     i = _at(df, "stock-c24/c24/r0", m)
-    assert held(fault={**df.at[i, "fault"], "kernel": "some_other_kernel"}) == [None, False]
-    assert held(fault={"kernel": None, "error": "no core file", "dump_started": True}) == [None, True]
-    assert held(fault={"kernel": None, "error": "no core file", "dump_started": False}) == [None, False]
-    # a second engine that crashed too decides (a)
-    import pandas as pd
-    two = pd.concat([df, df.loc[[i]].assign(run_id="stock-c24/c24/r1", round=1)], ignore_index=True)
-    assert list(V.c24_core_predictions(two)["held"]) == [True, True]
+    assert held(fault={**df.at[i, "fault"], "kernel": "some_other_kernel"}) == [True, False]
+    assert held(fault={"kernel": None, "error": "no core file", "dump_started": True}) == [True, True]
+    assert held(fault={"kernel": None, "error": "no core file", "dump_started": False}) == [True, False]
+    # with only the first engine's line, (a) waits for the second
+    first = df[~((df["matrix"] == m) & (df["run_id"] == "stock-c24/c24/r1"))]
+    t = V.c24_core_predictions(first)
+    assert list(t["held"]) == [None, True] and t["measured"].iloc[0] == "1 of 1 run(s) crashed; 1 planned run(s) not run"
+    assert held(first, outcome="ok", crashed=False) == [False, None]
     with pytest.raises(LabError, match="no run lines of stock-c24-core-tp1"):
         V.c24_core_predictions(df[df["matrix"] != m])
 
 
 def test_c24_core_predictions_read_the_planned_runs_from_the_matrix_file(tmp_path):
     """(a) is decided against the runs the matrix file plans, not a number written into the code: a file planning
-    one round decides it on the one recorded crash; a line whose run the file does not plan is refused."""
+    one round decides it on one recorded crash; a line whose run the file does not plan is refused."""
     df, _ = _server_diff_case()
+    m = V.C24_CORE_MATRIX
     assert V.planned_runs("matrices/stock-c24-core-tp1.yaml") == ["stock-c24/c24/r0", "stock-c24/c24/r1"]
     src = open("matrices/stock-c24-core-tp1.yaml").read()
     assert "rounds: 2" in src
     one = tmp_path / "one.yaml"
     one.write_text(src.replace("rounds: 2", "rounds: 1"))
-    t = V.c24_core_predictions(df, one)
+    first = df[~((df["matrix"] == m) & (df["run_id"] == "stock-c24/c24/r1"))]
+    t = V.c24_core_predictions(first, one)
     assert list(t["held"]) == [True, True] and t["measured"].iloc[0] == "1 of 1 run(s) crashed"
     assert t["predicted"].iloc[0] == "(a) stock crashes at 24 in 1 of 1 fresh engines"
-    other = tmp_path / "other.yaml"
-    other.write_text(src.replace("id: stock-c24", "id: other-c24"))
-    with pytest.raises(LabError, match=r"run lines \['stock-c24/c24/r0'\] are not among"):
-        V.c24_core_predictions(df, other)
+    with pytest.raises(LabError, match=r"run lines \['stock-c24/c24/r1'\] are not among"):
+        V.c24_core_predictions(df, one)
     with pytest.raises(LabError, match="no such matrix file"):
         V.c24_core_predictions(df, tmp_path / "missing.yaml")
 
@@ -1056,8 +1072,8 @@ def test_server_runs_reads_each_server_line_as_its_clients_saw_it():
 
 def _c64_as_c24(df, sessions=("2026-12-01_h200_probe-c64-a-tp1", "2026-12-01_h200_probe-c64-b-tp1")):
     """s35's two stock probe-c64 lines relabelled as probe-c24-tp1's two planned runs (real probe logs, another
-    concurrency): what c24_probe_predictions reads, before that matrix ran."""
-    out = df.copy()
+    concurrency) in place of that matrix's own lines: the judging run on other recorded logs."""
+    out = df[df["matrix"] != V.PROBE_C24_MATRIX].copy()
     for n, s in enumerate(sessions):
         i = out.index[(out["file"] == f"{s}.jsonl") & (out["engine_id"] == "stock-probe-c64")][0]
         out.at[i, "matrix"] = V.PROBE_C24_MATRIX
@@ -1108,3 +1124,15 @@ def test_c24_probe_predictions_fail_on_a_contradicting_log(monkeypatch):
         V.c24_probe_predictions(df[df["matrix"] != V.PROBE_C24_MATRIX])
     with pytest.raises(LabError, match="no probe log for"):
         V.c24_probe_predictions(df.assign(attempt=df["attempt"].where(df.index != i, 9)))
+
+
+def test_the_recorded_probe_at_24_as_pre_registered():
+    """s51 (probe-c24-tp1, one of two planned runs): the first FULL step (3, 24 requests) diverged from layer 8 as
+    predicted; the row-0 rule did not hold: row 0's own out-of-vocabulary id at step 281 did not fault, the log went on
+    to step 295, and the run timed out at 300 s (the engine stopped stepping); no crash, so no core for (c)."""
+    t = V.c24_probe_predictions(analysis.load_runs())
+    assert list(t["held"]) == [None, False, None]
+    assert t["measured"].iloc[0] == ("stock-probe-c24.a1 (timeout): first FULL step 3, first diverging 3, 8 layers "
+                                     "identical before L8 gdn; 1 planned run(s) not run")
+    assert t["measured"].iloc[1].startswith("stock-probe-c24.a1 (timeout): row-0 step 281 (sampled), then 14 more "
+                                            "step(s) recorded without a fault (last step 295)")
