@@ -1062,9 +1062,24 @@ def oor_clause(df, pattern: str | None = None) -> str:
         core = verification.oor_core_predictions(t, divergence.load_probe)
         if not len(core):
             return text + (" One run per cell, no core dumps: which kernel faulted is read from vLLM's source, not "
-                           "observed.")
+                           "observed.") + passed_clause(t)
         text += core_clause(core)
-    return text
+    return text + passed_clause(t)
+
+
+def passed_clause(t) -> str:
+    """The probe logs of runs that went past their first row-0 step without a fault (:func:`verification.row0_rule`'s
+    ``passed``: neither crashed nor completed), as prose; empty when there is none."""
+    from . import verification
+
+    passed = verification.row0_rule(t)["passed"]
+    if not len(passed):
+        return ""
+    return (" Not every row-0 step faults: " + "; ".join(
+        f"in {_short(r['gpu_session'])} a probed run at {r['concurrency']} ({r['outcome']}) had its first row-0 step at "
+        f"{int(r['row-0 step'])} ({'its own out-of-vocabulary id' if r['row-0 how'] == 'sampled' else 'a count of 0 moved in'}) "
+        f"and recorded {int(r['last step']) - int(r['row-0 step'])} more steps without a fault"
+        for _, r in passed.iterrows()) + ". Every crashing probe log ended at a row-0 step, but not every row-0 step crashed.")
 
 
 def core_clause(core) -> str:

@@ -864,6 +864,7 @@ def session_no(label) -> int | None:
 
 
 ROW0_FOUND_IN = 43   # the row-0 rule was read from the logs of GPU sessions up to s43, then tested in s44
+ROW0_HELD_UNTIL = 50   # every log up to s50 agreed with it; s51's probe at 24 went past its first row-0 step without a fault
 
 
 #: Kernels of the target's forward. The probe writes a step's line after that step's target forward (probe.py), and a

@@ -675,7 +675,7 @@ def test_oor_table_reads_the_recorded_probes():
     # replica confirmed that step; s51's probe at 24 went 14 steps past its first row-0 step (281) without a fault and
     # then timed out, against the rule
     conf = V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe))
-    assert V.row0_rule(t, up_to_session=50, confirmed=conf)["holds"]
+    assert V.row0_rule(t, up_to_session=V.ROW0_HELD_UNTIL, confirmed=conf)["holds"]
     r51 = V.row0_rule(t, confirmed=conf)
     assert not r51["holds"] and len(r51["passed"]) == 1 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
     assert (r51["passed"][["concurrency", "outcome", "row-0 step", "row-0 how", "last step"]].iloc[0].tolist()
@@ -701,8 +701,8 @@ def test_oor_table_reads_the_recorded_probes():
     # probe's no-graph reference pass of the move step
     assert (k.loc["row0", "core rows"], k.loc["row0", "rows at its last step"]) == (17, 18)
     assert k.loc["row0", "replica error"].startswith("reference pass: RuntimeError: CUDA error: CUBLAS")
-    assert len(V.row0_rule(t)["cut"]) == 1 and not V.row0_rule(t, up_to_session=50)["holds"]
-    assert V.row0_rule(t, up_to_session=50, confirmed=V.confirmed_cuts(k.reset_index()))["holds"]
+    assert len(V.row0_rule(t)["cut"]) == 1 and not V.row0_rule(t, up_to_session=V.ROW0_HELD_UNTIL)["holds"]
+    assert V.row0_rule(t, up_to_session=V.ROW0_HELD_UNTIL, confirmed=V.confirmed_cuts(k.reset_index()))["holds"]
 
 
 def test_first_sites_group_runs_by_concurrency_and_site():
