@@ -1070,16 +1070,22 @@ def oor_clause(df, pattern: str | None = None) -> str:
 def passed_clause(t) -> str:
     """The probe logs of runs that went past their first row-0 step without a fault (:func:`verification.row0_rule`'s
     ``passed``: neither crashed nor completed), as prose; empty when there is none."""
-    from . import verification
+    from . import divergence, verification
 
-    passed = verification.row0_rule(t)["passed"]
+    rule = verification.row0_rule(t, confirmed=verification.confirmed_cuts(
+        verification.oor_core_predictions(t, divergence.load_probe)))
+    passed = rule["passed"]
     if not len(passed):
         return ""
+    cut = len(rule["confirmed cut"])
+    ended = (f"{rule['at row-0 step']} of the {rule['crashes']} crashing probe logs ended at their first row-0 step"
+             + (f" and {cut} one step before it (a GDN-kernel core stopped the process before the probe wrote the step; "
+                "its replica shows the move)" if cut else ""))
     return (" Not every row-0 step faults: " + "; ".join(
         f"in {_short(r['gpu_session'])} a probed run at {r['concurrency']} ({r['outcome']}) had its first row-0 step at "
         f"{int(r['row-0 step'])} ({'its own out-of-vocabulary id' if r['row-0 how'] == 'sampled' else 'a count of 0 moved in'}) "
         f"and recorded {int(r['last step']) - int(r['row-0 step'])} more steps without a fault"
-        for _, r in passed.iterrows()) + ". Every crashing probe log ended at a row-0 step, but not every row-0 step crashed.")
+        for _, r in passed.iterrows()) + f". {ended[0].upper() + ended[1:]}, but not every row-0 step crashed.")
 
 
 def core_clause(core) -> str:

@@ -890,8 +890,10 @@ def row0_rule(t, up_to_session: int | None = None, confirmed=()) -> dict:
     if up_to_session is not None:
         t = t[t["gpu_session"].map(lambda v: all((session_no(x.strip()) or 0) <= up_to_session
                                                  for x in str(v).split(",")))]
-    crash, ok = t[t["outcome"] == "crash"], t[t["outcome"] == "ok"]
-    other = t[~t["outcome"].isin(["crash", "ok"])]
+    # a log shared by several runs of one engine has their outcomes joined ("ok, crash"): a crash ended it
+    ended = t["outcome"].astype(str).str.split(", ")
+    crash, ok = t[ended.map(lambda o: "crash" in o)], t[t["outcome"] == "ok"]
+    other = t[~t.index.isin(crash.index) & ~t.index.isin(ok.index)]
     passed = other[other["row-0 step"].notna() & (other["row-0 step"] < other["last step"])]
     at = crash[crash["row-0 step"].notna() & (crash["row-0 step"] == crash["last step"])]
     # logs a core dump ended inside the target's forward of the step after their last line (TARGET_FORWARD_KERNELS):
@@ -1729,6 +1731,23 @@ def planned_runs(matrix_path) -> list[str]:
     return [r.id for e in load_matrix(str(matrix_path))["engines"] for r in e["runs"] if not r.warmup]
 
 
+def _planned_lines(df, matrix: str, matrix_path=None):
+    """(``matrix``'s run lines but start-up errors, the run ids its matrix file plans: ``matrix_path``, by default the
+    repository's ``matrices/<matrix>.yaml``). Raises when there is no such line, or a line's run is not one the file
+    plans."""
+    from pathlib import Path
+
+    d = df[df["matrix"] == matrix]
+    d = d[d["outcome"] != "startup_error"]   # an engine that never started ran nothing: its run counts as not run
+    if not len(d):
+        raise LabError(f"no run lines of {matrix} in the data")
+    plan = planned_runs(matrix_path or Path(__file__).resolve().parents[1] / "matrices" / f"{matrix}.yaml")
+    stray = sorted(set(d["run_id"]) - set(plan))
+    if stray:
+        raise LabError(f"{matrix}: run lines {stray} are not among the matrix file's planned runs {plan}")
+    return d, plan
+
+
 def c24_core_predictions(df, matrix_path=None):
     """``stock-c24-core-tp1`` (s50: stock at 24 again, after s49's control there left no core file) against its
     header's predictions, one row each, ``held`` True, False or None (not decided: a planned run has no line yet):
@@ -1736,17 +1755,10 @@ def c24_core_predictions(df, matrix_path=None):
     ``matrices/stock-c24-core-tp1.yaml``: 2); (b) each crash leaves a core naming a kernel that stock cores at TP=1
     had named before (:data:`STOCK_TP1_KERNELS`), or without a core records ``dump_started``.
     Raises when the matrix has no lines, or a line's run is not one the matrix file plans."""
-    from pathlib import Path
-
-    d = df[df["matrix"] == C24_CORE_MATRIX]
-    if not len(d):
-        raise LabError(f"no run lines of {C24_CORE_MATRIX} in the data")
-    plan = planned_runs(matrix_path or Path(__file__).resolve().parents[1] / "matrices" / f"{C24_CORE_MATRIX}.yaml")
-    stray = sorted(set(d["run_id"]) - set(plan))
-    if stray:
-        raise LabError(f"{C24_CORE_MATRIX}: run lines {stray} are not among the matrix file's planned runs {plan}")
-    planned, ran = len(plan), len(d)
-    crashed = int(d["crashed"].sum())
+    d, plan = _planned_lines(df, C24_CORE_MATRIX, matrix_path)
+    # counted per planned run, not per line: a run recorded twice (a continued matrix) is one run
+    planned, ran = len(plan), d["run_id"].nunique()
+    crashed = int(d.groupby("run_id")["crashed"].all().sum())
     a_held = False if crashed < ran else (True if ran >= planned else None)
     rows = [{"predicted": f"(a) stock crashes at 24 in {planned} of {planned} fresh engines",
              "measured": f"{crashed} of {ran} run(s) crashed"
@@ -1790,16 +1802,10 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
         records steps after its first row-0 step (that step did not fault), and is undecided otherwise;
     (c) each crash's core names a kernel stock cores at TP=1 had named (:data:`STOCK_TP1_KERNELS`); a crash without a
         core leaves it undecided.
+    A run that completes leaves its engine to the next run, so two runs can share one log; it is judged once, on its
+    first FULL step. Start-up errors count as runs not run.
     Raises when the matrix has no run lines, a line's run is not one the matrix file plans, or a run has no probe log."""
-    from pathlib import Path
-
-    runs = df[df["matrix"] == PROBE_C24_MATRIX]
-    if not len(runs):
-        raise LabError(f"no run lines of {PROBE_C24_MATRIX} in the data")
-    plan = planned_runs(matrix_path or Path(__file__).resolve().parents[1] / "matrices" / f"{PROBE_C24_MATRIX}.yaml")
-    stray = sorted(set(runs["run_id"]) - set(plan))
-    if stray:
-        raise LabError(f"{PROBE_C24_MATRIX}: run lines {stray} are not among the matrix file's planned runs {plan}")
+    runs, plan = _planned_lines(df, PROBE_C24_MATRIX, matrix_path)
     sessions = sorted({os.path.splitext(str(f))[0] for f in runs["file"]})
     keys = {(os.path.splitext(str(f))[0], f"{e}.a{a}") for f, e, a in zip(runs["file"], runs["engine_id"], runs["attempt"])}
     pt = probe_table(df, pattern, sessions=sessions)
@@ -1815,13 +1821,13 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
         p, o = pt.loc[key], ot.loc[key]
         name = f"{key[1]} ({o['outcome']})"
         first = _int_or_none(p["first FULL step"])
-        ok_a = (first is not None and _int_or_none(p["first diverging step"]) == first
-                and _int_or_none(p["layers written identically before it"]) == 8
-                and p["first layer written differently"] == "L8 gdn")
+        ok_a = None if first is None else (_int_or_none(p["first diverging step"]) == first
+                                           and _int_or_none(p["layers written identically before it"]) == 8
+                                           and p["first layer written differently"] == "L8 gdn")
         a[0].append(f"{name}: first FULL step {first}, first diverging {_int_or_none(p['first diverging step'])}, "
                     f"{_int_or_none(p['layers written identically before it'])} layers identical before "
                     f"{p['first layer written differently']}")
-        a[1].append(bool(ok_a))
+        a[1].append(ok_a)
         r0, last, kernel = _int_or_none(o["row-0 step"]), _int_or_none(o["last step"]), o["core kernel"]
         if "crash" in str(o["outcome"]):
             ok_b = True if r0 is not None and r0 == last else (

@@ -193,8 +193,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "at the run's first row-0 step (14; not the step the header named, its s44 replica's 16") in text
     # s51: a probed run at 24 went past its first row-0 step without a fault (probe-c24-tp1), and the page says so
     assert ("Not every row-0 step faults: in s51 a probed run at 24 (timeout) had its first row-0 step at 281 (its own "
-            "out-of-vocabulary id) and recorded 14 more steps without a fault. Every crashing probe log ended at a row-0 "
-            "step, but not every row-0 step crashed.") in text
+            "out-of-vocabulary id) and recorded 14 more steps without a fault. 46 of the 47 crashing probe logs ended at "
+            "their first row-0 step and 1 one step before it (a GDN-kernel core stopped the process before the probe wrote "
+            "the step; its replica shows the move), but not every row-0 step crashed.") in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):

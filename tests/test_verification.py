@@ -494,6 +494,9 @@ def test_row0_rule_needs_every_crash_at_its_row0_step_and_no_completed_run_with_
     assert not r["holds"] and list(r["passed"].index) == [1] and r["completed"] == 1
     t.loc[1, "last step"] = 40                                      # stopped at it: undecided, not against the rule
     assert V.row0_rule(t)["holds"] and not len(V.row0_rule(t)["passed"])
+    t.loc[1, ["outcome", "row-0 step", "last step"]] = ["ok, crash", 40, 40]   # two runs, one log: a crash ended it
+    r = V.row0_rule(t)
+    assert r["crashes"] == 2 and r["at row-0 step"] == 2 and r["holds"]
     t.loc[1, ["outcome", "row-0 step", "last step"]] = ["ok", pd.NA, 16]
     assert (V.session_no("2026-12-02-s44"), V.session_no("local")) == (44, None)
     with pytest.raises(LabError, match="no crashing run"):
@@ -1033,6 +1036,12 @@ def test_c24_core_predictions_fail_on_a_completed_run_or_another_kernel():
     t = V.c24_core_predictions(first)
     assert list(t["held"]) == [None, True] and t["measured"].iloc[0] == "1 of 1 run(s) crashed; 1 planned run(s) not run"
     assert held(first, outcome="ok", crashed=False) == [False, None]
+    # r0 recorded twice (a continued matrix) is still one run: (a) waits for r1
+    import pandas as pd
+    twice = pd.concat([first, first.loc[[i]]], ignore_index=True)
+    assert V.c24_core_predictions(twice)["measured"].iloc[0] == "1 of 1 run(s) crashed; 1 planned run(s) not run"
+    # an engine that never started ran nothing: its line is a run not run, not a run that did not crash
+    assert held(outcome="startup_error", crashed=False) == [None, True]
     with pytest.raises(LabError, match="no run lines of stock-c24-core-tp1"):
         V.c24_core_predictions(df[df["matrix"] != m])
 
@@ -1119,6 +1128,13 @@ def test_c24_probe_predictions_fail_on_a_contradicting_log(monkeypatch):
 
     monkeypatch.setattr(V, "probe_table", elsewhere)
     assert V.c24_probe_predictions(df)["held"].iloc[0] is False
+
+    def no_full(*args, **kw):   # a log with no FULL step leaves (a) undecided, not failed
+        t = real(*args, **kw)
+        return t.assign(**{"first FULL step": None})
+
+    monkeypatch.setattr(V, "probe_table", no_full)
+    assert V.c24_probe_predictions(df)["held"].iloc[0] is None
     monkeypatch.setattr(V, "probe_table", real)
     with pytest.raises(LabError, match="no run lines of probe-c24-tp1"):
         V.c24_probe_predictions(df[df["matrix"] != V.PROBE_C24_MATRIX])
