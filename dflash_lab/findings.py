@@ -1044,7 +1044,8 @@ def oor_clause(df, pattern: str | None = None) -> str:
                  f"{', '.join(sorted(set(map(_short, r0['gpu_session']))))}): {int(r0['held'].sum())} of {len(r0)} runs "
                  "ended as predicted")
         if not r0["held"].all() or not len(oth) or not len(row0):
-            return text + (" (not: " + ", ".join(r0.loc[~r0["held"], "engine"]) + ")." if not r0["held"].all() else ".")
+            return (text + (" (not: " + ", ".join(r0.loc[~r0["held"], "engine"]) + ")." if not r0["held"].all() else ".")
+                    + passed_clause(t))
         text += (f". With the ids replaced in rows above 0 only, each run crashed at the first step row 0's own id was "
                  f"out of vocabulary (step {and_('last step', oth)} at {and_('concurrency', oth)}). With row 0's "
                  f"replaced only, the replacement gave row 0 its only token on {and_('row-0 ids replaced', row0)} steps, "
@@ -1062,18 +1063,20 @@ def oor_clause(df, pattern: str | None = None) -> str:
         core = verification.oor_core_predictions(t, divergence.load_probe)
         if not len(core):
             return text + (" One run per cell, no core dumps: which kernel faulted is read from vLLM's source, not "
-                           "observed.") + passed_clause(t)
-        text += core_clause(core)
+                           "observed.") + passed_clause(t, core)
+        return text + core_clause(core) + passed_clause(t, core)
     return text + passed_clause(t)
 
 
-def passed_clause(t) -> str:
+def passed_clause(t, core=None) -> str:
     """The probe logs of runs that went past their first row-0 step without a fault (:func:`verification.row0_rule`'s
-    ``passed``: neither crashed nor completed), as prose; empty when there is none."""
+    ``passed``: neither crashed nor completed), as prose; empty when there is none. ``core``:
+    :func:`verification.oor_core_predictions` over ``t`` where the caller has it (read here otherwise)."""
     from . import divergence, verification
 
-    rule = verification.row0_rule(t, confirmed=verification.confirmed_cuts(
-        verification.oor_core_predictions(t, divergence.load_probe)))
+    if core is None:
+        core = verification.oor_core_predictions(t, divergence.load_probe)
+    rule = verification.row0_rule(t, confirmed=verification.confirmed_cuts(core))
     passed = rule["passed"]
     if not len(passed):
         return ""
