@@ -1829,21 +1829,16 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
                     f"{p['first layer written differently']}")
         a[1].append(ok_a)
         r0, last, kernel = _int_or_none(o["row-0 step"]), _int_or_none(o["last step"]), o["core kernel"]
-        if "crash" in str(o["outcome"]):
-            ok_b = True if r0 is not None and r0 == last else (
-                None if r0 is None and kernel in TARGET_FORWARD_KERNELS else False)
+        ok_b = _row0_verdict(ot.loc[[key]].reset_index())
+        if "crash" in str(o["outcome"]).split(", "):
             b[0].append(f"{name}: last step {last}, row-0 step {r0} ({o['row-0 how']})"
                         + (f", core {kernel}" if isinstance(kernel, str) else ""))
             c[0].append(f"{name}: " + (f"core names {kernel}" if isinstance(kernel, str) else "no core file"))
             c[1].append(kernel in STOCK_TP1_KERNELS if isinstance(kernel, str) else None)
         elif o["outcome"] == "ok":
-            ok_b = r0 is None
             b[0].append(f"{name}: no row-0 step" if r0 is None else f"{name}: a row-0 step at {r0} and no crash")
         else:
-            # neither crashed nor completed (a timeout): a log that went on past its first row-0 step shows that step
-            # did not fault, against the rule; one that stopped at it, or never had one, decides nothing
             after = (last - r0) if r0 is not None and last is not None else 0
-            ok_b = False if after > 0 else None
             b[0].append(f"{name}: " + (f"row-0 step {r0} ({o['row-0 how']}), then {after} more step(s) recorded "
                                        f"without a fault (last step {last})" if after > 0 else
                                        f"last step {last}, row-0 step {r0}: undecided"))
@@ -1857,6 +1852,19 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
              "measured": ("; ".join(c[0]) or "no crash, nothing to judge") + tail,
              "held": _all_held(c[1], missing > 0) if c[1] else None}]
     return _judged_table(rows, ["predicted", "measured"])
+
+
+def _row0_verdict(log) -> bool | None:
+    """One probe log (a one-row :func:`oor_table`) against the row-0 rule, by :func:`row0_rule`'s own categories: True
+    for a crash at its first row-0 step or a completed run without one; False for a crash elsewhere, a completed run
+    with one, or a ``passed`` log; None (undecided) for a log a target-forward core cut short, or a run that neither
+    crashed nor completed and stopped at or before a row-0 step."""
+    r = row0_rule(log)
+    if r["at row-0 step"]:
+        return True
+    if len(r["not"]) or len(r["completed with one"]) or len(r["passed"]):
+        return False
+    return True if r["completed"] else None
 
 
 def _int_or_none(v):
