@@ -63,7 +63,8 @@ def cores(core_dir: str | os.PathLike, since: float | None = None) -> list[Path]
     d = Path(core_dir)
     if not d.is_dir():
         return []
-    found = sorted((p for p in d.iterdir() if p.name.startswith("core")), key=lambda p: p.stat().st_mtime)
+    # regular files only: a pipe or folder named core... is no dump
+    found = sorted((p for p in d.iterdir() if p.name.startswith("core") and p.is_file()), key=lambda p: p.stat().st_mtime)
     return [p for p in found if since is None or p.stat().st_mtime >= since - STALE_SLACK_S]
 
 

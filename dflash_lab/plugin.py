@@ -14,6 +14,8 @@ Nothing happens unless asked for:
   step begins (:mod:`dflash_lab.schedsnap`).
 - ``DFLASH_LAB_ADMIT=K/N``: the engine core's first step admits at most K of the first N requests, after all N
   arrived (:mod:`dflash_lab.admit`).
+- ``DFLASH_LAB_STACKS=<folder>``: all threads' Python stacks to ``<folder>/stacks.<pid>.txt`` on ``SIGUSR1``, which the
+  runner sends to a run that timed out (:mod:`dflash_lab.hang`).
 - ``DFLASH_LAB_VLLM_DIFF=<overlay>``: the runner started this engine on vLLM with the upstream diff applied; every
   process checks that the vllm it imported is that overlay's, and stops if not (:mod:`dflash_lab.vllmdiff`).
 
@@ -34,6 +36,12 @@ def register() -> None:
     if os.environ.get(vllmdiff.ENV) and "vllm_diff" not in _done:
         log_once(vllmdiff.check_loaded())   # raises in a process that did not import the overlay (and is not marked done)
         _done.add("vllm_diff")
+
+    from . import hang
+
+    stacks_dir = os.environ.get(hang.ENV)
+    if stacks_dir and not hang.installed_here():   # per pid: a forked child must register its own file
+        log_once(hang.install(stacks_dir))
 
     if fix_enabled() and "fix" not in _done:
         _done.add("fix")

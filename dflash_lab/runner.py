@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import admit, coredump, provenance, splits, vllmdiff
+from . import admit, coredump, hang, provenance, splits, vllmdiff
 from .errors import LabError
 from .models import REPORT_PROMPT, describe
 from .patch import FIX_PARTS
@@ -92,6 +92,9 @@ ENGINE_DEFAULTS = {
     # this engine imports instead (vllmdiff.py); the plugin then checks in every engine process that it did
     "vllm_diff": None,
     "canary": False,
+    # before a run that timed out is killed: the GPU's utilization, every engine process's Python stacks, and (with
+    # coredump) a GPU core dump the runner asks the driver for (hang.py); recorded as the line's "hang"
+    "hang_snapshot": False,
     "acceptance": "natural",
     "engine_args": {},
     "env": {},
@@ -157,7 +160,8 @@ def load_matrix(path: str) -> dict:
 # a matrix's env entry for one of them is refused (it would contradict the keys the line records)
 KEYED_ENV = ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_PROBE",
              "DFLASH_LAB_CANARY", "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", "DFLASH_LAB_PROBE_LEDGER",
-             "DFLASH_LAB_PROBE_OOR", "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV, admit.ENV, vllmdiff.ENV)
+             "DFLASH_LAB_PROBE_OOR", "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV, admit.ENV, vllmdiff.ENV, hang.ENV,
+             "CUDA_ENABLE_USER_TRIGGERED_COREDUMP", "CUDA_COREDUMP_PIPE")
 # every variable the engine-side code (plugin, hook, probe, schedsnap, splits) reads: none is inherited by an engine;
 # those without a matrix key (the hook's fatal mode, the probe's reference-pass switch) reach it only as env entries
 ENGINE_ENV = KEYED_ENV + ("DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF")
@@ -198,7 +202,8 @@ def validate_matrix(m, where="matrix") -> dict:
         keyed = sorted(set(eng["env"]) & set(KEYED_ENV))
         _check(not keyed, f"{where}: engine {e['id']}: env sets {keyed}, which the runner sets from matrix keys "
                           "(fix, fix_parts, hook, hook_sync, probe, canary, probe_taps, probe_fill_layers, probe_ledger, "
-                          "probe_oor, sched_snapshot, fa_splits, first_step_requests, vllm_diff): use the key")
+                          "probe_oor, sched_snapshot, fa_splits, first_step_requests, vllm_diff, hang_snapshot): use "
+                          "the key")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
         _check(eng["probe_taps"] in (None, "1", "sentinel", "nan", "zero"),
@@ -219,6 +224,8 @@ def validate_matrix(m, where="matrix") -> dict:
                f"{where}: engine {e['id']}: probe_oor needs probe: true (the probe's sampler wrapper replaces the ids)")
         _check(isinstance(eng["sched_snapshot"], bool),
                f"{where}: engine {e['id']}: sched_snapshot must be true or false")
+        _check(isinstance(eng["hang_snapshot"], bool),
+               f"{where}: engine {e['id']}: hang_snapshot must be true or false")
         _check(eng["probe_taps"] is None or eng["probe"],
                f"{where}: engine {e['id']}: probe_taps needs probe: true (the taps are compared in its reference pass)")
         fp = eng["fix_parts"]
@@ -408,6 +415,7 @@ class Runner:
             "probe_ledger": (e["probe_ledger"] is not False) if e["probe_taps"] else None,
             "probe_oor": e["probe_oor"],
             "sched_snapshot": e["sched_snapshot"], "first_step_requests": e["first_step_requests"],
+            "hang_snapshot": e["hang_snapshot"],
             "vllm_diff": e["vllm_diff"],
             "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
@@ -529,6 +537,10 @@ class Runner:
                 env["DFLASH_LAB_PROBE_OOR"] = "1" if e["probe_oor"] is True else e["probe_oor"]
         if e["sched_snapshot"]:
             env["DFLASH_LAB_SCHED_SNAPSHOT"] = str(self.logdir / f"{tag}.sched")
+        stacks_dir = None
+        if e["hang_snapshot"]:
+            stacks_dir = self.logdir / f"{tag}.stacks"
+            env.update(hang.env(stacks_dir, core_dir))
         if e["first_step_requests"]:
             # validate_matrix allows it only on an engine with one measured run: N is that run's concurrency
             env[admit.ENV] = f"{e['first_step_requests']}/{eng['runs'][0].concurrency}"
@@ -589,6 +601,17 @@ class Runner:
                                                                   for c in f["cores"]) if f.get("cores") else "")
                      + (f" [{f['error']}]" if f.get("error") else ""))
             return {"fault": f}
+
+        def snapshot():
+            """What the engine was doing when its run timed out (hang_snapshot engines), before it is killed: the core
+            dump only while enough time is left before the deadline (a dump takes ~25-150 s)."""
+            wait = max(0.0, min(self.m["coredump_wait_s"], self.time_left() - 40)) if core_dir is not None else 0.0
+            h = hang.snapshot(stacks_dir, core_dir if wait >= 20 else None, proc.pid, self.logdir / f"{tag}.hang.log",
+                              engine_log=log_path, core_wait_s=wait)
+            if core_dir is not None and wait < 20:
+                h["core"] = {"error": f"not asked for: {self.time_left():.0f} s left before the runner's deadline"}
+            self.log(f"{tag}: hang snapshot: {hang.describe(h)}")
+            return h
 
         def crash_line(run, since: float, fallback) -> None:
             """The crash line of a run whose engine died: after its core dump (if any) is read, and the engine is gone.
@@ -696,12 +719,17 @@ class Runner:
                     remaining.pop(0)
                     return remaining
                 if time.time() - t_run > self.m["run_timeout_s"] or self.time_left() < 0:
+                    wall_run = round(time.time() - t_run, 3)
+                    if e["hang_snapshot"] and self.time_left() >= 0:
+                        extra_hang = {"hang": snapshot()}
+                    else:
+                        extra_hang = {}
                     kill()
                     tail = _tail(log_path)
                     self.line(eng, run, "timeout", attempt,
                               error=f"run exceeded {self.m['run_timeout_s']:.0f} s" if self.time_left() >= 0
                               else DEADLINE_CUT,
-                              log_tail=tail, wall_s=round(time.time() - t_run, 3), **extra)
+                              log_tail=tail, wall_s=wall_run, **extra, **extra_hang)
                     remaining.pop(0)
                     if self.time_left() < 0:
                         self._not_reached(remaining)

@@ -3,6 +3,10 @@
 Behaviour per run id comes from the FAKE_PLAN environment variable (JSON: run id ->
 "ok" | "crash" | "hang" | "fail" | "coredump" | "coredump-tp2" | "coredump-server"), FAKE_STARTUP ("ok" | "error" |
 "hang").
+As the dflash_lab plugin does in every process vLLM starts, it registers its stacks file for a hang snapshot (only that
+part of the plugin: the rest would import vllm; tests/test_hang.py runs the plugin itself).
+With ``CUDA_ENABLE_USER_TRIGGERED_COREDUMP`` set it stands in for the driver's listener: a thread creates the pipe
+``$CUDA_COREDUMP_PIPE`` names and, when something is written to it, writes a core file as a dump would.
 "coredump" crashes like a CUDA fault whose core file (at ``$CUDA_COREDUMP_FILE``) is written
 by a child process for a few seconds after this process has died, as the driver does; "coredump-tp2" has two
 such children print as vLLM's TP workers do and write one core each. "coredump-server" is a server whose engine
@@ -33,7 +37,29 @@ def _write_core(core: str, chunks: int, tag: str = "") -> None:
     os._exit(0)
 
 
+def _fake_driver_pipe() -> None:
+    """The stand-in for the CUDA driver's user-triggered dump listener (no GPU here): a FIFO, and a core on request."""
+    import threading
+
+    pipe = os.environ["CUDA_COREDUMP_PIPE"].replace("%p", str(os.getpid()))
+    os.mkfifo(pipe)
+
+    def listen():
+        with open(pipe, "rb") as f:   # blocks until the runner opens it for writing
+            f.read(1)
+        with open(_core_path(os.getpid()), "w") as c:
+            c.write("user-triggered " + "x" * 1000 + "END")
+
+    threading.Thread(target=listen, daemon=True).start()
+
+
 def main():
+    from dflash_lab import hang
+
+    if os.environ.get(hang.ENV):
+        hang.install(os.environ[hang.ENV])
+    if os.environ.get("CUDA_ENABLE_USER_TRIGGERED_COREDUMP") == "1":
+        _fake_driver_pipe()
     spec = json.load(open(sys.argv[1]))
     ev = Events(sys.argv[2])
     plan = json.loads(os.environ.get("FAKE_PLAN", "{}"))
