@@ -343,7 +343,7 @@ def test_every_variable_the_engine_side_reads_is_controlled_by_the_runner(root):
     from dflash_lab import runner as R
 
     read = set()
-    for mod in ("plugin", "engine_state", "hook", "patch", "probe", "schedsnap", "splits", "admit", "vllmdiff"):
+    for mod in ("plugin", "engine_state", "hook", "patch", "probe", "schedsnap", "splits", "admit", "vllmdiff", "hang"):
         read |= set(re.findall(r"DFLASH_LAB_[A-Z_]+", (root / "dflash_lab" / f"{mod}.py").read_text()))
     assert read, "no variable found: the scan is broken"
     assert read <= set(R.ENGINE_ENV), sorted(read - set(R.ENGINE_ENV))
