@@ -182,8 +182,8 @@ def cell_label(r: dict) -> str:
 
 
 def instruments(r: dict) -> list[str]:
-    """What else was attached to a run's engine: the launch hook, CUDA core dumps on exception,
-    extra environment (e.g. CUDA_LAUNCH_BLOCKING=1). A run with none of these is a plain run."""
+    """What else was attached to a run's engine: the launch hook, CUDA core dumps on exception, the hang snapshot's
+    stack and dump listeners, extra environment (e.g. CUDA_LAUNCH_BLOCKING=1). A run with none of these is a plain run."""
     out = []
     if isinstance(r.get("hook_dir"), str) and r.get("hook_dir"):  # (a DataFrame row holds NaN when absent)
         out.append("launch hook")
@@ -193,6 +193,8 @@ def instruments(r: dict) -> list[str]:
         out.append("core dump on")
     elif r.get("coredump") == "keep-running":   # the driver's skip_abort: vLLM can still dump the crashing step
         out.append("core dump on (keep running)")
+    if r.get("hang_snapshot") == True:  # noqa: E712 - faulthandler on SIGUSR1 and the driver's dump listener (hang.py)
+        out.append("hang snapshot")
     env = r.get("env")
     if isinstance(env, dict):
         out += [f"{k}={v}" for k, v in sorted(env.items())]

@@ -183,8 +183,9 @@ def drafting_share(r) -> float | None:
 
 
 def configuration(r) -> str:
-    """A run's engine configuration without what was attached to observe it (core dumps, hook, environment)."""
-    return analysis.cell_label({**dict(r), "coredump": False, "hook_dir": None, "env": None})
+    """A run's engine configuration without what was attached to observe it (core dumps, hook, hang snapshot,
+    environment)."""
+    return analysis.cell_label({**dict(r), "coredump": False, "hook_dir": None, "env": None, "hang_snapshot": False})
 
 
 def table(df, matrix_contains: str = "discriminate", data_dir: str = "data"):

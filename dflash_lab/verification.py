@@ -753,7 +753,7 @@ def _vocab_size(runs) -> int:
 
 def _core(runs) -> dict:
     """A probed engine's core dump, from its run lines' ``fault``: the faulting kernel ("unread" when the dump named
-    none; None without a dump) and, for the kernels :func:`analysis.core_batch_row` reads, the batch row of the
+    none; None without a dump, also when the runner's fault says no core file appeared) and, for the kernels :func:`analysis.core_batch_row` reads, the batch row of the
     focused block and the launch's rows (GDN value heads per rank: the target's, divided by the tensor-parallel
     size)."""
     faults = [f for f in runs["fault"] if isinstance(f, dict)] if "fault" in runs else []
@@ -764,6 +764,10 @@ def _core(runs) -> dict:
         # never counted as cut by row0_rule (its kernel is not a target-forward kernel)
         return {"kernel": f"{len(faults)} core dumps", "row": None, "rows": None}
     f = faults[0]
+    if not f.get("core_file"):
+        # the runner waited and found no file (s52's probed r1 at 24: the driver logged that it began a dump, and the
+        # processes were gone before the file appeared): no dump, not an unread one
+        return {"kernel": None, "row": None, "rows": None}
     tp = {int(x) for x in runs["tensor_parallel_size"].fillna(1)} if "tensor_parallel_size" in runs else {1}
     heads = None
     if f.get("kernel") == analysis.GDN_KERNEL:

@@ -1113,9 +1113,9 @@ def test_c24_probe_predictions_fail_on_a_contradicting_log(monkeypatch):
     t = V.c24_probe_predictions(_edited(df, V.PROBE_C24_MATRIX, "stock-probe-c24/c24/r0", outcome="ok", crashed=False))
     assert t["held"].iloc[1] is False and "a row-0 step at 289 and no crash" in t["measured"].iloc[1]
     # a core naming a kernel stock never named contradicts (c); one naming the DFlash input kernel holds
-    other = {"kernel": "some_other_kernel", "error": None}
+    other = {"kernel": "some_other_kernel", "error": None, "core_file": "/tmp/cudacore/x/core.1"}
     assert V.c24_probe_predictions(_edited(df, V.PROBE_C24_MATRIX, "stock-probe-c24/c24/r0", fault=other))["held"].iloc[2] is False
-    known = {"kernel": "copy_and_expand_dflash_inputs_kernel", "error": None}
+    known = {"kernel": "copy_and_expand_dflash_inputs_kernel", "error": None, "core_file": "/tmp/cudacore/x/core.1"}
     both = _edited(_edited(df, V.PROBE_C24_MATRIX, "stock-probe-c24/c24/r0", fault=known),
                    V.PROBE_C24_MATRIX, "stock-probe-c24/c24/r1", fault=known)
     assert list(V.c24_probe_predictions(both)["held"]) == [True, True, True]
@@ -1143,12 +1143,17 @@ def test_c24_probe_predictions_fail_on_a_contradicting_log(monkeypatch):
 
 
 def test_the_recorded_probe_at_24_as_pre_registered():
-    """s51 (probe-c24-tp1, one of two planned runs): the first FULL step (3, 24 requests) diverged from layer 8 as
+    """probe-c24-tp1, both planned runs. s51's r0: the first FULL step (3, 24 requests) diverged from layer 8 as
     predicted; the row-0 rule did not hold: row 0's own out-of-vocabulary id at step 281 did not fault, the log went on
-    to step 295, and the run timed out at 300 s (the engine stopped stepping); no crash, so no core for (c)."""
+    to step 295, and the run timed out at 300 s (the engine stopped stepping). s52's r1 (a fresh host): the same first
+    divergence; it crashed at its first row-0 step (285), so (b) held for it but not overall; the driver logged that
+    it began a dump and no core file appeared, so (c) stays undecided."""
     t = V.c24_probe_predictions(analysis.load_runs())
-    assert list(t["held"]) == [None, False, None]
+    assert list(t["held"]) == [True, False, None]
     assert t["measured"].iloc[0] == ("stock-probe-c24.a1 (timeout): first FULL step 3, first diverging 3, 8 layers "
-                                     "identical before L8 gdn; 1 planned run(s) not run")
-    assert t["measured"].iloc[1].startswith("stock-probe-c24.a1 (timeout): row-0 step 281 (sampled), then 14 more "
-                                            "step(s) recorded without a fault (last step 295)")
+                                     "identical before L8 gdn; stock-probe-c24.a1 (crash): first FULL step 3, first "
+                                     "diverging 3, 8 layers identical before L8 gdn")
+    assert t["measured"].iloc[1] == ("stock-probe-c24.a1 (timeout): row-0 step 281 (sampled), then 14 more step(s) "
+                                     "recorded without a fault (last step 295); stock-probe-c24.a1 (crash): last step "
+                                     "285, row-0 step 285 (sampled)")
+    assert t["measured"].iloc[2] == "stock-probe-c24.a1 (crash): no core file"
