@@ -719,16 +719,13 @@ class Runner:
                     remaining.pop(0)
                     return remaining
                 if time.time() - t_run > self.m["run_timeout_s"] or self.time_left() < 0:
-                    wall_run = round(time.time() - t_run, 3)
-                    if e["hang_snapshot"] and self.time_left() >= 0:
-                        extra_hang = {"hang": snapshot()}
-                    else:
-                        extra_hang = {}
+                    # judged before the snapshot, whose dump may take the time left: a run that timed out stays one
+                    wall_run, cut = round(time.time() - t_run, 3), self.time_left() < 0
+                    extra_hang = {"hang": snapshot()} if e["hang_snapshot"] and not cut else {}
                     kill()
                     tail = _tail(log_path)
                     self.line(eng, run, "timeout", attempt,
-                              error=f"run exceeded {self.m['run_timeout_s']:.0f} s" if self.time_left() >= 0
-                              else DEADLINE_CUT,
+                              error=f"run exceeded {self.m['run_timeout_s']:.0f} s" if not cut else DEADLINE_CUT,
                               log_tail=tail, wall_s=wall_run, **extra, **extra_hang)
                     remaining.pop(0)
                     if self.time_left() < 0:
