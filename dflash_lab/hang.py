@@ -135,10 +135,10 @@ def signal_stacks(folder, pgid: int | None, wait_s: float = 5.0, sleep=time.slee
     for pid, path in registered(folder).items():
         if not _in_group(pid, pgid):
             continue
-        size = path.stat().st_size
         try:
+            size = path.stat().st_size
             os.kill(pid, SIGNAL)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError, FileNotFoundError):
             continue
         sent[pid] = (path, size)
     t0 = time.time()
@@ -207,7 +207,10 @@ def pipes(core_dir, pgid: int | None, names: dict[int, str] | None = None) -> di
     out = {}
     for p in sorted(d.iterdir()):
         m = PIPE_FILE.match(p.name)
-        if not m or not stat.S_ISFIFO(p.stat().st_mode):
+        try:
+            if not m or not stat.S_ISFIFO(p.stat().st_mode):
+                continue
+        except OSError:   # removed by the driver as its process exited
             continue
         key = int(m.group(1)) if m.group(1).isdigit() else p.name
         if isinstance(key, int) and not _in_group(key, pgid):
@@ -233,8 +236,9 @@ def trigger(pipe: Path) -> str | None:
     return None
 
 
+# the invocation column runs to the end of the line: a templated C++ kernel (cutlass::device_kernel<...>(Params)) too
 KERNEL_ROW = re.compile(r"^[*\s]\s*(\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\w+)\s+(0x[0-9a-fA-F]+)\s+\(([\d,]+)\)\s+"
-                        r"\(([\d,]+)\)\s+(\w+)\(", re.M)
+                        r"\(([\d,]+)\)\s+(\S.*?)\s*$", re.M)
 
 
 def kernel_table(text: str) -> list[dict]:
@@ -246,19 +250,24 @@ def kernel_table(text: str) -> list[dict]:
         if key in seen:
             continue
         seen.add(key)
-        out.append({"kernel": m.group(9), "status": m.group(5),
+        out.append({"kernel": re.sub(r"\([^()]*\)$", "", m.group(9)), "status": m.group(5),
                     "grid": [int(x) for x in m.group(7).split(",")],
                     "block_dim": [int(x) for x in m.group(8).split(",")],
                     "focus": m.group(0).startswith("*")})
     return out
 
 
+MIN_DUMP_WAIT_S = 50.0   # a hung process's core counts as finished after 24 s without growth; dumps took 25-150 s
+
+
 def snapshot(stack_dir, core_dir, pgid: int | None, hang_log: str | os.PathLike, engine_log=None,
-             core_wait_s: float = 0.0) -> dict:
+             core_wait_s: float = 0.0, deadline: float | None = None) -> dict:
     """Everything :mod:`hang` takes of a run that timed out, in the order that disturbs least (GPU samples, then
     stacks, then the core dump, which stops the GPU to write it). The texts go to ``hang_log``; the line gets the
     summary: ``{"gpu": ..., "stacks": {pid: {process, threads, main}}, "core": fault or {"error"}, "hang_log"}``.
-    ``core_wait_s`` 0 (no core folder, or too little time left before the runner's deadline) skips the dump."""
+    ``core_wait_s`` 0 or no core folder skips the dump. With ``deadline`` (epoch seconds: the runner's) the dump's wait and
+    cuda-gdb's time are cut to what is left once the samples and stacks are taken, and the dump is skipped when less
+    than ``MIN_DUMP_WAIT_S`` would be left for it (a shorter wait could hand cuda-gdb a core still being written)."""
     from . import coredump
 
     t0 = time.time()
@@ -278,8 +287,16 @@ def snapshot(stack_dir, core_dir, pgid: int | None, hang_log: str | os.PathLike,
     if not stacks:
         out["stacks_error"] = "no registered process of the engine was alive" if stack_dir else "no stack folder"
     if core_dir is not None and core_wait_s > 0:
-        found = pipes(core_dir, pgid, names)
-        if not found:
+        gdb_s = 180.0
+        if deadline is not None:
+            left = deadline - time.time() - 15
+            gdb_s = max(20.0, min(180.0, left / 3))
+            core_wait_s = min(core_wait_s, left - gdb_s)
+        found = pipes(core_dir, pgid, names) if core_wait_s >= MIN_DUMP_WAIT_S else {}
+        if core_wait_s < MIN_DUMP_WAIT_S:
+            out["core"] = {"error": f"not asked for: {max(core_wait_s, 0):.0f} s left for a dump (at least "
+                                    f"{MIN_DUMP_WAIT_S:.0f} s needed)"}
+        elif not found:
             out["core"] = {"error": f"no dump pipe of a living engine process in {core_dir}"}
         else:
             since = time.time()
@@ -288,7 +305,8 @@ def snapshot(stack_dir, core_dir, pgid: int | None, hang_log: str | os.PathLike,
                 out["core"] = {"error": "no pipe took the request: " + "; ".join(errors.values())}
             else:
                 gdb_log = Path(str(hang_log).removesuffix(".log") + ".core.log")
-                f = coredump.collect(core_dir, pgid, gdb_log, wait_s=core_wait_s, engine_log=engine_log, since=since)
+                f = coredump.collect(core_dir, pgid, gdb_log, wait_s=core_wait_s, gdb_timeout_s=gdb_s,
+                                     engine_log=engine_log, since=since)
                 if f.get("gdb_log") and os.path.isfile(f["gdb_log"]):
                     f["kernels"] = kernel_table(Path(f["gdb_log"]).read_text(errors="replace"))
                 out["core"] = dict(f, triggered=sorted(str(p) for p in found), **({"trigger_errors": errors} if errors else {}))
@@ -300,7 +318,7 @@ def snapshot(stack_dir, core_dir, pgid: int | None, hang_log: str | os.PathLike,
 
 def describe(h: dict) -> str:
     """One log line of a snapshot: GPU utilization, each process's innermost frame, the core's kernels."""
-    bits = []
+    bits = [f"snapshot failed: {h['error']}"] if h.get("error") else []
     util = [s.get("utilization_pct") for s in h.get("gpu", {}).get("samples", [])]
     bits.append("gpu util " + ("/".join("?" if u is None else f"{u:.0f}%" for u in util) if util
                                else h.get("gpu", {}).get("error", "not read")))

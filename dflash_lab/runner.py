@@ -604,12 +604,13 @@ class Runner:
 
         def snapshot():
             """What the engine was doing when its run timed out (hang_snapshot engines), before it is killed: the core
-            dump only while enough time is left before the deadline (a dump takes ~25-150 s)."""
-            wait = max(0.0, min(self.m["coredump_wait_s"], self.time_left() - 40)) if core_dir is not None else 0.0
-            h = hang.snapshot(stacks_dir, core_dir if wait >= 20 else None, proc.pid, self.logdir / f"{tag}.hang.log",
-                              engine_log=log_path, core_wait_s=wait)
-            if core_dir is not None and wait < 20:
-                h["core"] = {"error": f"not asked for: {self.time_left():.0f} s left before the runner's deadline"}
+            dump only while enough time is left before the deadline (hang.snapshot; a dump takes ~25-150 s)."""
+            try:
+                h = hang.snapshot(stacks_dir, core_dir, proc.pid, self.logdir / f"{tag}.hang.log", engine_log=log_path,
+                                  core_wait_s=self.m["coredump_wait_s"],
+                                  deadline=self.deadline)
+            except Exception as err:   # the run's timeout line and the kill come first; the snapshot is extra
+                h = {"error": f"{type(err).__name__}: {err}"}
             self.log(f"{tag}: hang snapshot: {hang.describe(h)}")
             return h
 

@@ -93,6 +93,19 @@ def test_kernel_table_lists_every_kernel_of_a_dump_once():
                   {"kernel": "triton_poi_fused_2", "status": "Active", "grid": [13, 1, 1], "block_dim": [256, 1, 1],
                    "focus": False}]
     assert hang.kernel_table("No CUDA kernels.\n") == []
+    # a templated C++ kernel keeps its whole name (a hang inside FA3 would be one)
+    row = ("*      0      -   0 7 Active 0x01 (132,1,1) (384,1,1) "
+           "cutlass::device_kernel<flash::FlashAttnFwdSm90<int, (bool)1>>(flash::Params) \n")
+    assert hang.kernel_table(row)[0]["kernel"] == "cutlass::device_kernel<flash::FlashAttnFwdSm90<int, (bool)1>>"
+
+
+def test_no_dump_is_asked_for_when_the_deadline_leaves_too_little_time(tmp_path):
+    d = tmp_path / "cores"
+    d.mkdir()
+    os.mkfifo(d / f"dumppipe.{os.getpid()}")
+    h = hang.snapshot(None, d, None, tmp_path / "x.hang.log", core_wait_s=150, deadline=time.time() + 60)
+    assert h["core"]["error"].startswith("not asked for") and not list(d.glob("core*"))
+    assert hang.describe({"error": "OSError: boom"}).startswith("snapshot failed: OSError: boom")
 
 
 def test_gpu_rows_keep_unreadable_values_as_none():
