@@ -603,8 +603,9 @@ class Runner:
             return {"fault": f}
 
         def snapshot():
-            """What the engine was doing when its run timed out (hang_snapshot engines), before it is killed: the core
-            dump only while enough time is left before the deadline (hang.snapshot; a dump takes ~25-150 s)."""
+            """What the engine was doing when its run timed out or was cut at the deadline (hang_snapshot engines),
+            before it is killed: the core dump only while enough time is left before the deadline (hang.snapshot; a
+            dump takes ~25-150 s)."""
             try:
                 h = hang.snapshot(stacks_dir, core_dir, proc.pid, self.logdir / f"{tag}.hang.log", engine_log=log_path,
                                   core_wait_s=self.m["coredump_wait_s"],
@@ -720,9 +721,11 @@ class Runner:
                     remaining.pop(0)
                     return remaining
                 if time.time() - t_run > self.m["run_timeout_s"] or self.time_left() < 0:
-                    # judged before the snapshot, whose dump may take the time left: a run that timed out stays one
+                    # judged before the snapshot, whose dump may take the time left: a run that timed out stays one.
+                    # A run cut at the deadline gets the snapshot too (a cold host's first run is cut before its
+                    # timeout): GPU samples and stacks, a few seconds; hang.snapshot asks for no dump past the deadline
                     wall_run, cut = round(time.time() - t_run, 3), self.time_left() < 0
-                    extra_hang = {"hang": snapshot()} if e["hang_snapshot"] and not cut else {}
+                    extra_hang = {"hang": snapshot()} if e["hang_snapshot"] else {}
                     kill()
                     tail = _tail(log_path)
                     self.line(eng, run, "timeout", attempt,

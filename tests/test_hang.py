@@ -180,3 +180,30 @@ def test_a_timed_out_run_records_stacks_and_the_core_it_asked_for(tmp_path):
     # the engine without the key: no snapshot, no stacks folder, no pipe
     assert "hang" not in lines[2] and lines[2]["hang_snapshot"] is False
     assert not list(logs.glob("plain.*.stacks"))
+
+
+def test_a_run_cut_at_the_deadline_records_stacks_and_asks_for_no_dump(tmp_path):
+    """A cold GPU host's first engine can leave its run less time than run_timeout_s: the runner's deadline cuts the
+    run, which stays a deadline cut (not a timeout), and the snapshot still takes the GPU samples and the stacks. No
+    dump is asked for past the deadline (one could take 150 s), and the line says so."""
+    from dflash_lab.runner import DEADLINE_CUT
+    logs = tmp_path / "logs"
+    m = matrix(tmp_path, [
+        {"id": "hung", "coredump": True, "hang_snapshot": True,
+         "env": {"FAKE_PLAN": json.dumps({"hung/c2/r0": "hang"})}, "runs": [{"concurrency": 2, "rounds": 2}]}],
+        coredump_root=str(tmp_path / "cores"), run_timeout_s=120, coredump_wait_s=60, startup_estimate_s=1)
+    out = tmp_path / "runs.jsonl"
+    t0 = time.time()
+    r = run_cli("dflash_lab", "run", str(m), "--out", str(out), "--logs", str(logs), "--deadline-s", "36",
+                timeout=300)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert time.time() - t0 < 80   # no dump wait after the deadline
+    lines = read_lines(out)
+    assert [(l["run_id"], l["outcome"]) for l in lines] == [("hung/c2/r0", "timeout")]   # r1: not reached, no line
+    assert lines[0]["error"] == DEADLINE_CUT
+    h = lines[0]["hang"]
+    (pid, s), = h["stacks"].items()
+    assert s["process"] == "worker" and any("main" in f for f in s["main"])
+    assert h["core"]["error"].startswith("not asked for") and "triggered" not in h["core"]
+    assert not list((tmp_path / "cores").rglob("core.*"))
+    assert f"=== stacks of pid {pid} (worker)" in open(h["hang_log"]).read()
