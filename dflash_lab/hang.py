@@ -12,6 +12,9 @@ from that line. With ``hang_snapshot`` the runner takes, before it kills a run t
    registers :mod:`faulthandler` for ``SIGUSR1`` (:func:`install`), writing all threads' stacks to
    ``<folder>/stacks.<pid>.txt``; the runner sends the signal to each registered process of the engine's process group.
    faulthandler writes from its C signal handler, so a thread blocked inside a CUDA call still shows where it waits.
+   Then, for each, what the kernel says of it in /proc (:func:`proc_state`): its state, whether SIGUSR1 is still
+   pending, blocked (per thread), caught; each thread's state, wchan, syscall and kernel stack; for a process that
+   wrote no stacks, that is what says why.
 3. **A GPU core dump on demand** (engines with ``coredump`` on): the driver is started with
    ``CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1`` and a pipe per process (``CUDA_COREDUMP_PIPE``, ``dumppipe.<pid>`` in
    the engine's core folder); writing to the pipe makes the driver dump the GPU state of that process, kernels still
@@ -156,6 +159,192 @@ def signal_stacks(folder, pgid: int | None, wait_s: float = 5.0, sleep=time.slee
     return out
 
 
+# --- what the kernel says of a process, from /proc (read after the signal's wait, for every process signalled) ------
+#
+# Why: on the H200 (s53's probe-hang-c24-a run, cut at the runner's deadline) the EngineCore wrote no stacks within
+# 5 s while the worker answered. From the empty file alone one cannot tell a SIGUSR1 blocked in every thread (the
+# kernel keeps it pending), a thread that took the signal while in uninterruptible sleep in the driver (D state: the
+# handler runs only when it wakes), or a handler that replaced faulthandler's (caught, not pending, nothing written). /proc tells these apart without
+# stopping or signalling the process: reading status, stat, wchan, syscall and stack files never pauses it.
+
+PROC_FIELDS = ("State", "Threads", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+PROC_ROWS = 64        # threads listed in detail (the kernel stack of each in the hang log); all are counted
+LINE_ROWS = 8         # of those, the ones the run's line keeps (no kernel stacks)
+
+
+def _read(path: Path) -> str | None:
+    """A /proc file's text, or None where it vanished (the thread or process exited) or may not be read (``stack``
+    without root, ``syscall`` without ptrace rights)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def parse_status(text: str) -> dict[str, str]:
+    """The fields of a ``/proc/<pid>/status`` (or ``task/<tid>/status``) text that say how a signal fares, as the
+    kernel prints them (masks in hex)."""
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition(":")
+        if sep and k in PROC_FIELDS:
+            out[k] = v.strip()
+    return out
+
+
+def has_signal(mask: str | None, sig: int = SIGNAL) -> bool | None:
+    """Whether signal ``sig`` is set in a hex mask of /proc's status (signal n is bit n-1: SIGUSR1 10 is 0x200);
+    None for a mask not read."""
+    if mask is None:
+        return None
+    try:
+        return bool(int(mask, 16) >> (int(sig) - 1) & 1)
+    except ValueError:
+        return None
+
+
+def signal_flags(status: dict[str, str], sig: int = SIGNAL) -> dict:
+    """``{pending, blocked, ignored, caught}`` of ``sig`` from :func:`parse_status`'s fields: pending for the process
+    (ShdPnd: where ``kill`` puts it) or for that thread (SigPnd); blocked in the thread whose status it is (the
+    process's status is its main thread's); ignored and caught are the process's disposition (caught: some handler is
+    set, faulthandler's or another's, which /proc cannot tell apart)."""
+    pnd = [has_signal(status.get(k), sig) for k in ("ShdPnd", "SigPnd")]
+    return {"pending": None if pnd == [None, None] else any(pnd),
+            "blocked": has_signal(status.get("SigBlk"), sig),
+            "ignored": has_signal(status.get("SigIgn"), sig),
+            "caught": has_signal(status.get("SigCgt"), sig)}
+
+
+def parse_stat(text: str) -> tuple[str | None, str | None]:
+    """(comm, state letter) of a ``stat`` line. The comm sits in parentheses and may itself hold spaces and
+    parentheses (a thread may name itself anything), so the state is the first field after the *last* ')'."""
+    lo, hi = text.find("("), text.rfind(")")
+    if hi < 0:
+        return None, None
+    rest = text[hi + 1:].split()
+    return (text[lo + 1:hi] if 0 <= lo < hi else None), (rest[0] if rest else None)
+
+
+def _int(x: str) -> int | None:
+    try:
+        return int(x)
+    except ValueError:
+        return None
+
+
+def _tids(base: Path) -> list[int]:
+    try:
+        return sorted(int(n) for n in os.listdir(base / "task") if n.isdigit())
+    except OSError:
+        return []
+
+
+def read_thread(task: Path, detail: bool = False, sig: int = SIGNAL) -> dict | None:
+    """One thread of ``/proc/<pid>/task/<tid>``: ``{tid, comm, state, sig_blk, sigusr1_blocked}``, with ``detail``
+    also its wchan (the kernel function it sleeps in), its syscall number ("running" where it runs; -1: blocked
+    outside a syscall) and its kernel stack (as root only; left out otherwise). None where the thread has exited."""
+    st = _read(task / "stat")
+    if st is None:
+        return None
+    comm, state = parse_stat(st)
+    c = _read(task / "comm")
+    status = parse_status(_read(task / "status") or "")
+    row = {"tid": int(task.name) if task.name.isdigit() else task.name,
+           "comm": c.rstrip("\n") if c else comm, "state": state, "sig_blk": status.get("SigBlk"),
+           "sigusr1_blocked": has_signal(status.get("SigBlk"), sig)}
+    if detail:
+        w = _read(task / "wchan")
+        row["wchan"] = w.strip() if w and w.strip() not in ("", "0") else None
+        sc = (_read(task / "syscall") or "").split()
+        row["syscall"] = None if not sc else "running" if sc[0] == "running" else _int(sc[0])
+        stack = _read(task / "stack")
+        if stack is not None:
+            row["stack"] = [ln.strip() for ln in stack.splitlines() if ln.strip()]
+    return row
+
+
+def proc_state(pid: int, root: str | os.PathLike = "/proc", max_threads: int = PROC_ROWS, sig: int = SIGNAL) -> dict:
+    """What the kernel says of process ``pid`` (see the block's comment): ``{pid, state, threads, status: {field: text},
+    sigusr1: {pending, blocked, ignored, caught}, thread_states: {letter: n}, threads_blocking_sigusr1, rows: [...]}``.
+    ``rows``: :func:`read_thread` in detail for at most ``max_threads`` threads, the main thread first, then those not
+    asleep in S (a D thread is the one to see), then by tid; the counts cover every thread. Never raises: a file or
+    thread gone mid-read is skipped, a process gone gives ``{"pid", "error"}``. ``root``: a fake tree for tests."""
+    base = Path(root) / str(pid)
+    text = _read(base / "status")
+    if text is None:
+        return {"pid": pid, "error": f"{base}/status unreadable (the process exited?)"}
+    status = parse_status(text)
+    threads = [t for tid in _tids(base) if (t := read_thread(base / "task" / str(tid), sig=sig)) is not None]
+    counts: dict[str, int] = {}
+    for t in threads:
+        counts[t["state"] or "?"] = counts.get(t["state"] or "?", 0) + 1
+    order = sorted(threads, key=lambda t: (t["tid"] != pid, t["state"] == "S", t["tid"]))
+    rows = []
+    for t in order[:max_threads]:
+        r = read_thread(base / "task" / str(t["tid"]), detail=True, sig=sig)
+        rows.append(r if r is not None else dict(t, gone=True))
+    n = status.get("Threads", "")
+    return {"pid": pid, "state": (status.get("State") or "?").split()[0], "threads": int(n) if n.isdigit() else None,
+            "status": status, "sigusr1": signal_flags(status, sig), "thread_states": dict(sorted(counts.items())),
+            "threads_read": len(threads), "threads_blocking_sigusr1": sum(bool(t["sigusr1_blocked"]) for t in threads),
+            "rows": rows}
+
+
+def proc_summary(p: dict, rows: int = LINE_ROWS) -> dict:
+    """The run line's part of :func:`proc_state`: no masks, no kernel stacks, the first ``rows`` threads."""
+    if p.get("error"):
+        return {"error": p["error"]}
+    keep = ("tid", "comm", "state", "wchan", "syscall", "sigusr1_blocked")
+    return {"state": p["state"], "threads": p["threads"], "sigusr1": p["sigusr1"], "thread_states": p["thread_states"],
+            "threads_blocking_sigusr1": p["threads_blocking_sigusr1"],
+            "rows": [{k: r.get(k) for k in keep} for r in p["rows"][:rows]]}
+
+
+def _yes(v: bool | None, yes: str, no: str) -> str:
+    return "?" if v is None else (yes if v else no)
+
+
+def proc_text(p: dict, name: str | None = None) -> str:
+    """The hang log's section of :func:`proc_state`: the process's signal fields, then each thread listed with its
+    kernel stack."""
+    head = f"=== /proc of pid {p.get('pid')} ({name or 'process unknown'})"
+    if p.get("error"):
+        return f"{head}\nerror: {p['error']}"
+    st, u = p["status"], p["sigusr1"]
+    lines = [head, "  ".join(f"{k}: {st[k]}" for k in PROC_FIELDS if k in st),
+             f"SIGUSR1: {_yes(u['pending'], 'pending', 'not pending')}, "
+             f"{_yes(u['blocked'], 'blocked', 'not blocked')} in the main thread, "
+             f"blocked in {p['threads_blocking_sigusr1']} of {p['threads_read']} threads, "
+             f"{_yes(u['caught'], 'caught', 'not caught')}, {_yes(u['ignored'], 'ignored', 'not ignored')}",
+             "thread states: " + ", ".join(f"{n} {k}" for k, n in p["thread_states"].items())]
+    for r in p["rows"]:
+        lines.append(f"--- tid {r['tid']} [{r.get('comm')}] state {r.get('state')} wchan {r.get('wchan') or '-'} "
+                     f"syscall {r.get('syscall') if r.get('syscall') is not None else '-'} SigBlk {r.get('sig_blk')}"
+                     + (" (SIGUSR1 blocked)" if r.get("sigusr1_blocked") else "")
+                     + (" (exited while read)" if r.get("gone") else ""))
+        lines += [f"    {s}" for s in r.get("stack", [])]
+    if p["threads_read"] > len(p["rows"]):
+        lines.append(f"({p['threads_read'] - len(p['rows'])} more threads not listed)")
+    return "\n".join(lines)
+
+
+def proc_phrase(p: dict) -> str:
+    """A few words of :func:`proc_summary` for :func:`describe`: "state S, SIGUSR1 caught, not blocked, pending;
+    threads: 40 S, 2 D"."""
+    if p.get("error"):
+        return p["error"]
+    u, n, total = p["sigusr1"], p["threads_blocking_sigusr1"], sum(p["thread_states"].values())
+    if not total:   # no thread read: the main thread's mask is all there is
+        blocked = _yes(u["blocked"], "blocked in the main thread", "not blocked in the main thread")
+    else:
+        blocked = ("not blocked" if not n else f"blocked in all {n} threads" if n >= total
+                   else f"blocked in {n}/{total} threads")
+    disp = "ignored" if u["ignored"] else _yes(u["caught"], "caught", "not caught")
+    return (f"state {p['state']}, SIGUSR1 {disp}, {blocked}, {_yes(u['pending'], 'pending', 'not pending')}; threads: "
+            + ", ".join(f"{v} {k}" for k, v in sorted(p["thread_states"].items(), key=lambda kv: -kv[1])))
+
+
 def gpu_state(samples: int = 3, interval_s: float = 1.0, sleep=time.sleep, run=subprocess.run) -> dict:
     """``samples`` nvidia-smi readings of every GPU (``{"samples": [{index, utilization_pct, power_w, sm_mhz,
     memory_mib, t}, ...]}``), or ``{"error": ...}`` where nvidia-smi is missing or fails."""
@@ -264,7 +453,9 @@ def snapshot(stack_dir, core_dir, pgid: int | None, hang_log: str | os.PathLike,
              core_wait_s: float = 0.0, deadline: float | None = None) -> dict:
     """Everything :mod:`hang` takes of a run that timed out, in the order that disturbs least (GPU samples, then
     stacks, then the core dump, which stops the GPU to write it). The texts go to ``hang_log``; the line gets the
-    summary: ``{"gpu": ..., "stacks": {pid: {process, threads, main}}, "core": fault or {"error"}, "hang_log"}``.
+    summary: ``{"gpu": ..., "stacks": {pid: {process, threads, main, proc}}, "core": fault or {"error"}, "hang_log"}``
+    (``proc``: :func:`proc_summary`, read from /proc after the signal for every process, whether it answered or not; the
+    hang log gets :func:`proc_text`, kernel stacks included, after each process's stacks).
     ``core_wait_s`` 0 or no core folder skips the dump. With ``deadline`` (epoch seconds: the runner's) the dump's wait and
     cuda-gdb's time are cut to what is left once the samples and stacks are taken, and the dump is skipped when less
     than ``MIN_DUMP_WAIT_S`` would be left for it (a shorter wait could hand cuda-gdb a core still being written)."""
@@ -281,9 +472,11 @@ def snapshot(stack_dir, core_dir, pgid: int | None, hang_log: str | os.PathLike,
     out["stacks"] = {}
     for pid, s in stacks.items():
         name = names.get(pid) or ("worker" if pid == pgid else None)
+        proc = proc_state(pid)   # every process, before the dump stops the GPU: cheap, and a D thread matters anyway
         out["stacks"][str(pid)] = {"process": name, **summarize(s["threads"]),
-                                   **({"error": s["error"]} if s.get("error") else {})}
+                                   **({"error": s["error"]} if s.get("error") else {}), "proc": proc_summary(proc)}
         parts.append(f"=== stacks of pid {pid} ({name or 'process unknown'})\n{s['text']}")
+        parts.append(proc_text(proc, name))
     if not stacks:
         out["stacks_error"] = "no registered process of the engine was alive" if stack_dir else "no stack folder"
     if core_dir is not None and core_wait_s > 0:
@@ -317,13 +510,21 @@ def snapshot(stack_dir, core_dir, pgid: int | None, hang_log: str | os.PathLike,
 
 
 def describe(h: dict) -> str:
-    """One log line of a snapshot: GPU utilization, each process's innermost frame, the core's kernels."""
+    """One log line of a snapshot: GPU utilization, each process's innermost frame (or, where it wrote none, why not
+    as far as /proc tells: :func:`proc_phrase`; for one that answered, its threads in D state if any), the core's
+    kernels."""
     bits = [f"snapshot failed: {h['error']}"] if h.get("error") else []
     util = [s.get("utilization_pct") for s in h.get("gpu", {}).get("samples", [])]
     bits.append("gpu util " + ("/".join("?" if u is None else f"{u:.0f}%" for u in util) if util
                                else h.get("gpu", {}).get("error", "not read")))
     for pid, s in h.get("stacks", {}).items():
-        bits.append(f"{s.get('process') or pid}: {s['main'][0] if s.get('main') else s.get('error', 'no frames')}")
+        proc = s.get("proc") or {}
+        if s.get("main"):
+            d = proc.get("thread_states", {}).get("D")
+            bits.append(f"{s.get('process') or pid}: {s['main'][0]}" + (f" ({d} threads in D state)" if d else ""))
+        else:
+            bits.append(f"{s.get('process') or pid}: {s.get('error', 'no frames')}"
+                        + (f" ({proc_phrase(proc)})" if proc else ""))
     core = h.get("core")
     if core:
         ks = core.get("kernels")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -207,3 +208,180 @@ def test_a_run_cut_at_the_deadline_records_stacks_and_asks_for_no_dump(tmp_path)
     assert h["core"]["error"].startswith("not asked for") and "triggered" not in h["core"]
     assert not list((tmp_path / "cores").rglob("core.*"))
     assert f"=== stacks of pid {pid} (worker)" in open(h["hang_log"]).read()
+
+
+# --- /proc: why a process wrote no stacks ---------------------------------------------------------------------------
+
+LINUX_PROC = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
+
+# a /proc/<pid>/status as Linux 6.x prints it (the fields around the signal masks trimmed); SIGUSR1 (10) is bit 9: 0x200
+STATUS = """Name:\tVLLM::EngineCor
+Umask:\t0022
+State:\tS (sleeping)
+Tgid:\t864
+Pid:\t864
+Threads:\t42
+SigQ:\t1/1031036
+SigPnd:\t0000000000000000
+ShdPnd:\t0000000000000200
+SigBlk:\t0000000000000000
+SigIgn:\t0000000001001000
+SigCgt:\t0000000180004a02
+CapInh:\t0000000000000000
+voluntary_ctxt_switches:\t1200
+"""
+
+# blocks SIGUSR1 in its main thread before any other thread starts (threads inherit the mask): the signal can reach
+# no thread, stays pending, and faulthandler never writes
+BLOCKER = """
+import signal, threading, time
+from dflash_lab import plugin
+plugin.register()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+def side():
+    time.sleep(120)
+threading.Thread(target=side).start()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_status_masks_say_whether_sigusr1_is_pending_blocked_ignored_caught():
+    st = hang.parse_status(STATUS)
+    assert st["State"] == "S (sleeping)" and st["Threads"] == "42" and st["SigQ"] == "1/1031036"
+    assert "Name" not in st and "CapInh" not in st
+    # pending for the process (ShdPnd: where kill puts it), not blocked, caught (0x...4a02 has 0x200), not ignored
+    assert hang.signal_flags(st) == {"pending": True, "blocked": False, "ignored": False, "caught": True}
+    # bit 9 off everywhere but SigBlk and SigPnd (a thread-directed pending signal), SigIgn with only the neighbours
+    # 8 (0x100, SIGKILL 9) and 10 (0x400, SIGSEGV 11) set
+    other = dict(st, SigPnd="0000000000000200", ShdPnd="0000000000000000", SigBlk="fffffffe7ffbfeff",
+                 SigIgn="0000000000000500", SigCgt="0000000180004802")
+    assert hang.signal_flags(other) == {"pending": True, "blocked": True, "ignored": False, "caught": False}
+    assert hang.signal_flags(dict(other, SigPnd="0000000000000000", SigBlk="0000000000000100")) == {
+        "pending": False, "blocked": False, "ignored": False, "caught": False}
+    assert hang.has_signal("0000000000000200", 10) and not hang.has_signal("0000000000000200", 9)
+    assert hang.signal_flags({}) == {"pending": None, "blocked": None, "ignored": None, "caught": None}
+    assert hang.has_signal("zz") is None
+
+
+@LINUX_PROC
+def test_a_live_process_blocking_sigusr1_shows_it_blocked_then_pending(tmp_path):
+    code = ("import signal, time\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(120)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        s = hang.proc_state(p.pid)
+        main = s["rows"][0]
+        assert main["tid"] == p.pid and main["sigusr1_blocked"] is True and int(main["sig_blk"], 16) & 0x200
+        assert s["sigusr1"]["blocked"] is True and s["sigusr1"]["pending"] is False
+        assert s["threads_blocking_sigusr1"] == s["threads_read"] == s["threads"] == 1
+        os.kill(p.pid, signal.SIGUSR1)   # blocked: the default action (terminate) waits, pending
+        t0 = time.time()
+        while not ((s := hang.proc_state(p.pid))["sigusr1"]["pending"] and s["state"] == "S") and time.time() - t0 < 5:
+            time.sleep(0.05)   # (just past its print it may still be running: R)
+        assert s["sigusr1"] == {"pending": True, "blocked": True, "ignored": False, "caught": False}
+        assert s["state"] == "S" and p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
+    assert hang.proc_state(p.pid) == {"pid": p.pid, "error": f"/proc/{p.pid}/status unreadable (the process exited?)"}
+
+
+def _task(root, pid, tid, comm, state, sig_blk="0000000000000000", stack=None, syscall="202 0x1 0x2 0x3"):
+    d = root / str(pid) / "task" / str(tid)
+    d.mkdir(parents=True)
+    (d / "stat").write_text(f"{tid} ({comm}) {state} 1 864 864 0 -1 4194560 99 0 0 0 5 3 0 0 20 0 42 0\n")
+    (d / "comm").write_text(comm + "\n")
+    (d / "status").write_text(f"Name:\t{comm}\nState:\t{state} (x)\nSigPnd:\t0000000000000000\nSigBlk:\t{sig_blk}\n")
+    (d / "wchan").write_text("futex_wait_queue" if state == "S" else "uvm_spin_loop")
+    (d / "syscall").write_text(syscall + "\n")
+    if stack is not None:
+        (d / "stack").write_text(stack)
+    return d
+
+
+def test_a_fake_proc_tree_with_odd_names_and_vanished_files_reads_without_raising(tmp_path, monkeypatch):
+    root = tmp_path / "proc"
+    (root / "864").mkdir(parents=True)
+    (root / "864" / "status").write_text(STATUS)
+    _task(root, 864, 864, "VLLM::EngineCor", "S", stack="[<0>] futex_wait_queue+0x6b/0xa0\n[<0>] do_syscall_64\n")
+    _task(root, 864, 870, "evil) (name x", "D", sig_blk="0000000000000200", syscall="running")   # no stack file
+    _task(root, 864, 871, "python3", "S", syscall="not a number")
+    (root / "864" / "task" / "872").mkdir()   # a thread that exited while the tree was listed: its files are gone
+    (root / "864" / "task" / "873").write_text("")   # a name that is no directory: every read fails
+    assert hang.parse_stat("870 (evil) (name x) D 1 864 864 0\n") == ("evil) (name x", "D")
+    assert hang.parse_stat("garbage") == (None, None)
+
+    s = hang.proc_state(864, root=root)
+    assert s["state"] == "S" and s["threads"] == 42 and s["threads_read"] == 3
+    assert s["thread_states"] == {"D": 1, "S": 2} and s["threads_blocking_sigusr1"] == 1
+    assert s["sigusr1"] == {"pending": True, "blocked": False, "ignored": False, "caught": True}
+    assert [r["tid"] for r in s["rows"]] == [864, 870, 871]   # the main thread first, then the D thread
+    main, odd, plain = s["rows"]
+    assert main["stack"] == ["[<0>] futex_wait_queue+0x6b/0xa0", "[<0>] do_syscall_64"] and main["syscall"] == 202
+    assert odd == {"tid": 870, "comm": "evil) (name x", "state": "D", "sig_blk": "0000000000000200",
+                   "sigusr1_blocked": True, "wchan": "uvm_spin_loop", "syscall": "running"}   # no "stack" key
+    assert plain["syscall"] is None
+    assert [r["tid"] for r in hang.proc_state(864, root=root, max_threads=2)["rows"]] == [864, 870]
+
+    text = hang.proc_text(s, "EngineCore")
+    assert text.startswith("=== /proc of pid 864 (EngineCore)\nState: S (sleeping)  Threads: 42")
+    assert "--- tid 870 [evil) (name x] state D wchan uvm_spin_loop syscall running" in text
+    assert "    [<0>] futex_wait_queue+0x6b/0xa0" in text and "blocked in 1 of 3 threads" in text
+
+    line = hang.proc_summary(s, rows=2)
+    assert set(line) == {"state", "threads", "sigusr1", "thread_states", "threads_blocking_sigusr1", "rows"}
+    assert [r["tid"] for r in line["rows"]] == [864, 870] and "stack" not in line["rows"][0]
+    h = {"gpu": {"error": "nvidia-smi not found"},
+         "stacks": {"864": {"process": "EngineCore", "threads": 0, "main": [], "others": [],
+                            "error": "no stacks written within 5 s", "proc": line},
+                    "900": {"process": "worker", "threads": 1, "main": ["core.py:410 step"], "others": [],
+                            "proc": dict(line, thread_states={"S": 3, "D": 2})}}}
+    assert hang.describe(h) == ("gpu util nvidia-smi not found; EngineCore: no stacks written within 5 s (state S, "
+                                "SIGUSR1 caught, blocked in 1/3 threads, pending; threads: 2 S, 1 D); "
+                                "worker: core.py:410 step (2 threads in D state)")
+
+    # a thread that exits between the count and its detailed read stays a row, marked gone; a process gone: its error
+    real = hang.read_thread
+    monkeypatch.setattr(hang, "read_thread", lambda task, detail=False, sig=hang.SIGNAL:
+                        None if detail and task.name == "871" else real(task, detail, sig))
+    assert hang.proc_state(864, root=root)["rows"][2]["gone"] is True
+    gone = hang.proc_state(999, root=root)
+    assert "error" in gone and hang.proc_summary(gone) == {"error": gone["error"]}
+    assert hang.proc_text(gone).endswith("error: " + gone["error"])
+
+
+@LINUX_PROC
+def test_a_process_blocking_sigusr1_everywhere_gets_no_stacks_and_the_snapshot_says_why(tmp_path):
+    """Beside a process that answers: the one blocking SIGUSR1 in every thread writes nothing within 5 s, and its
+    entry (and the log line) says the signal is caught, blocked in all its threads and still pending."""
+    folder = tmp_path / "stacks"
+    ok = _sleeper(tmp_path, folder)
+    p = subprocess.Popen([sys.executable, "-c", BLOCKER], env={**os.environ, hang.ENV: str(folder)},
+                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        h = hang.snapshot(folder, None, None, tmp_path / "x.hang.log")
+        s, a = h["stacks"][str(p.pid)], h["stacks"][str(ok.pid)]
+        assert s["error"] == "no stacks written within 5 s" and s["threads"] == 0
+        assert s["proc"]["sigusr1"] == {"pending": True, "blocked": True, "ignored": False, "caught": True}
+        assert s["proc"]["threads"] == s["proc"]["threads_blocking_sigusr1"] == 2
+        assert all(r["sigusr1_blocked"] for r in s["proc"]["rows"])
+        # the one that answered: its stacks, and nothing blocked or pending
+        assert a["main"][0] == "<string>:9 engine_step" and a["proc"]["threads_blocking_sigusr1"] == 0
+        assert a["proc"]["sigusr1"] == {"pending": False, "blocked": False, "ignored": False, "caught": True}
+        line = hang.describe(h)
+        assert (f"{p.pid}: no stacks written within 5 s (state S, SIGUSR1 caught, blocked in all 2 threads, pending; "
+                "threads: 2 S)") in line
+        assert f"{ok.pid}: <string>:9 engine_step" in line
+        text = open(h["hang_log"]).read()
+        assert f"=== /proc of pid {p.pid} (process unknown)" in text and "(SIGUSR1 blocked)" in text
+        assert text.index(f"=== stacks of pid {p.pid}") < text.index(f"=== /proc of pid {p.pid}")
+        assert p.poll() is None and ok.poll() is None
+    finally:
+        for q in (p, ok):
+            os.killpg(q.pid, 9)
+            q.wait()
