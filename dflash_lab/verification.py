@@ -1809,7 +1809,16 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
     A run that completes leaves its engine to the next run, so two runs can share one log; it is judged once, on its
     first FULL step. Start-up errors count as runs not run.
     Raises when the matrix has no run lines, a line's run is not one the matrix file plans, or a run has no probe log."""
-    runs, plan = _planned_lines(df, PROBE_C24_MATRIX, matrix_path)
+    rows, _ = _probe_c24_rows(df, PROBE_C24_MATRIX, pattern, matrix_path, judge_timeouts=True)
+    return _judged_table(rows, ["predicted", "measured"])
+
+
+def _probe_c24_rows(df, matrix: str, pattern: str, matrix_path, judge_timeouts: bool):
+    """Predictions (a)-(c) of a stock probe matrix at 24 (:func:`c24_probe_predictions` says how each is judged), as
+    rows, and the per-log facts later predictions read: ``{(session, engine): (probe-table row, oor-table row)}``.
+    ``judge_timeouts`` False leaves a timed-out log out of (b) (``probe-hang-c24-tp1``'s header: r0 of probe-c24
+    showed a row-0 step need not fault)."""
+    runs, plan = _planned_lines(df, matrix, matrix_path)
     sessions = sorted({os.path.splitext(str(f))[0] for f in runs["file"]})
     keys = {(os.path.splitext(str(f))[0], f"{e}.a{a}") for f, e, a in zip(runs["file"], runs["engine_id"], runs["attempt"])}
     pt = probe_table(df, pattern, sessions=sessions)
@@ -1818,7 +1827,7 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
     ot = ot[[(s, e) in keys for s, e in zip(ot["session"], ot["engine"])]].set_index(["session", "engine"])
     lost = sorted(keys - set(pt.index))
     if lost:
-        raise LabError(f"{PROBE_C24_MATRIX}: no probe log for {[f'{s}/{e}' for s, e in lost]}")
+        raise LabError(f"{matrix}: no probe log for {[f'{s}/{e}' for s, e in lost]}")
     missing = len(plan) - runs["run_id"].nunique()
     a, b, c = ([], []), ([], []), ([], [])
     for key in sorted(keys):
@@ -1841,6 +1850,9 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
             c[1].append(kernel in STOCK_TP1_KERNELS if isinstance(kernel, str) else None)
         elif o["outcome"] == "ok":
             b[0].append(f"{name}: no row-0 step" if r0 is None else f"{name}: a row-0 step at {r0} and no crash")
+        elif not judge_timeouts:
+            b[0].append(f"{name}: not judged (row-0 step {r0}, last step {last})")
+            ok_b = None
         else:
             after = (last - r0) if r0 is not None and last is not None else 0
             b[0].append(f"{name}: " + (f"row-0 step {r0} ({o['row-0 how']}), then {after} more step(s) recorded "
@@ -1848,14 +1860,86 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
                                        f"last step {last}, row-0 step {r0}: undecided"))
         b[1].append(ok_b)
     tail = f"; {missing} planned run(s) not run" if missing > 0 else ""
+    b_text = ("(b) a crashing log ends at its first row-0 step; a completed one has none" if judge_timeouts else
+              "(b) a crashing log ends at its first row-0 step; a completed one has none; a timeout is not judged")
     rows = [{"predicted": "(a) the first FULL step diverges, layers 0-7 identical, layer 8 (GDN) the first written differently",
              "measured": "; ".join(a[0]) + tail, "held": _all_held(a[1], missing > 0)},
-            {"predicted": "(b) a crashing log ends at its first row-0 step; a completed one has none",
-             "measured": "; ".join(b[0]) + tail, "held": _all_held(b[1], missing > 0)},
+            {"predicted": b_text, "measured": "; ".join(b[0]) + tail,
+             "held": None if not judge_timeouts and all(f is None for f in b[1]) else _all_held(b[1], missing > 0)},
             {"predicted": "(c) each crash's core names a kernel stock cores at TP=1 had named",
              "measured": ("; ".join(c[0]) or "no crash, nothing to judge") + tail,
              "held": _all_held(c[1], missing > 0) if c[1] else None}]
-    return _judged_table(rows, ["predicted", "measured"])
+    return rows, {k: (pt.loc[k], ot.loc[k]) for k in sorted(keys)}
+
+
+PROBE_HANG_MATRIX = "probe-hang-c24-tp1"
+# probe-hang-c24-tp1's header: a run cut at the deadline counts as stopped after this long without a step
+HANG_SILENCE_S = 60.0
+
+
+def probe_hang_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=None):
+    """``probe-hang-c24-tp1`` (s53: probe-c24's probed run at 24 again, hang snapshot on, core dumps kept running)
+    against its header's predictions: (a)-(c) as :func:`c24_probe_predictions` judges them, except that a timed-out
+    log is left out of (b); and
+    (d) a run that stopped was stopped by a kernel that does not end: every GPU sample of its snapshot shows
+        utilization above 0, and the user-triggered dump holds at least one kernel. A run counts as stopped when its
+        run timed out (``run_timeout_s``), or when the runner's deadline cut it and its probe log recorded no step in
+        the :data:`HANG_SILENCE_S` before the cut (the snapshot's first GPU sample). A stopped run whose samples show
+        0 % contradicts (d); one whose samples hold and whose dump was not taken is undecided; a run cut sooner is not
+        judged (None), and its snapshot's readings are reported in ``measured`` all the same.
+    Returns (the judged table, one row per run that stopped or was cut: what its snapshot recorded)."""
+    import pandas as pd
+
+    from .runner import is_deadline_cut
+
+    rows, logs = _probe_c24_rows(df, PROBE_HANG_MATRIX, pattern, matrix_path, judge_timeouts=False)
+    runs, plan = _planned_lines(df, PROBE_HANG_MATRIX, matrix_path)
+    missing = len(plan) - runs["run_id"].nunique()
+    seen, flags, facts = [], [], []
+    for _, r in runs[runs["outcome"] == "timeout"].iterrows():
+        key = (os.path.splitext(str(r["file"]))[0], f"{r['engine_id']}.a{r['attempt']}")
+        p, o = logs[key]
+        h = r.get("hang") if isinstance(r.get("hang"), dict) else {}
+        samples = (h.get("gpu") or {}).get("samples") or []
+        util = [s.get("utilization_pct") for s in samples]
+        steps = divergence.load_probe(p["path"])["steps"]
+        last_t = steps[-1]["t"] if steps else None
+        cut_t = samples[0]["t"] if samples else None
+        silent = None if last_t is None or cut_t is None else round(cut_t - last_t, 1)
+        cut = is_deadline_cut(r)
+        stopped = (not cut) or (silent is not None and silent >= HANG_SILENCE_S)
+        core = h.get("core") or {}
+        kernels = [k.get("kernel") for k in core.get("kernels") or []]
+        if not samples:
+            verdict = None
+        elif not stopped:
+            verdict = None
+        elif any(u is None or u <= 0 for u in util):
+            verdict = False
+        else:
+            verdict = True if kernels else (False if core.get("core_file") else None)
+        flags.append(verdict)
+        stacks = h.get("stacks") or {}
+        facts.append({"run": f"{key[0]}/{r['run_id']}", "ended by": "runner deadline" if cut else "run timeout",
+                      "last step": _int_or_none(o["last step"]), "s without a step before the snapshot": silent,
+                      "stopped (header's rule)": stopped,
+                      "GPU utilization %": "/".join("?" if u is None else f"{u:.0f}" for u in util) or None,
+                      "GPU power W": (round(sum(s["power_w"] for s in samples) / len(samples), 1) if samples else None),
+                      "stacks": "; ".join(f"{v.get('process') or pid}: " + (v["error"] if v.get("error") else
+                                          (v.get("main") or ["?"])[0]) for pid, v in stacks.items()) or None,
+                      "dump": ", ".join(k for k in kernels if k) or core.get("error") or None, "(d) held": verdict})
+        seen.append(f"{key[1]}: " + ("ended by the deadline" if cut else "timed out")
+                    + (f" {silent:.0f} s after its last step ({_int_or_none(o['last step'])})" if silent is not None else "")
+                    + f", GPU utilization {facts[-1]['GPU utilization %']} %"
+                    + (f", not judged (the header asks {HANG_SILENCE_S:.0f} s without a step)" if not stopped else ""))
+    tail = f"; {missing} planned run(s) not run" if missing > 0 else ""
+    judged = [f for f, x in zip(flags, facts) if x["stopped (header's rule)"]]
+    rows.append({"predicted": "(d) a run that stopped was stopped by a kernel that does not end (utilization above 0 in "
+                              "every sample, the dump holds a kernel)",
+                 "measured": ("; ".join(seen) or "no run stopped, nothing to judge") + tail,
+                 "held": (False if any(f is False for f in judged) else
+                          None if missing or not judged or any(f is None for f in judged) else True)})
+    return _judged_table(rows, ["predicted", "measured"]), pd.DataFrame(facts)
 
 
 def _row0_verdict(log) -> bool | None:
