@@ -676,13 +676,16 @@ def test_oor_table_reads_the_recorded_probes():
     assert len(x) == 5 and x["held"].all()
     # s45's GDN-kernel core cut one log short of its faulting step: the rule holds on the logs up to s50 once its
     # replica confirmed that step; s51's probe at 24 went 14 steps past its first row-0 step (281) without a fault and
-    # then timed out, against the rule
+    # then timed out, against the rule; s53's repeat (probe-hang-c24-tp1) did the same, step for step, until the
+    # runner's deadline cut it
     conf = V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe))
     assert V.row0_rule(t, up_to_session=V.ROW0_HELD_UNTIL, confirmed=conf)["holds"]
     r51 = V.row0_rule(t, confirmed=conf)
-    assert not r51["holds"] and len(r51["passed"]) == 1 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
-    assert (r51["passed"][["concurrency", "outcome", "row-0 step", "row-0 how", "last step"]].iloc[0].tolist()
-            == ["24", "timeout", 281, "sampled", 295])
+    assert not r51["holds"] and len(r51["passed"]) == 2 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
+    assert list(r51["passed"]["matrix"]) == [V.PROBE_C24_MATRIX, V.PROBE_HANG_MATRIX]
+    for i in range(2):
+        assert (r51["passed"][["concurrency", "outcome", "row-0 step", "row-0 how", "last step"]].iloc[i].tolist()
+                == ["24", "timeout", 281, "sampled", 295])
     # s44: the pre-registered row-0 test, 4 runs, every prediction held; each row0 run's request in row 0 changed
     # several times before the one whose newcomer had a count of 0, the crash step
     r = V.row0_predictions(t)
@@ -1157,3 +1160,58 @@ def test_the_recorded_probe_at_24_as_pre_registered():
                                      "recorded without a fault (last step 295); stock-probe-c24.a1 (crash): last step "
                                      "285, row-0 step 285 (sampled)")
     assert t["measured"].iloc[2] == "stock-probe-c24.a1 (crash): no core file"
+
+
+def _one_planned_hang_run(tmp_path):
+    """probe-hang-c24-tp1's matrix file with one planned run (the one recorded in s53), so that nothing is missing."""
+    text = (Path(V.__file__).resolve().parents[1] / "matrices" / f"{V.PROBE_HANG_MATRIX}.yaml").read_text()
+    p = tmp_path / "m.yaml"
+    p.write_text(text.replace("rounds: 3", "rounds: 1"))
+    return p
+
+
+def test_the_recorded_hang_probe_at_24_as_pre_registered():
+    """probe-hang-c24-tp1, s53's r0 (a cold host): the run repeated s51's r0 step for step (first FULL step 3 diverged
+    from layer 8; first row-0 step 281; last step 295) and was cut by the runner's deadline 14 s after that step. The
+    header asks 60 s without a step before it counts a cut run as stopped, so (d) is not judged, though the snapshot
+    recorded 0 % GPU utilization in all three samples and the engine core wrote no stacks. Two planned runs not run."""
+    t, facts = V.probe_hang_predictions(analysis.load_runs())
+    assert list(t["held"]) == [None, None, None, None]
+    assert t["measured"].iloc[0] == ("stock-probe-hang-c24.a1 (timeout): first FULL step 3, first diverging 3, 8 layers "
+                                     "identical before L8 gdn; 2 planned run(s) not run")
+    assert t["measured"].iloc[1].startswith("stock-probe-hang-c24.a1 (timeout): not judged (row-0 step 281, last step 295)")
+    assert t["measured"].iloc[3].startswith("stock-probe-hang-c24.a1: ended by the deadline 14 s after its last step "
+                                            "(295), GPU utilization 0/0/0 %, not judged")
+    f = facts.iloc[0]
+    assert (f["ended by"], f["last step"], f["stopped (header's rule)"], f["GPU utilization %"]) == \
+        ("runner deadline", 295, False, "0/0/0")
+    assert f["stacks"].startswith("EngineCore: no stacks written within 5 s; worker: threading.py:355 wait")
+    assert f["dump"].startswith("not asked for") and f["(d) held"] is None
+
+
+def test_hang_predictions_judge_a_stopped_run_by_its_snapshot(tmp_path):
+    """(d) on the recorded line, edited: a run that timed out (run_timeout_s) counts as stopped; 0 % in a sample
+    contradicts (d); utilization in every sample and a dump holding a kernel holds it; utilization with no dump taken is
+    undecided; a deadline cut counts as stopped only after 60 s without a step."""
+    df = analysis.load_runs()
+    m = _one_planned_hang_run(tmp_path)
+    run = "stock-probe-hang-c24/c24/r0"
+    h = df.at[_at(df, run, V.PROBE_HANG_MATRIX), "hang"]
+    t, _ = V.probe_hang_predictions(df, matrix_path=m)
+    assert list(t["held"]) == [True, None, None, None]   # one planned run: (a) held; (b) leaves a timeout out
+    timed_out = _edited(df, V.PROBE_HANG_MATRIX, run, error="run exceeded 150 s")
+    t, facts = V.probe_hang_predictions(timed_out, matrix_path=m)
+    assert t["held"].iloc[3] is False and bool(facts["stopped (header's rule)"].iloc[0])
+    busy = {**h, "gpu": {"samples": [{**s, "utilization_pct": 100.0} for s in h["gpu"]["samples"]]}}
+    t, _ = V.probe_hang_predictions(_edited(timed_out, V.PROBE_HANG_MATRIX, run, hang=busy), matrix_path=m)
+    assert t["held"].iloc[3] is None   # the dump was not taken
+    dumped = {**busy, "core": {"core_file": "/tmp/c/core.1", "kernels": [{"kernel": "fused_moe_kernel"}]}}
+    t, facts = V.probe_hang_predictions(_edited(timed_out, V.PROBE_HANG_MATRIX, run, hang=dumped), matrix_path=m)
+    assert t["held"].iloc[3] is True and facts["dump"].iloc[0] == "fused_moe_kernel"
+    empty = {**busy, "core": {"core_file": "/tmp/c/core.1", "kernels": []}}
+    t, _ = V.probe_hang_predictions(_edited(timed_out, V.PROBE_HANG_MATRIX, run, hang=empty), matrix_path=m)
+    assert t["held"].iloc[3] is False
+    late = {**h, "gpu": {"samples": [{**s, "t": s["t"] + 60} for s in h["gpu"]["samples"]]}}
+    t, facts = V.probe_hang_predictions(_edited(df, V.PROBE_HANG_MATRIX, run, hang=late), matrix_path=m)
+    assert bool(facts["stopped (header's rule)"].iloc[0]) and t["held"].iloc[3] is False
+    assert "not judged" not in t["measured"].iloc[3]
