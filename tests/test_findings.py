@@ -20,10 +20,10 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s22 added stock probes at 8 and 12: the one at 8 wrote NaN on its first FULL step, and its crash step has no
     # comparison; s35 probed 8 again (the same steps) and 64 twice, whose FULL steps hold at most 30 requests
     # s51 probed 24 (probe-c24-tp1): NaN from the first FULL step after a request finished, and no crash; s52's second
-    # run at 24 crashed at its first row-0 step
-    assert ("Stock probed with fewer requests per FULL step too (9 probe log(s), concurrency 2, 8, 12, 16, 24, 64): 1961 of "
-            "1963 FULL steps diverge (the other 2: a crash step, whose pass ended in a CUDA error before the comparison), "
-            "each log first at L8 gdn; NaN in 6 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows "
+    # run at 24 crashed at its first row-0 step; s53's probe-hang-c24-tp1 repeated s51's run step for step
+    assert ("Stock probed with fewer requests per FULL step too (10 probe log(s), concurrency 2, 8, 12, 16, 24, 64): 2254 of "
+            "2256 FULL steps diverge (the other 2: a crash step, whose pass ended in a CUDA error before the comparison), "
+            "each log first at L8 gdn; NaN in 7 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows "
             "graph / reference 32 / 0 (8 req, 128 tokens); then GDN accepted counts of 0 on 174 steps, in batch rows above 0 "
             "until step 273, which put one in row 0 (the crash step: the GDN kernel reads state column -1, before the index "
             "tensor in row 0); at concurrency 8 (s35) from step 3") in text
@@ -120,8 +120,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "6: 0/1 crashed (0/1 plain)" in text and "10: 0/1 crashed (0/1 plain)" in text
     # s49's and s50's stock controls beside the upstream diff added one keep-running crash each at 24, 28 and 64 per
     # session, and the repeat at 24 (stock-c24-core-tp1, s50 and s51) two more at 24; s52's hang-env-c24-tp1 one more
-    # with core dump on (abort mode)
-    assert ("24: 9/9 crashed (3/3 with core dump on; 4/4 with core dump on (keep running); 1/1 with core dump on, hang "
+    # with core dump on (abort mode), and its second run in s53 another
+    assert ("24: 10/10 crashed (3/3 with core dump on; 4/4 with core dump on (keep running); 2/2 with core dump on, hang "
             "snapshot; 1/1 plain)") in text
     assert "28: 6/6 crashed (3/3 with core dump on; 2/2 with core dump on (keep running); 1/1 plain)" in text
     assert "64: 5/5 crashed (3/3 with core dump on (keep running); 2/2 plain)" in text
@@ -168,7 +168,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
-    assert ("From the NaN to the illegal address (s43): in every one of the 43 probed runs whose verify logits held NaN "
+    assert ("From the NaN to the illegal address (s43): in every one of the 44 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
@@ -196,7 +196,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "at the run's first row-0 step (14; not the step the header named, its s44 replica's 16") in text
     # s51: a probed run at 24 went past its first row-0 step without a fault (probe-c24-tp1), and the page says so
     assert ("Not every row-0 step faults: in s51 a probed run at 24 (timeout) had its first row-0 step at 281 (its own "
-            "out-of-vocabulary id) and recorded 14 more steps without a fault. 47 of the 48 crashing probe logs ended at "
+            "out-of-vocabulary id) and recorded 14 more steps without a fault; in s53 a probed run at 24 (timeout) had its first "
+            "row-0 step at 281 (its own out-of-vocabulary id) and recorded 14 more steps without a fault. 47 of the 48 crashing probe logs ended at "
             "their first row-0 step and 1 one step before it (a GDN-kernel core stopped the process before the probe wrote "
             "the step; its replica shows the move), but not every row-0 step crashed.") in text
 
