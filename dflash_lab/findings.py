@@ -1085,7 +1085,8 @@ def passed_clause(t, core=None) -> str:
              + (f" and {cut} one step before it (a GDN-kernel core stopped the process before the probe wrote the step; "
                 "its replica shows the move)" if cut else ""))
     return (" Not every row-0 step faults: " + "; ".join(
-        f"in {_short(r['gpu_session'])} a probed run at {r['concurrency']} ({r['outcome']}) had its first row-0 step at "
+        f"in {_short(r['gpu_session'])} a probed run at {r['concurrency']} "
+        f"({'neither crashed nor completed' if r['outcome'] == 'timeout' else r['outcome']}) had its first row-0 step at "
         f"{int(r['row-0 step'])} ({'its own out-of-vocabulary id' if r['row-0 how'] == 'sampled' else 'a count of 0 moved in'}) "
         f"and recorded {int(r['last step']) - int(r['row-0 step'])} more steps without a fault"
         for _, r in passed.iterrows()) + f". {ended[0].upper() + ended[1:]}, but not every row-0 step crashed.")

@@ -1829,10 +1829,15 @@ def _probe_c24_rows(df, matrix: str, pattern: str, matrix_path, judge_timeouts: 
     if lost:
         raise LabError(f"{matrix}: no probe log for {[f'{s}/{e}' for s, e in lost]}")
     missing = len(plan) - runs["run_id"].nunique()
+    from .runner import is_deadline_cut
+
+    cut = {(os.path.splitext(str(r["file"]))[0], f"{r['engine_id']}.a{r['attempt']}")
+           for _, r in runs.iterrows() if is_deadline_cut(r)}
     a, b, c = ([], []), ([], []), ([], [])
     for key in sorted(keys):
         p, o = pt.loc[key], ot.loc[key]
-        name = f"{key[1]} ({o['outcome']})"
+        # the runner records a deadline cut as a timeout; the name says which it was
+        name = f"{key[1]} ({'cut at the runner deadline' if key in cut else o['outcome']})"
         first = _int_or_none(p["first FULL step"])
         ok_a = None if first is None else (_int_or_none(p["first diverging step"]) == first
                                            and _int_or_none(p["layers written identically before it"]) == 8

@@ -20,7 +20,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s22 added stock probes at 8 and 12: the one at 8 wrote NaN on its first FULL step, and its crash step has no
     # comparison; s35 probed 8 again (the same steps) and 64 twice, whose FULL steps hold at most 30 requests
     # s51 probed 24 (probe-c24-tp1): NaN from the first FULL step after a request finished, and no crash; s52's second
-    # run at 24 crashed at its first row-0 step; s53's probe-hang-c24-tp1 repeated s51's run step for step
+    # run at 24 crashed at its first row-0 step; s53's probe-hang-c24-tp1 had s51's run's events at the same steps
     assert ("Stock probed with fewer requests per FULL step too (10 probe log(s), concurrency 2, 8, 12, 16, 24, 64): 2254 of "
             "2256 FULL steps diverge (the other 2: a crash step, whose pass ended in a CUDA error before the comparison), "
             "each log first at L8 gdn; NaN in 7 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows "
@@ -195,9 +195,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "out-of-vocabulary id (at 20): copy_and_expand_dflash_inputs_kernel, the focused block in batch row 0 of 20, "
             "at the run's first row-0 step (14; not the step the header named, its s44 replica's 16") in text
     # s51: a probed run at 24 went past its first row-0 step without a fault (probe-c24-tp1), and the page says so
-    assert ("Not every row-0 step faults: in s51 a probed run at 24 (timeout) had its first row-0 step at 281 (its own "
-            "out-of-vocabulary id) and recorded 14 more steps without a fault; in s53 a probed run at 24 (timeout) had its first "
-            "row-0 step at 281 (its own out-of-vocabulary id) and recorded 14 more steps without a fault. 47 of the 48 crashing probe logs ended at "
+    assert ("Not every row-0 step faults: in s51 a probed run at 24 (neither crashed nor completed) had its first row-0 step at 281 (its own "
+            "out-of-vocabulary id) and recorded 14 more steps without a fault; in s53 a probed run at 24 (neither crashed nor completed) "
+            "had its first row-0 step at 281 (its own out-of-vocabulary id) and recorded 14 more steps without a fault. 47 of the 48 crashing probe logs ended at "
             "their first row-0 step and 1 one step before it (a GDN-kernel core stopped the process before the probe wrote "
             "the step; its replica shows the move), but not every row-0 step crashed.") in text
 

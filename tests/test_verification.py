@@ -676,7 +676,7 @@ def test_oor_table_reads_the_recorded_probes():
     assert len(x) == 5 and x["held"].all()
     # s45's GDN-kernel core cut one log short of its faulting step: the rule holds on the logs up to s50 once its
     # replica confirmed that step; s51's probe at 24 went 14 steps past its first row-0 step (281) without a fault and
-    # then timed out, against the rule; s53's repeat (probe-hang-c24-tp1) did the same, step for step, until the
+    # then timed out, against the rule; s53's repeat (probe-hang-c24-tp1) had the same events at the same steps, until the
     # runner's deadline cut it
     conf = V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe))
     assert V.row0_rule(t, up_to_session=V.ROW0_HELD_UNTIL, confirmed=conf)["holds"]
@@ -1171,15 +1171,15 @@ def _one_planned_hang_run(tmp_path):
 
 
 def test_the_recorded_hang_probe_at_24_as_pre_registered():
-    """probe-hang-c24-tp1, s53's r0 (a cold host): the run repeated s51's r0 step for step (first FULL step 3 diverged
+    """probe-hang-c24-tp1, s53's r0 (a cold host): the run had s51's r0's events at the same steps (first FULL step 3 diverged
     from layer 8; first row-0 step 281; last step 295) and was cut by the runner's deadline 14 s after that step. The
     header asks 60 s without a step before it counts a cut run as stopped, so (d) is not judged, though the snapshot
     recorded 0 % GPU utilization in all three samples and the engine core wrote no stacks. Two planned runs not run."""
     t, facts = V.probe_hang_predictions(analysis.load_runs())
     assert list(t["held"]) == [None, None, None, None]
-    assert t["measured"].iloc[0] == ("stock-probe-hang-c24.a1 (timeout): first FULL step 3, first diverging 3, 8 layers "
+    assert t["measured"].iloc[0] == ("stock-probe-hang-c24.a1 (cut at the runner deadline): first FULL step 3, first diverging 3, 8 layers "
                                      "identical before L8 gdn; 2 planned run(s) not run")
-    assert t["measured"].iloc[1].startswith("stock-probe-hang-c24.a1 (timeout): not judged (row-0 step 281, last step 295)")
+    assert t["measured"].iloc[1].startswith("stock-probe-hang-c24.a1 (cut at the runner deadline): not judged (row-0 step 281, last step 295)")
     assert t["measured"].iloc[3].startswith("stock-probe-hang-c24.a1: ended by the deadline 14 s after its last step "
                                             "(295), GPU utilization 0/0/0 %, not judged")
     f = facts.iloc[0]
