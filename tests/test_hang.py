@@ -44,7 +44,23 @@ def _sleeper(tmp_path, folder):
     p = subprocess.Popen([sys.executable, "-c", SLEEPER], env={**os.environ, hang.ENV: str(folder)},
                          stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert p.stdout.readline().strip() == "ready"
+    _wait_asleep(p.pid)
     return p
+
+
+def _wait_asleep(pid: int, timeout_s: float = 10.0) -> None:
+    """Until every thread of ``pid`` sleeps (state S), at most ``timeout_s``: just past its "ready" line the main thread
+    may not be in engine_step's sleep yet (on a loaded machine its stack read '<string>:10 <module>'). Without /proc,
+    or once the time is up, it returns and the test's own assertions decide."""
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        try:
+            states = [hang.parse_stat(open(f"/proc/{pid}/task/{t}/stat").read())[1] for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return
+        if states and all(x == "S" for x in states):
+            return
+        time.sleep(0.05)
 
 
 def test_a_signalled_process_writes_every_threads_stack_and_keeps_running(tmp_path):
