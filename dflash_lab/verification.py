@@ -1809,18 +1809,24 @@ def c24_probe_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path=
     A run that completes leaves its engine to the next run, so two runs can share one log; it is judged once, on its
     first FULL step. Start-up errors count as runs not run.
     Raises when the matrix has no run lines, a line's run is not one the matrix file plans, or a run has no probe log."""
-    rows, _ = _probe_c24_rows(df, PROBE_C24_MATRIX, pattern, matrix_path, judge_timeouts=True)
+    rows, _, _, _ = _probe_c24_rows(df, PROBE_C24_MATRIX, pattern, matrix_path, judge_timeouts=True)
     return _judged_table(rows, ["predicted", "measured"])
+
+
+def _log_key(file, engine_id, attempt) -> tuple[str, str]:
+    """A run line's probe log, as probe and oor tables index it: (session, "<engine>.a<attempt>")."""
+    return os.path.splitext(str(file))[0], f"{engine_id}.a{attempt}"
 
 
 def _probe_c24_rows(df, matrix: str, pattern: str, matrix_path, judge_timeouts: bool):
     """Predictions (a)-(c) of a stock probe matrix at 24 (:func:`c24_probe_predictions` says how each is judged), as
-    rows, and the per-log facts later predictions read: ``{(session, engine): (probe-table row, oor-table row)}``.
+    rows; the per-log facts later predictions read, ``{(session, engine): (probe-table row, oor-table row)}``; the
+    matrix's run lines; and how many planned runs have no line.
     ``judge_timeouts`` False leaves a timed-out log out of (b) (``probe-hang-c24-tp1``'s header: r0 of probe-c24
     showed a row-0 step need not fault)."""
     runs, plan = _planned_lines(df, matrix, matrix_path)
     sessions = sorted({os.path.splitext(str(f))[0] for f in runs["file"]})
-    keys = {(os.path.splitext(str(f))[0], f"{e}.a{a}") for f, e, a in zip(runs["file"], runs["engine_id"], runs["attempt"])}
+    keys = {_log_key(f, e, a) for f, e, a in zip(runs["file"], runs["engine_id"], runs["attempt"])}
     pt = probe_table(df, pattern, sessions=sessions)
     pt = pt[[(s, e) in keys for s, e in zip(pt["session"], pt["engine"])]].set_index(["session", "engine"])
     ot = oor_table(df, pattern, sessions=sessions)
@@ -1831,8 +1837,7 @@ def _probe_c24_rows(df, matrix: str, pattern: str, matrix_path, judge_timeouts: 
     missing = len(plan) - runs["run_id"].nunique()
     from .runner import is_deadline_cut
 
-    cut = {(os.path.splitext(str(r["file"]))[0], f"{r['engine_id']}.a{r['attempt']}")
-           for _, r in runs.iterrows() if is_deadline_cut(r)}
+    cut = {_log_key(r["file"], r["engine_id"], r["attempt"]) for _, r in runs.iterrows() if is_deadline_cut(r)}
     a, b, c = ([], []), ([], []), ([], [])
     for key in sorted(keys):
         p, o = pt.loc[key], ot.loc[key]
@@ -1869,12 +1874,11 @@ def _probe_c24_rows(df, matrix: str, pattern: str, matrix_path, judge_timeouts: 
               "(b) a crashing log ends at its first row-0 step; a completed one has none; a timeout is not judged")
     rows = [{"predicted": "(a) the first FULL step diverges, layers 0-7 identical, layer 8 (GDN) the first written differently",
              "measured": "; ".join(a[0]) + tail, "held": _all_held(a[1], missing > 0)},
-            {"predicted": b_text, "measured": "; ".join(b[0]) + tail,
-             "held": None if not judge_timeouts and all(f is None for f in b[1]) else _all_held(b[1], missing > 0)},
+            {"predicted": b_text, "measured": "; ".join(b[0]) + tail, "held": _all_held(b[1], missing > 0)},
             {"predicted": "(c) each crash's core names a kernel stock cores at TP=1 had named",
              "measured": ("; ".join(c[0]) or "no crash, nothing to judge") + tail,
              "held": _all_held(c[1], missing > 0) if c[1] else None}]
-    return rows, {k: (pt.loc[k], ot.loc[k]) for k in sorted(keys)}
+    return rows, {k: (pt.loc[k], ot.loc[k]) for k in sorted(keys)}, runs, missing
 
 
 PROBE_HANG_MATRIX = "probe-hang-c24-tp1"
@@ -1897,12 +1901,10 @@ def probe_hang_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path
 
     from .runner import is_deadline_cut
 
-    rows, logs = _probe_c24_rows(df, PROBE_HANG_MATRIX, pattern, matrix_path, judge_timeouts=False)
-    runs, plan = _planned_lines(df, PROBE_HANG_MATRIX, matrix_path)
-    missing = len(plan) - runs["run_id"].nunique()
+    rows, logs, runs, missing = _probe_c24_rows(df, PROBE_HANG_MATRIX, pattern, matrix_path, judge_timeouts=False)
     seen, flags, facts = [], [], []
     for _, r in runs[runs["outcome"] == "timeout"].iterrows():
-        key = (os.path.splitext(str(r["file"]))[0], f"{r['engine_id']}.a{r['attempt']}")
+        key = _log_key(r["file"], r["engine_id"], r["attempt"])
         p, o = logs[key]
         h = r.get("hang") if isinstance(r.get("hang"), dict) else {}
         samples = (h.get("gpu") or {}).get("samples") or []
