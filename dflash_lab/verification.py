@@ -1917,9 +1917,7 @@ def probe_hang_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path
         stopped = (not cut) or (silent is not None and silent >= HANG_SILENCE_S)
         core = h.get("core") or {}
         kernels = [k.get("kernel") for k in core.get("kernels") or []]
-        if not samples:
-            verdict = None
-        elif not stopped:
+        if not samples or not stopped:
             verdict = None
         elif any(u is None or u <= 0 for u in util):
             verdict = False
@@ -1944,8 +1942,7 @@ def probe_hang_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path
     rows.append({"predicted": "(d) a run that stopped was stopped by a kernel that does not end (utilization above 0 in "
                               "every sample, the dump holds a kernel)",
                  "measured": ("; ".join(seen) or "no run stopped, nothing to judge") + tail,
-                 "held": (False if any(f is False for f in judged) else
-                          None if missing or not judged or any(f is None for f in judged) else True)})
+                 "held": _all_held(judged, missing > 0)})
     return _judged_table(rows, ["predicted", "measured"]), pd.DataFrame(facts)
 
 

@@ -54,11 +54,8 @@ def _wait_asleep(pid: int, timeout_s: float = 10.0) -> None:
     or once the time is up, it returns and the test's own assertions decide."""
     t0 = time.time()
     while time.time() - t0 < timeout_s:
-        try:
-            states = [hang.parse_stat(open(f"/proc/{pid}/task/{t}/stat").read())[1] for t in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            return
-        if states and all(x == "S" for x in states):
+        states = hang.proc_state(pid).get("thread_states")   # none: no /proc, or the process is gone
+        if states is None or set(states) == {"S"}:
             return
         time.sleep(0.05)
 
