@@ -177,7 +177,7 @@ def tapped(probes):
     return probes[_tapped(probes)]
 
 PROBE_COLUMNS = ["session", "engine", "path", "fix", "configuration", "build ledger", "gpu_session", "concurrencies", "reached",
-                 "runs ok / runs", "steps", "FULL steps", "max requests in a FULL step", "FULL steps diverging",
+                 "runs ok / runs", "steps", "last step", "FULL steps", "max requests in a FULL step", "FULL steps diverging",
                  "FULL steps ended by an error", "first FULL step",
                  "max |output diff|", "first diverging step", "layers written identically before it",
                  "last layer written identically", "first layer written differently", "first NaN step",
@@ -245,7 +245,8 @@ def probe_table(df, pattern: str = divergence.PROBE_GLOB, sessions=None):
             "concurrencies": ", ".join(str(c) for c in asked),
             "reached": ", ".join(str(c) for c in asked if c in sizes),
             "runs ok / runs": f"{int((runs['outcome'] == 'ok').sum())}/{len(runs)}",
-            "steps": len(p["steps"]), "FULL steps": len(full),
+            "steps": len(p["steps"]), "last step": p["steps"][-1]["step"] if p["steps"] else None,
+            "FULL steps": len(full),
             "max requests in a FULL step": max((s.get("num_reqs") or 0 for s in full), default=0),
             "FULL steps diverging": sum(bool(s.get("diverge", {}).get("diverged")) for s in full),
             # a step whose graph or reference pass raised (the crash step) has no comparison

@@ -20,15 +20,20 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s22 added stock probes at 8 and 12: the one at 8 wrote NaN on its first FULL step, and its crash step has no
     # comparison; s35 probed 8 again (the same steps) and 64 twice, whose FULL steps hold at most 30 requests
     # s51 probed 24 (probe-c24-tp1): NaN from the first FULL step after a request finished, and no crash; s52's second
-    # run at 24 crashed at its first row-0 step; s53's probe-hang-c24-tp1 had s51's run's events at the same steps
-    assert ("Stock probed with fewer requests per FULL step too (10 probe log(s), concurrency 2, 8, 12, 16, 24, 64): 2254 of "
-            "2256 FULL steps diverge (the other 2: a crash step, whose pass ended in a CUDA error before the comparison), "
-            "each log first at L8 gdn; NaN in 7 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows "
+    # run at 24 crashed at its first row-0 step; s53's probe-hang-c24-tp1 had s51's run's events at the same steps, and
+    # s54's two calls of it: one cut at step 226, one again through step 295
+    assert ("Stock probed with fewer requests per FULL step too (12 probe log(s), concurrency 2, 8, 12, 16, 24, 64): 2771 of "
+            "2773 FULL steps diverge (the other 2: a crash step, whose pass ended in a CUDA error before the comparison), "
+            "each log first at L8 gdn; NaN in 8 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows "
             "graph / reference 32 / 0 (8 req, 128 tokens); then GDN accepted counts of 0 on 174 steps, in batch rows above 0 "
             "until step 273, which put one in row 0 (the crash step: the GDN kernel reads state column -1, before the index "
             "tensor in row 0); at concurrency 8 (s35) from step 3") in text
     assert ("at concurrency 64 (s35) from step 280 (its first FULL step), NaN rows graph / reference 480 / 0 (30 req, 480 "
             "tokens)") in text and "at 2, 12, 16 finite on every FULL step." in text
+    # s54's first call was cut by the runner's deadline at step 226, before the step (275) where the other logs at 24
+    # went NaN: named apart, not counted as a log finite on every FULL step at 24
+    assert ("at concurrency 24 (s54) finite up to its last step 226, before step 275 where the other logs at 24 went "
+            "NaN; at 2, 12, 16 finite") in text
     assert "1265 of 1265 FULL-graph steps identical to the no-graph pass" in text
     # s36's attention-output taps: why the replays are wrong and some turn NaN (the tap probes are counted apart)
     assert ("Why (attention-output taps, s36): group 7's graphs read its buffer as last written, [128, 0, 31, 0, 1, 0, 0, "
@@ -168,7 +173,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
-    assert ("From the NaN to the illegal address (s43): in every one of the 44 probed runs whose verify logits held NaN "
+    assert ("From the NaN to the illegal address (s43): in every one of the 45 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
@@ -197,7 +202,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s51: a probed run at 24 went past its first row-0 step without a fault (probe-c24-tp1), and the page says so
     assert ("Not every row-0 step faults: in s51 a probed run at 24 (neither crashed nor completed) had its first row-0 step at 281 (its own "
             "out-of-vocabulary id) and recorded 14 more steps without a fault; in s53 a probed run at 24 (neither crashed nor completed) "
-            "had its first row-0 step at 281 (its own out-of-vocabulary id) and recorded 14 more steps without a fault. 47 of the 48 crashing probe logs ended at "
+            "had its first row-0 step at 281 (its own out-of-vocabulary id) and recorded 14 more steps without a fault; in s54 a "
+            "probed run at 24 (neither crashed nor completed) had its first row-0 step at 281 (its own out-of-vocabulary id) and "
+            "recorded 14 more steps without a fault. 47 of the 48 crashing probe logs ended at "
             "their first row-0 step and 1 one step before it (a GDN-kernel core stopped the process before the probe wrote "
             "the step; its replica shows the move), but not every row-0 step crashed.") in text
 

@@ -677,13 +677,13 @@ def test_oor_table_reads_the_recorded_probes():
     # s45's GDN-kernel core cut one log short of its faulting step: the rule holds on the logs up to s50 once its
     # replica confirmed that step; s51's probe at 24 went 14 steps past its first row-0 step (281) without a fault and
     # then timed out, against the rule; s53's repeat (probe-hang-c24-tp1) had the same events at the same steps, until the
-    # runner's deadline cut it
+    # runner's deadline cut it; s54's second repeat (call B) again, cut 23 s after step 295
     conf = V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe))
     assert V.row0_rule(t, up_to_session=V.ROW0_HELD_UNTIL, confirmed=conf)["holds"]
     r51 = V.row0_rule(t, confirmed=conf)
-    assert not r51["holds"] and len(r51["passed"]) == 2 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
-    assert list(r51["passed"]["matrix"]) == [V.PROBE_C24_MATRIX, V.PROBE_HANG_MATRIX]
-    for i in range(2):
+    assert not r51["holds"] and len(r51["passed"]) == 3 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
+    assert list(r51["passed"]["matrix"]) == [V.PROBE_C24_MATRIX, V.PROBE_HANG_MATRIX, V.PROBE_HANG_MATRIX]
+    for i in range(3):
         assert (r51["passed"][["concurrency", "outcome", "row-0 step", "row-0 how", "last step"]].iloc[i].tolist()
                 == ["24", "timeout", 281, "sampled", 295])
     # s44: the pre-registered row-0 test, 4 runs, every prediction held; each row0 run's request in row 0 changed
@@ -1171,22 +1171,31 @@ def _one_planned_hang_run(tmp_path):
 
 
 def test_the_recorded_hang_probe_at_24_as_pre_registered():
-    """probe-hang-c24-tp1, s53's r0 (a cold host): the run had s51's r0's events at the same steps (first FULL step 3 diverged
-    from layer 8; first row-0 step 281; last step 295) and was cut by the runner's deadline 14 s after that step. The
-    header asks 60 s without a step before it counts a cut run as stopped, so (d) is not judged, though the snapshot
-    recorded 0 % GPU utilization in all three samples and the engine core wrote no stacks. Two planned runs not run."""
+    """probe-hang-c24-tp1, three r0 attempts, each on a cold host and cut by the runner's deadline. s53's and s54's
+    call B had s51's r0's events at the same steps (first FULL step 3 diverged from layer 8; first row-0 step 281; last
+    step 295) and were cut 14 s and 23 s after that step, with 0 % GPU utilization in all three samples; s54's call A
+    was cut while it still stepped (step 226 recorded after the snapshot began; utilization 25-28 %). The header asks
+    60 s without a step before it counts a cut run as stopped, so (d) is judged for none. In all three the engine core
+    wrote no stacks within 5 s, stepping or silent. Two planned runs not run (a deadline cut measures nothing)."""
     t, facts = V.probe_hang_predictions(analysis.load_runs())
     assert list(t["held"]) == [None, None, None, None]
-    assert t["measured"].iloc[0] == ("stock-probe-hang-c24.a1 (cut at the runner deadline): first FULL step 3, first diverging 3, 8 layers "
-                                     "identical before L8 gdn; 2 planned run(s) not run")
-    assert t["measured"].iloc[1].startswith("stock-probe-hang-c24.a1 (cut at the runner deadline): not judged (row-0 step 281, last step 295)")
-    assert t["measured"].iloc[3].startswith("stock-probe-hang-c24.a1: ended by the deadline 14 s after its last step "
-                                            "(295), GPU utilization 0/0/0 %, not judged")
-    f = facts.iloc[0]
-    assert (f["ended by"], f["last step"], f["stopped (header's rule)"], f["GPU utilization %"]) == \
-        ("runner deadline", 295, False, "0/0/0")
-    assert f["stacks"].startswith("EngineCore: no stacks written within 5 s; worker: threading.py:355 wait")
-    assert f["dump"].startswith("not asked for") and f["(d) held"] is None
+    a = ("stock-probe-hang-c24.a1 (cut at the runner deadline): first FULL step 3, first diverging 3, 8 layers "
+         "identical before L8 gdn")
+    assert t["measured"].iloc[0] == "; ".join([a, a, a, "2 planned run(s) not run"])
+    b = t["measured"].iloc[1].split("; ")
+    assert b[0] == b[2] == "stock-probe-hang-c24.a1 (cut at the runner deadline): not judged (row-0 step 281, last step 295)"
+    assert b[1] == "stock-probe-hang-c24.a1 (cut at the runner deadline): not judged (row-0 step None, last step 226)"
+    d = t["measured"].iloc[3].split("; ")
+    assert d[0].startswith("stock-probe-hang-c24.a1: ended by the deadline 14 s after its last step (295), GPU utilization "
+                           "0/0/0 %, not judged")
+    assert d[2].startswith("stock-probe-hang-c24.a1: ended by the deadline 23 s after its last step (295), GPU utilization "
+                           "0/0/0 %, not judged")
+    got = facts[["ended by", "last step", "stopped (header's rule)", "GPU utilization %"]].values.tolist()
+    assert got == [["runner deadline", 295, False, "0/0/0"], ["runner deadline", 226, False, "28/26/25"],
+                   ["runner deadline", 295, False, "0/0/0"]]
+    assert facts["s without a step before the snapshot"].iloc[1] < 0   # a step came after the snapshot began
+    assert facts["stacks"].str.startswith("EngineCore: no stacks written within 5 s; worker: threading.py:355 wait").all()
+    assert facts["dump"].str.startswith("not asked for").all() and facts["(d) held"].isna().all()
 
 
 def test_hang_predictions_judge_a_stopped_run_by_its_snapshot(tmp_path):
@@ -1214,4 +1223,4 @@ def test_hang_predictions_judge_a_stopped_run_by_its_snapshot(tmp_path):
     late = {**h, "gpu": {"samples": [{**s, "t": s["t"] + 60} for s in h["gpu"]["samples"]]}}
     t, facts = V.probe_hang_predictions(_edited(df, V.PROBE_HANG_MATRIX, run, hang=late), matrix_path=m)
     assert bool(facts["stopped (header's rule)"].iloc[0]) and t["held"].iloc[3] is False
-    assert "not judged" not in t["measured"].iloc[3]
+    assert "not judged" not in t["measured"].iloc[3].split("; ")[0]   # the edited run; s54's two stay unjudged
