@@ -10,6 +10,7 @@ Commands:
   amend NAME                                                           (recorded lines corrected, by rule)
   make-records DIR                                                  (standard synthetic launches)
   models TARGET DIR                                                 (write config + tokenizer)
+  sigstages --out FILE.jsonl [--coredump-dir DIR]      (GPU host: whose handler answers SIGUSR1, stage by stage)
 """
 
 from __future__ import annotations
@@ -131,6 +132,16 @@ def _models(a) -> int:
     return 0
 
 
+def _sigstages(a) -> int:
+    from . import sigstages
+
+    lines = sigstages.run(a.out, coredump_dir=a.coredump_dir)
+    for r in sigstages.summary(lines):
+        print(f"{r['stage']}: {r['outcome']}; SIGUSR1 handler {r['SIGUSR1 handler'] or '-'}"
+              + (" (REPLACED since faulthandler registered)" if r["replaced"] else ""))
+    return 0
+
+
 def _plan(a) -> int:
     import pandas as pd
 
@@ -209,6 +220,10 @@ def main(argv=None) -> int:
     p.add_argument("target")
     p.add_argument("dir")
     p.set_defaults(fn=_models)
+    p = sub.add_parser("sigstages", help="(GPU host) whose handler answers SIGUSR1 after each engine start-up stage")
+    p.add_argument("--out", required=True, help="JSON lines, one per stage (must not exist)")
+    p.add_argument("--coredump-dir", help="take the hang matrices' core-dump environment, dumps to this folder")
+    p.set_defaults(fn=_sigstages)
 
     try:
         a = ap.parse_args(argv)

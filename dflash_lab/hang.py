@@ -27,13 +27,16 @@ Everything goes into one text file beside the engine log (``<engine>.aN.hang.log
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
+import functools
 import os
 import re
 import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,8 +70,90 @@ def install(folder: str | os.PathLike) -> str:
     path = d / f"stacks.{pid}.txt"
     f = open(path, "w")
     faulthandler.register(SIGNAL, file=f, all_threads=True, chain=False)
-    _installed.update(pid=pid, path=str(path), file=f)
-    return f"stack snapshot on SIGUSR1 registered, {path}"
+    h = handler_of(SIGNAL)
+    _installed.update(pid=pid, path=str(path), file=f, handler=h)
+    return f"stack snapshot on SIGUSR1 registered, {path}; handler {handler_text(h)}"
+
+
+# --- whose handler SIGUSR1 runs (s53-s54: the EngineCore wrote no stacks while /proc said SIGUSR1 was caught, not
+# pending and not blocked in its main thread; a handler that replaced faulthandler's after install fits that, and
+# /proc's SigCgt cannot say whose handler is set). sigaction(2) reads the kernel's disposition, which also holds a
+# handler a C library set (Python's signal.getsignal knows only its own table); dladdr(3) names the object holding
+# the handler's address.
+
+class _Sigaction(ctypes.Structure):   # glibc's struct sigaction on Linux x86_64 and aarch64
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * (1024 // (8 * ctypes.sizeof(ctypes.c_ulong)))),
+                ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p), ("sname", ctypes.c_char_p),
+                ("saddr", ctypes.c_void_p)]
+
+
+SA_SIGINFO = 4
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "dladdr"):   # glibc < 2.34 keeps dladdr in libdl
+        libc.dladdr = ctypes.CDLL("libdl.so.2").dladdr
+    return libc
+
+
+def handler_of(sig: int = SIGNAL) -> dict:
+    """This process's disposition of ``sig`` as the kernel holds it: ``{"handler": "default" | "ignore" | "0x...",
+    "object": the executable or shared object holding that address, "symbol": dladdr's nearest exported symbol (for a
+    static function, such as faulthandler's, a neighbour's name: the object is the reliable part), "siginfo": whether
+    SA_SIGINFO is set}``; ``{"error": ...}`` where sigaction cannot be called (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return {"error": f"sigaction is read on Linux only, not {sys.platform}"}
+    libc = _libc()
+    old = _Sigaction()
+    if libc.sigaction(int(sig), None, ctypes.byref(old)) != 0:
+        return {"error": f"sigaction({int(sig)}) failed: {os.strerror(ctypes.get_errno())}"}
+    addr = old.handler or 0
+    out = {"handler": {0: "default", 1: "ignore"}.get(addr, hex(addr)), "object": None, "symbol": None,
+           "siginfo": bool(old.flags & SA_SIGINFO)}
+    if addr > 1:
+        info = _DlInfo()
+        if libc.dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
+            out["object"] = info.fname.decode(errors="replace") if info.fname else None
+            out["symbol"] = info.sname.decode(errors="replace") if info.sname else None
+    return out
+
+
+def handler_text(h: dict) -> str:
+    """A few words of :func:`handler_of`: "0x7f.. in /usr/lib/libfoo.so (near foo_handler)", "default", ..."""
+    if h.get("error"):
+        return h["error"]
+    if h["handler"] in ("default", "ignore"):
+        return h["handler"]
+    where = f" in {h['object']}" if h.get("object") else " in no loaded object"
+    return f"{h['handler']}{where}" + (f" (near {h['symbol']})" if h.get("symbol") else "")
+
+
+def handler_replaced() -> dict | None:
+    """Where this process registered its stacks file and SIGUSR1's handler is no longer the one it had right after
+    (another library set its own since): the handler now (:func:`handler_of`); None where unchanged or not
+    registered here."""
+    if not installed_here() or "handler" not in _installed:
+        return None
+    now = handler_of(SIGNAL)
+    return None if now == _installed["handler"] else now
+
+
+def log_if_replaced(where: str, log) -> dict | None:
+    """In the engine (the step probe calls it each step): when :func:`handler_replaced` names a handler not logged
+    yet in this process, one line through ``log`` saying where it was first seen; returns that handler."""
+    now = handler_replaced()
+    if now is None or now == _installed.get("logged"):
+        return None
+    _installed["logged"] = now
+    log(f"SIGUSR1 handler replaced since the stacks file was registered (first seen {where}): now {handler_text(now)}, "
+        f"was {handler_text(_installed['handler'])}; a hang snapshot of this process will write no stacks")
+    return now
 
 
 def installed_here() -> bool:

@@ -132,7 +132,8 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
                 raise LabError(f"{logs}: not a readable tar.gz ({e})") from None
         kept, already = _drop_already_recorded(stage / "gpu", kept, data, gpu_session)
         for extra in ("gpu_replay.jsonl", "capture_sizes.json", "blocking_trace.txt", "setup.log",
-                      "repro_min.json", "repro_min.log", "gpu_clocks.csv"):
+                      "repro_min.json", "repro_min.log", "gpu_clocks.csv", "sigstages.jsonl",
+                      "sigstages-coredump.jsonl"):
             if (src / extra).exists():
                 shutil.copy2(src / extra, stage / "gpu" / extra)
                 kept.append(extra)

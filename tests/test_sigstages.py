@@ -1,0 +1,129 @@
+"""Whose handler answers SIGUSR1 (dflash_lab.hang.handler_of) and the stage-by-stage check (dflash_lab.sigstages),
+on the CPU: real sigaction calls in this process, and the stage runner in child processes (it registers
+faulthandler for SIGUSR1, which must not leak into the test process)."""
+
+import ctypes
+import faulthandler
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dflash_lab import hang, sigstages
+from dflash_lab.errors import LabError
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sigaction/dladdr layout: Linux only")
+
+SIG = signal.SIGUSR2   # not SIGUSR1: the suite's own processes may have it registered
+
+
+def test_handler_of_names_the_object_that_holds_the_handler():
+    libc = ctypes.CDLL(None)
+    saved = hang._Sigaction()
+    assert libc.sigaction(int(SIG), None, ctypes.byref(saved)) == 0
+    try:
+        signal.signal(SIG, signal.SIG_DFL)
+        assert hang.handler_of(SIG)["handler"] == "default"
+        signal.signal(SIG, signal.SIG_IGN)
+        assert hang.handler_of(SIG)["handler"] == "ignore"
+        faulthandler.register(SIG, file=sys.stderr)
+        fh = hang.handler_of(SIG)
+        assert fh["handler"].startswith("0x") and "python" in (fh["object"] or "").lower()
+        faulthandler.unregister(SIG)
+        # a handler a C library set: Python's own table (signal.getsignal) does not see it, sigaction does
+        act = hang._Sigaction()
+        act.handler = ctypes.cast(libc.getpid, ctypes.c_void_p).value
+        assert libc.sigaction(int(SIG), ctypes.byref(act), None) == 0
+        c = hang.handler_of(SIG)
+        assert "libc" in c["object"] and "getpid" in c["symbol"] and c["handler"] == hex(act.handler)
+        assert c != fh and "libc" in hang.handler_text(c) and "getpid" in hang.handler_text(c)
+    finally:
+        libc.sigaction(int(SIG), ctypes.byref(saved), None)
+
+
+def _child(code: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+
+
+def test_stages_keep_faulthandler_and_the_forked_copy_writes_stacks(tmp_path):
+    """The command as the GPU host runs it, here without CUDA: every CUDA stage says it was skipped (nothing
+    simulated), the handler stays faulthandler's and SIGUSR1 makes the copy write stacks."""
+    out = tmp_path / "s.jsonl"
+    r = subprocess.run([sys.executable, "-m", "dflash_lab", "sigstages", "--out", str(out)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    lines = sigstages.read(out)
+    assert [ln["stage"] for ln in lines] == (["provenance", "faulthandler registered"]
+                                             + [n for n, _ in sigstages.STAGES] + ["SIGUSR1 to a forked copy"])
+    assert not any(ln.get("replaced") for ln in lines)
+    last = lines[-1]
+    assert last["ok"] and last["stacks_bytes"] > 0 and last["copy"] == "exit 0"
+    rows = sigstages.summary(lines)
+    assert rows[-1]["outcome"].startswith("stacks written")
+    if "CUDA visible: False" in lines[2]["note"]:
+        assert lines[3]["skipped"] == "no CUDA device visible"
+    # the record is never overwritten
+    again = subprocess.run([sys.executable, "-m", "dflash_lab", "sigstages", "--out", str(out)],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 2 and "exists" in again.stderr and sigstages.read(out) == lines
+
+
+def test_a_stage_that_replaces_the_handler_is_named_and_silences_the_stacks(tmp_path):
+    """What s53-s54 saw in the EngineCore (caught, not pending, no stacks), made here on purpose: a later stage sets
+    its own SIGUSR1 handler. The line of that stage says replaced, the copy writes no stacks; a failing stage is
+    recorded and the stages after it still run."""
+    r = _child("""
+        import signal, sys
+        from dflash_lab import sigstages
+        def replace():
+            signal.signal(signal.SIGUSR1, lambda *a: None)
+            return "set a Python handler"
+        def boom():
+            raise ValueError("stage broke")
+        lines = sigstages.run("s.jsonl", stages=[("fine", lambda: "nothing"), ("replace", replace), ("boom", boom)])
+        """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = sigstages.read(tmp_path / "s.jsonl")
+    by = {ln["stage"]: ln for ln in lines}
+    assert by["fine"]["replaced"] is False and by["replace"]["replaced"] is True
+    assert by["boom"]["ok"] is False and "ValueError: stage broke" in by["boom"]["error"] and by["boom"]["replaced"]
+    last = lines[-1]
+    assert last["ok"] is False and last["stacks_bytes"] == 0 and last["copy"] == "exit 0"
+    assert sigstages.summary(lines)[-1]["outcome"] == "no stacks written, copy exit 0"
+
+
+def test_the_engine_side_check_logs_a_replaced_handler_once(tmp_path):
+    """hang.log_if_replaced, which the step probe calls each step: silent while faulthandler's handler stands, one
+    line naming the new handler when another replaced it, nothing more for the same handler."""
+    r = _child("""
+        import signal
+        from dflash_lab import hang
+        logged = []
+        hang.install("stacks")
+        assert hang.log_if_replaced("step 1", logged.append) is None
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        assert hang.log_if_replaced("step 2", logged.append)["handler"] == "ignore"
+        assert hang.log_if_replaced("step 3", logged.append) is None
+        print(len(logged)); print(logged[0])
+        """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    n, text = r.stdout.splitlines()
+    assert n == "1" and "first seen step 2" in text and "now ignore" in text
+    assert "python" in text.split(", was ")[1]   # faulthandler's handler lives in libpython or the executable
+
+
+def test_read_refuses_a_missing_or_corrupt_record(tmp_path):
+    with pytest.raises(LabError, match="no such sigstages record"):
+        sigstages.read(tmp_path / "none.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"stage": "provenance"}) + "\n{not json\n")
+    with pytest.raises(LabError, match="bad.jsonl:2: not a JSON line"):
+        sigstages.read(bad)
+    headless = tmp_path / "headless.jsonl"
+    headless.write_text(json.dumps({"stage": "import torch"}) + "\n")
+    with pytest.raises(LabError, match="provenance"):
+        sigstages.read(headless)
