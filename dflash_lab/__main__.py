@@ -10,7 +10,8 @@ Commands:
   amend NAME                                                           (recorded lines corrected, by rule)
   make-records DIR                                                  (standard synthetic launches)
   models TARGET DIR                                                 (write config + tokenizer)
-  sigstages --out FILE.jsonl [--coredump-dir DIR]      (GPU host: whose handler answers SIGUSR1, stage by stage)
+  sigstages --out FILE.jsonl [--coredump-dir DIR] [--watch-s S] [--fresh-triton-cache]
+      (GPU host: whose handler answers SIGUSR1, stage by stage)
 """
 
 from __future__ import annotations
@@ -135,10 +136,12 @@ def _models(a) -> int:
 def _sigstages(a) -> int:
     from . import sigstages
 
-    lines = sigstages.run(a.out, coredump_dir=a.coredump_dir)
+    lines = sigstages.run(a.out, coredump_dir=a.coredump_dir, watch_s=a.watch_s,
+                          fresh_triton_cache=a.fresh_triton_cache)
     for r in sigstages.summary(lines):
         print(f"{r['stage']}: {r['outcome']}; SIGUSR1 handler {r['SIGUSR1 handler'] or '-'}"
-              + (" (REPLACED since faulthandler registered)" if r["replaced"] else ""))
+              + (" (REPLACED since faulthandler registered)" if r["replaced"] else "")
+              + (f" [watcher: {r['set back by the watcher']}]" if r["set back by the watcher"] else ""))
     return 0
 
 
@@ -223,6 +226,10 @@ def main(argv=None) -> int:
     p = sub.add_parser("sigstages", help="(GPU host) whose handler answers SIGUSR1 after each engine start-up stage")
     p.add_argument("--out", required=True, help="JSON lines, one per stage (must not exist)")
     p.add_argument("--coredump-dir", help="take the hang matrices' core-dump environment, dumps to this folder")
+    p.add_argument("--watch-s", type=float, help="register with the watcher that sets faulthandler's handler back "
+                   "(as the plugin does since s55), checking every S seconds; default: no watcher (through s54)")
+    p.add_argument("--fresh-triton-cache", action="store_true",
+                   help="an empty TRITON_CACHE_DIR, so the Triton stage compiles (a cached kernel replaced nothing)")
     p.set_defaults(fn=_sigstages)
 
     try:

@@ -37,6 +37,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -59,9 +60,17 @@ def env(stack_dir: str | os.PathLike, core_dir: str | os.PathLike | None = None)
     return out
 
 
-def install(folder: str | os.PathLike) -> str:
+WATCH_S = 1.0   # how often a registered process checks that SIGUSR1 still runs faulthandler's handler
+
+
+def install(folder: str | os.PathLike, watch_s: float | None = WATCH_S, log=None) -> str:
     """In one process: write all threads' Python stacks to ``<folder>/stacks.<pid>.txt`` whenever ``SIGUSR1`` arrives.
-    Idempotent per process; the file stays open (faulthandler writes to its descriptor from the signal handler)."""
+    Idempotent per process; the file stays open (faulthandler writes to its descriptor from the signal handler).
+
+    Triton's compiler sets its own ``SIGUSR1`` handler the first time it compiles in a process (s55, ``sigstages``
+    on the H200), and an engine compiles long after this runs: with ``watch_s`` a daemon thread checks every
+    ``watch_s`` seconds and puts faulthandler's handler back (:func:`restore_if_replaced`), telling ``log`` once per
+    handler it replaced."""
     pid = os.getpid()
     if _installed.get("pid") == pid:
         return f"stack snapshot on SIGUSR1 already registered, {_installed['path']}"
@@ -69,10 +78,51 @@ def install(folder: str | os.PathLike) -> str:
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"stacks.{pid}.txt"
     f = open(path, "w")
+    # a forked child inherits faulthandler's registration, for which register() only swaps the file and leaves the
+    # handler as it finds it (s55: after Triton compiled, faulthandler.register again kept Triton's): set it anew
+    faulthandler.unregister(SIGNAL)
     faulthandler.register(SIGNAL, file=f, all_threads=True, chain=False)
     h = handler_of(SIGNAL)
-    _installed.update(pid=pid, path=str(path), file=f, handler=h)
-    return f"stack snapshot on SIGUSR1 registered, {path}; handler {handler_text(h)}"
+    _installed.clear()
+    _installed.update(pid=pid, path=str(path), file=f, handler=h, action=_action_now(), restored=[])
+    watching = ""
+    if watch_s and _installed["action"] is not None:
+        threading.Thread(target=_watch, args=(pid, watch_s, log), name="dflash-lab-sigusr1", daemon=True).start()
+        watching = f", kept there (checked every {watch_s:g} s)"
+    return f"stack snapshot on SIGUSR1 registered, {path}; handler {handler_text(h)}{watching}"
+
+
+def _action_now():
+    """The kernel's whole ``struct sigaction`` for SIGUSR1 now (handler, mask, flags), or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    a = _Sigaction()
+    return a if _libc().sigaction(int(SIGNAL), None, ctypes.byref(a)) == 0 else None
+
+
+def restore_if_replaced(log=None) -> dict | None:
+    """Where another handler replaced faulthandler's since :func:`install` (:func:`handler_replaced`): set back, in
+    one sigaction call, the exact action faulthandler set (no moment without a handler, in which SIGUSR1's default
+    action would end the process; faulthandler's own registration, file included, was never undone). Returns the
+    handler it replaced, after telling ``log`` the first time it meets that handler; None where nothing was replaced."""
+    was = handler_replaced()
+    if was is None or _installed.get("action") is None:
+        return None
+    if _libc().sigaction(int(SIGNAL), ctypes.byref(_installed["action"]), None) != 0:
+        return None
+    first = was not in _installed["restored"]
+    if first:
+        _installed["restored"].append(was)
+        if log is not None:
+            log(f"SIGUSR1 handler replaced since the stacks file was registered: {handler_text(was)}; "
+                f"faulthandler's ({handler_text(_installed['handler'])}) set back")
+    return was
+
+
+def _watch(pid: int, period: float, log) -> None:
+    while _installed.get("pid") == pid:   # a forked child has no copy of this thread (fork copies the caller only)
+        time.sleep(period)
+        restore_if_replaced(log)
 
 
 # --- whose handler SIGUSR1 runs (s53-s54: the EngineCore wrote no stacks while /proc said SIGUSR1 was caught, not
@@ -142,18 +192,6 @@ def handler_replaced() -> dict | None:
         return None
     now = handler_of(SIGNAL)
     return None if now == _installed["handler"] else now
-
-
-def log_if_replaced(where: str, log) -> dict | None:
-    """In the engine (the step probe calls it each step): when :func:`handler_replaced` names a handler not logged
-    yet in this process, one line through ``log`` saying where it was first seen; returns that handler."""
-    now = handler_replaced()
-    if now is None or now == _installed.get("logged"):
-        return None
-    _installed["logged"] = now
-    log(f"SIGUSR1 handler replaced since the stacks file was registered (first seen {where}): now {handler_text(now)}, "
-        f"was {handler_text(_installed['handler'])}; a hang snapshot of this process will write no stacks")
-    return now
 
 
 def installed_here() -> bool:

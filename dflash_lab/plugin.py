@@ -41,7 +41,7 @@ def register() -> None:
 
     stacks_dir = os.environ.get(hang.ENV)
     if stacks_dir and not hang.installed_here():   # per pid: a forked child must register its own file
-        log_once(hang.install(stacks_dir))
+        log_once(hang.install(stacks_dir, log=log_once))
 
     if fix_enabled() and "fix" not in _done:
         _done.add("fix")

@@ -68,9 +68,6 @@ import re
 import threading
 import time
 
-from . import hang
-from .engine_state import log_once
-
 ENV_PROBE = "DFLASH_LAB_PROBE"
 ENV_CANARY = "DFLASH_LAB_CANARY"
 ENV_REF = "DFLASH_LAB_PROBE_REF"
@@ -696,9 +693,6 @@ class StepProbe:
             self.write_layout(runner)
         line = {"step": step, "t": round(time.time(), 3), "mode": ctx.cudagraph_runtime_mode.name,
                 "desc": str(ctx.batch_descriptor) if ctx.batch_descriptor is not None else None}
-        replaced = hang.log_if_replaced(f"at probe step {step}", log_once)   # s53-s54: no stacks from EngineCore
-        if replaced is not None:
-            line["sigusr1_handler"] = hang.handler_text(replaced)
         try:
             ib = runner.input_batch
             n_reqs = ib.num_reqs

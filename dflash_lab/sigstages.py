@@ -175,8 +175,14 @@ def signal_test(stacks: Path, wait_s: float = SIGNAL_WAIT_S) -> dict:
     return {"stage": "SIGUSR1 to a forked copy", "ok": grown > 0, "stacks_bytes": grown, "copy": ended}
 
 
-def run(out: str | os.PathLike, coredump_dir: str | os.PathLike | None = None, stages=None) -> list[dict]:
-    """Run the stages in this process, one line each to ``out`` (which must not exist yet); returns the lines."""
+def run(out: str | os.PathLike, coredump_dir: str | os.PathLike | None = None, stages=None,
+        watch_s: float | None = None, fresh_triton_cache: bool = False) -> list[dict]:
+    """Run the stages in this process, one line each to ``out`` (which must not exist yet); returns the lines.
+
+    ``watch_s``: register as the plugin does since s55, with the thread that puts faulthandler's handler back
+    (:func:`dflash_lab.hang.install`), and wait ``3 * watch_s`` after each stage for it; None: register as every
+    engine did through s54 (no watcher). ``fresh_triton_cache``: an empty ``TRITON_CACHE_DIR``, so the Triton
+    stage compiles (s55: with the kernel already in the cache, nothing replaced the handler)."""
     out = Path(out)
     if out.exists():
         raise LabError(f"{out}: exists; sigstages never overwrites a record")
@@ -188,7 +194,9 @@ def run(out: str | os.PathLike, coredump_dir: str | os.PathLike | None = None, s
 
         env = {**coredump.env(coredump_dir, keep_running=True), **hang.env(work, coredump_dir)}
         Path(coredump_dir).mkdir(parents=True, exist_ok=True)
-        os.environ.update(env)   # before anything loads the CUDA driver, as the runner starts an engine
+    if fresh_triton_cache:
+        env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="sigstages-triton-")
+    os.environ.update(env)   # before anything loads the CUDA driver or Triton, as the runner starts an engine
     lines = []
 
     def put(line: dict) -> None:
@@ -198,10 +206,11 @@ def run(out: str | os.PathLike, coredump_dir: str | os.PathLike | None = None, s
 
     put({"stage": "provenance", "ok": True, "python": sys.version.split()[0], "platform": platform.platform(),
          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-         "command": " ".join(sys.argv), "env": env, "pid": os.getpid(), "host": socket.gethostname(),
+         "command": " ".join(sys.argv), "env": env, "watch_s": watch_s, "pid": os.getpid(), "host": socket.gethostname(),
          "driver": _first_line("/proc/driver/nvidia/version"), "git_commit": os.environ.get("DFLASH_LAB_COMMIT")
          or _first_line(".commit")})
-    msg = hang.install(work)
+    restored = []
+    msg = hang.install(work, watch_s=watch_s, log=restored.append)
     first = hang.handler_of(hang.SIGNAL)
     put({"stage": "faulthandler registered", "ok": True, "note": msg, "handler": first, "sigcgt": _sigcgt(),
          "replaced": False})
@@ -218,8 +227,13 @@ def run(out: str | os.PathLike, coredump_dir: str | os.PathLike | None = None, s
                 line.update(ok=True, note=note)
         except Exception as e:   # a stage that fails is recorded; the later ones still run
             line.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc(limit=4))
+        line["s"] = round(time.time() - t0, 2)
+        if watch_s:
+            n = len(restored)
+            time.sleep(3 * watch_s)
+            line["watcher"] = restored[n:]
         now = hang.handler_of(hang.SIGNAL)
-        line.update(s=round(time.time() - t0, 2), handler=now, sigcgt=_sigcgt(), replaced=now != first)
+        line.update(handler=now, sigcgt=_sigcgt(), replaced=now != first)
         put(line)
     put(signal_test(Path(hang._installed["path"])))
     return lines
@@ -236,7 +250,7 @@ def summary(lines: list[dict]) -> list[dict]:
                        else f"no stacks written, copy {ln.get('copy')}"))
         rows.append({"stage": ln["stage"], "outcome": outcome,
                      "SIGUSR1 handler": hang.handler_text(ln["handler"]) if "handler" in ln else "",
-                     "replaced": ln.get("replaced")})
+                     "replaced": ln.get("replaced"), "set back by the watcher": "; ".join(ln.get("watcher", []))})
     return rows
 
 

@@ -96,24 +96,92 @@ def test_a_stage_that_replaces_the_handler_is_named_and_silences_the_stacks(tmp_
     assert sigstages.summary(lines)[-1]["outcome"] == "no stacks written, copy exit 0"
 
 
-def test_the_engine_side_check_logs_a_replaced_handler_once(tmp_path):
-    """hang.log_if_replaced, which the step probe calls each step: silent while faulthandler's handler stands, one
-    line naming the new handler when another replaced it, nothing more for the same handler."""
+def test_the_watcher_sets_faulthandlers_handler_back(tmp_path):
+    """What the plugin now does in every engine process (s55: Triton's first compile replaces the handler, long after
+    the plugin registered): a Python handler and a C one (set with sigaction, as libtriton does) are each replaced by
+    faulthandler's exact action, told once each, and SIGUSR1 then writes stacks. Without the watcher the same
+    replacement leaves the stacks file empty, as the EngineCore's was in s53-s54."""
     r = _child("""
-        import signal
+        import ctypes, os, signal, time
+        from pathlib import Path
         from dflash_lab import hang
         logged = []
-        hang.install("stacks")
-        assert hang.log_if_replaced("step 1", logged.append) is None
+        print(hang.install("stacks", watch_s=0.05, log=logged.append))
+        installed = hang.handler_of()
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        assert hang.log_if_replaced("step 2", logged.append)["handler"] == "ignore"
-        assert hang.log_if_replaced("step 3", logged.append) is None
-        print(len(logged)); print(logged[0])
+        time.sleep(0.4)
+        assert hang.handler_of() == installed, hang.handler_of()
+        libc = ctypes.CDLL(None)
+        act = hang._Sigaction()
+        act.handler = ctypes.cast(libc.getpid, ctypes.c_void_p).value
+        assert libc.sigaction(int(signal.SIGUSR1), ctypes.byref(act), None) == 0
+        time.sleep(0.4)
+        assert hang.handler_of() == installed and len(logged) == 2, logged
+        time.sleep(0.2)
+        assert len(logged) == 2   # each replaced handler is told once
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.2)
+        print(Path(hang._installed["path"]).stat().st_size)
+        print(logged[0]); print(logged[1])
         """, tmp_path)
     assert r.returncode == 0, r.stderr
-    n, text = r.stdout.splitlines()
-    assert n == "1" and "first seen step 2" in text and "now ignore" in text
-    assert "python" in text.split(", was ")[1]   # faulthandler's handler lives in libpython or the executable
+    msg, size, first, second = r.stdout.splitlines()
+    assert "kept there (checked every 0.05 s)" in msg and int(size) > 0
+    assert first.startswith("SIGUSR1 handler replaced") and ": ignore;" in first and "set back" in first
+    assert "getpid" in second and "libc" in second
+    r = _child("""
+        import os, signal, time
+        from pathlib import Path
+        from dflash_lab import hang
+        hang.install("stacks", watch_s=None)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.2)
+        print(Path(hang._installed["path"]).stat().st_size)
+        """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0"]
+
+
+def test_a_forked_child_registers_faulthandler_anew(tmp_path):
+    """A child forked after its parent's handler was replaced inherits faulthandler's registration; faulthandler's
+    register() then swaps only the file (s55: registering again after Triton's compile kept Triton's handler).
+    install() sets the handler anew, so the child's stacks are written."""
+    r = _child("""
+        import os, signal, time
+        from pathlib import Path
+        from dflash_lab import hang
+        hang.install("stacks", watch_s=None)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)   # the parent compiled Triton, say
+        pid = os.fork()
+        if pid == 0:
+            hang.install("stacks", watch_s=None)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.2)
+            os._exit(0 if Path(hang._installed["path"]).stat().st_size > 0 else 1)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), pid)
+        """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    code, pid = r.stdout.split()
+    assert code == "0" and (tmp_path / "stacks" / f"stacks.{pid}.txt").stat().st_size > 0
+
+
+def test_sigstages_with_the_watcher_reports_the_handler_it_set_back(tmp_path):
+    r = _child("""
+        import signal
+        from dflash_lab import sigstages
+        def replace():
+            signal.signal(signal.SIGUSR1, lambda *a: None)
+            return "set a Python handler"
+        sigstages.run("s.jsonl", stages=[("replace", replace)], watch_s=0.05, fresh_triton_cache=True)
+        """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = sigstages.read(tmp_path / "s.jsonl")
+    assert lines[0]["watch_s"] == 0.05 and "TRITON_CACHE_DIR" in lines[0]["env"]
+    assert lines[2]["replaced"] is False and len(lines[2]["watcher"]) == 1 and lines[-1]["ok"]
+    assert sigstages.summary(lines)[1]["set back by the watcher"].startswith("SIGUSR1 handler replaced")
 
 
 def test_read_refuses_a_missing_or_corrupt_record(tmp_path):
