@@ -132,8 +132,8 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
                 raise LabError(f"{logs}: not a readable tar.gz ({e})") from None
         kept, already = _drop_already_recorded(stage / "gpu", kept, data, gpu_session)
         for extra in ("gpu_replay.jsonl", "capture_sizes.json", "blocking_trace.txt", "setup.log",
-                      "repro_min.json", "repro_min.log", "gpu_clocks.csv", "sigstages.jsonl",
-                      "sigstages-coredump.jsonl"):
+                      "repro_min.json", "repro_min.log", "gpu_clocks.csv",
+                      *sorted(p.name for p in src.glob("sigstages*.jsonl"))):   # python -m dflash_lab sigstages
             if (src / extra).exists():
                 shutil.copy2(src / extra, stage / "gpu" / extra)
                 kept.append(extra)
@@ -152,9 +152,9 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
         if already:
             meta["already_recorded"] = already
         (stage / "meta.json").write_text(json.dumps(meta, indent=1))
-        runs_dst.parent.mkdir(parents=True, exist_ok=True)
         gpu_dst.parent.mkdir(parents=True, exist_ok=True)
         if lines:
+            runs_dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(runs_src, stage / "runs.jsonl")
             os.replace(stage / "runs.jsonl", runs_dst)
         shutil.copy2(stage / "meta.json", stage / "gpu" / "meta.json")

@@ -344,3 +344,21 @@ def test_an_earlier_calls_compressed_log_is_recognised_by_its_content(tmp_path):
     assert not (data / "gpu" / "call2" / "g.a1.log.xz").exists()
     assert "g.a1.log.xz (identical once decompressed to call1/g.a1.log.xz)" in meta["already_recorded"]
     assert "e.a1.log (byte-identical to call1/e.a1.log)" in meta["already_recorded"]
+
+
+def test_ingest_keeps_sigstages_records_without_run_lines(tmp_path):
+    """A GPU call of ``python -m dflash_lab sigstages`` (s55) leaves no runs.jsonl: its records go to data/gpu/NAME
+    with the meta, and nothing to data/runs."""
+    out = tmp_path / "OUT"
+    out.mkdir()
+    for name in ("sigstages.jsonl", "sigstages-coredump.jsonl", "sigstages-unregister-cold.jsonl"):
+        (out / name).write_text(json.dumps({"stage": "provenance", "ok": True}) + "\n")
+    (out / "other.jsonl").write_text("{}\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    meta = ingest(str(out), "sig", data_dir=str(data), device_command="python3 -m dflash_lab sigstages ...",
+                  gpu_session="S")
+    assert meta["lines"] == 0 and not (data / "runs").exists()
+    assert sorted(p.name for p in (data / "gpu" / "sig").iterdir()) == [
+        "meta.json", "sigstages-coredump.jsonl", "sigstages-unregister-cold.jsonl", "sigstages.jsonl"]
+    assert json.loads((data / "gpu" / "sig" / "meta.json").read_text())["device_command"].startswith("python3")
