@@ -12,6 +12,7 @@ The library holds every piece of logic the notebooks use, so tests reach it:
 - :mod:`dflash_lab.servebench`    the streamed-server client; metrics named and defined as ``vllm bench serve``
 - :mod:`dflash_lab.coredump`      CUDA core dumps read with cuda-gdb: the faulting kernel of a crash
 - :mod:`dflash_lab.hang`          a timed-out or deadline-cut run's GPU state, Python stacks, /proc state and on-demand core dump, before it is killed
+- :mod:`dflash_lab.sigstages`     whose handler answers SIGUSR1 after each engine start-up stage (GPU host)
 - :mod:`dflash_lab.probe`         per-step canaries and the FULL-graph-vs-reference divergence probe (in the engine)
 - :mod:`dflash_lab.divergence`    reading the probe's logs for the notebooks
 - :mod:`dflash_lab.vllm_code`     running small pieces of vLLM's own Python verbatim on the CPU

@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import socket
 import sys
 import tempfile
@@ -35,12 +36,14 @@ from .errors import LabError
 SIGNAL_WAIT_S = 3.0
 
 
-def _cuda():
-    import torch
+def _on_cuda(stage):
+    """A stage that needs a GPU: called with torch where CUDA is visible; else None (recorded as skipped)."""
+    def run():
+        import torch
 
-    if not torch.cuda.is_available():
-        return None
-    return torch
+        return stage(torch) if torch.cuda.is_available() else None
+    run.__name__ = stage.__name__
+    return run
 
 
 def _stage_torch():
@@ -49,20 +52,16 @@ def _stage_torch():
     return f"torch {torch.__version__}, CUDA visible: {torch.cuda.is_available()}"
 
 
-def _stage_cuda():
-    torch = _cuda()
-    if torch is None:
-        return None
+@_on_cuda
+def _stage_cuda(torch):
     x = torch.ones(1024, device="cuda")
     x.add_(1)
     torch.cuda.synchronize()
     return f"{torch.cuda.get_device_name(0)}, one elementwise kernel"
 
 
-def _stage_graph():
-    torch = _cuda()
-    if torch is None:
-        return None
+@_on_cuda
+def _stage_graph(torch):
     x = torch.zeros(1024, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -77,10 +76,8 @@ def _stage_graph():
     return "captured and replayed one CUDA graph"
 
 
-def _stage_triton():
-    torch = _cuda()
-    if torch is None:
-        return None
+@_on_cuda
+def _stage_triton(torch):
     import triton
     import triton.language as tl
 
@@ -97,10 +94,8 @@ def _stage_triton():
     return f"triton {triton.__version__}: compiled and ran one kernel"
 
 
-def _stage_compile():
-    torch = _cuda()
-    if torch is None:
-        return None
+@_on_cuda
+def _stage_compile(torch):
 
     def f(a, b):
         return torch.nn.functional.gelu(a @ b) + 1
@@ -112,10 +107,8 @@ def _stage_compile():
     return "torch.compile (inductor) of one small function"
 
 
-def _stage_nccl():
-    torch = _cuda()
-    if torch is None:
-        return None
+@_on_cuda
+def _stage_nccl(torch):
     import torch.distributed as dist
 
     with socket.socket() as s:
@@ -267,4 +260,40 @@ def read(path: str | os.PathLike) -> list[dict]:
             raise LabError(f"{p}:{i}: not a JSON line ({e.msg})") from None
     if not out or out[0].get("stage") != "provenance":
         raise LabError(f"{p}: the first line must be the provenance line")
+    return out
+
+
+def table(pattern: str = "data/gpu/*/sigstages*.jsonl") -> "pd.DataFrame":
+    """Every recorded sigstages line but the provenance, one row each: record (folder/file), stage, ok, outcome,
+    handler (in words), object (the file holding the handler, path dropped), replaced, SigCgt, watcher."""
+    import glob
+
+    import pandas as pd
+
+    rows = []
+    for path in sorted(glob.glob(pattern)):
+        lines = read(path)
+        for ln, r in zip(lines[1:], summary(lines)):
+            obj = (ln.get("handler") or {}).get("object")
+            rows.append({"record": f"{Path(path).parent.name}/{Path(path).name}", "stage": r["stage"],
+                         "ok": ln.get("ok"), "outcome": r["outcome"], "handler": r["SIGUSR1 handler"],
+                         "object": Path(obj).name if obj else None, "replaced": r["replaced"],
+                         "SigCgt": ln.get("sigcgt"), "watcher": r["set back by the watcher"]})
+    return pd.DataFrame(rows, columns=["record", "stage", "ok", "outcome", "handler", "object", "replaced", "SigCgt",
+                                       "watcher"])
+
+
+PROC_HEAD = re.compile(r"^=== /proc of pid (\d+) \((.*)\)$")
+
+
+def hang_log_sigcgt(path: str | os.PathLike) -> dict[str, str]:
+    """{process name: SigCgt} of each process a hang log's /proc sections read (:func:`dflash_lab.hang.proc_text`)."""
+    out, name = {}, None
+    for line in Path(path).read_text(errors="replace").splitlines():
+        m = PROC_HEAD.match(line)
+        if m:
+            name = m.group(2)
+        elif name is not None and "SigCgt:" in line:
+            out[name] = hang.parse_status(line.replace("  ", "\n")).get("SigCgt")
+            name = None
     return out

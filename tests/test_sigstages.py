@@ -195,3 +195,20 @@ def test_read_refuses_a_missing_or_corrupt_record(tmp_path):
     headless.write_text(json.dumps({"stage": "import torch"}) + "\n")
     with pytest.raises(LabError, match="provenance"):
         sigstages.read(headless)
+
+
+def test_the_recorded_s55_records_and_the_s54_masks():
+    """The recorded H200 records (s55) as notebook 03 reads them, and the engine core's SigCgt from s54's hang logs."""
+    import glob
+
+    t = sigstages.table("data/gpu/2026-12-04_h200_sigstages-s55/sigstages*.jsonl")
+    assert t["record"].str.split("/").str[-1].nunique() == 5
+    tri = t[t["stage"] == "Triton kernel"]
+    tri = tri.set_index(tri["record"].str.split("/").str[-1])
+    assert list(tri.loc[["sigstages.jsonl", "sigstages-coredump.jsonl"], "object"]) == ["libtriton.so"] * 2
+    assert tri.at["sigstages-reregister.jsonl", "object"] == "python3"   # the warm cache: nothing compiled
+    masks = [sigstages.hang_log_sigcgt(f) for f in sorted(glob.glob("data/gpu/2026-12-04_h200_probe-hang-c24-*/*.hang.log"))]
+    assert [m["EngineCore"] for m in masks] == ["0000000141804e07"] * 2
+    last = t[(t["stage"] == "vLLM ops and engine core")]
+    assert set(last["SigCgt"]) == {"0000000141804e07"}
+    assert sigstages.hang_log_sigcgt("data/gpu/2026-12-03_h200_probe-hang-c24-a-tp1/stock-probe-hang-c24.a1.hang.log") == {}
