@@ -120,6 +120,10 @@ def restore_if_replaced(log=None) -> dict | None:
 
 
 def _watch(pid: int, period: float, log) -> None:
+    # never the thread that takes the snapshot's SIGUSR1: the kernel then hands it to one of the engine's own threads,
+    # and /proc's "blocked in every thread" keeps its meaning for them (the dump still lists this thread, which
+    # summarize() leaves out)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {SIGNAL})
     while _installed.get("pid") == pid:   # a forked child has no copy of this thread (fork copies the caller only)
         time.sleep(period)
         restore_if_replaced(log)
@@ -244,10 +248,15 @@ def frame_text(f: dict) -> str:
     return f"{os.path.basename(f['file'])}:{f['line']} {f['func']}"
 
 
+def _is_watcher(thread: dict) -> bool:
+    return any(f["func"] == "_watch" and f["file"].endswith("hang.py") for f in thread["frames"])
+
+
 def summarize(threads: list[dict], top: int = 8) -> dict:
     """A line-sized view of one process's dump: its thread count, the innermost ``top`` frames of its main thread (the
     last one faulthandler lists: it walks the threads newest first) as "file.py:line func", and each other thread's
-    innermost frame."""
+    innermost frame. The stacks watcher's own thread (:func:`_watch`) is left out of both."""
+    threads = [t for t in threads if not _is_watcher(t)]
     main = threads[-1] if threads else None
     return {"threads": len(threads),
             "main": [frame_text(f) for f in (main["frames"][:top] if main else [])],
