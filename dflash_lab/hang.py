@@ -92,12 +92,13 @@ def install(folder: str | os.PathLike, watch_s: float | None = WATCH_S, log=None
     return f"stack snapshot on SIGUSR1 registered, {path}; handler {handler_text(h)}{watching}"
 
 
-def _action_now():
-    """The kernel's whole ``struct sigaction`` for SIGUSR1 now (handler, mask, flags), or None off Linux."""
+def _action_now(sig: int = SIGNAL):
+    """The kernel's whole ``struct sigaction`` for ``sig`` now (handler, mask, flags); None off Linux or where
+    sigaction failed (errno kept)."""
     if not sys.platform.startswith("linux"):
         return None
     a = _Sigaction()
-    return a if _libc().sigaction(int(SIGNAL), None, ctypes.byref(a)) == 0 else None
+    return a if _libc().sigaction(int(sig), None, ctypes.byref(a)) == 0 else None
 
 
 def restore_if_replaced(log=None) -> dict | None:
@@ -163,16 +164,15 @@ def handler_of(sig: int = SIGNAL) -> dict:
     SA_SIGINFO is set}``; ``{"error": ...}`` where sigaction cannot be called (not Linux)."""
     if not sys.platform.startswith("linux"):
         return {"error": f"sigaction is read on Linux only, not {sys.platform}"}
-    libc = _libc()
-    old = _Sigaction()
-    if libc.sigaction(int(sig), None, ctypes.byref(old)) != 0:
+    old = _action_now(sig)
+    if old is None:
         return {"error": f"sigaction({int(sig)}) failed: {os.strerror(ctypes.get_errno())}"}
     addr = old.handler or 0
     out = {"handler": {0: "default", 1: "ignore"}.get(addr, hex(addr)), "object": None, "symbol": None,
            "siginfo": bool(old.flags & SA_SIGINFO)}
     if addr > 1:
         info = _DlInfo()
-        if libc.dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
+        if _libc().dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
             out["object"] = info.fname.decode(errors="replace") if info.fname else None
             out["symbol"] = info.sname.decode(errors="replace") if info.sname else None
     return out
