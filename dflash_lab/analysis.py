@@ -189,6 +189,8 @@ def instruments(r: dict) -> list[str]:
         out.append("launch hook")
     if r.get("sched_snapshot") == True:  # noqa: E712 - one host copy of the FA3 schedules after capture
         out.append("schedule snapshot")
+    if r.get("sched_ledger") == True:  # noqa: E712 - the engine core's scheduler counters on a 10 s spin
+        out.append("scheduler ledger")
     if r.get("coredump") is True:
         out.append("core dump on")
     elif r.get("coredump") == "keep-running":   # the driver's skip_abort: vLLM can still dump the crashing step

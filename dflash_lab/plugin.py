@@ -12,6 +12,8 @@ Nothing happens unless asked for:
   speculative pair only (:mod:`dflash_lab.splits`).
 - ``DFLASH_LAB_SCHED_SNAPSHOT=<folder>``: every FA builder's persistent FA3 schedule, once, when the first served
   step begins (:mod:`dflash_lab.schedsnap`).
+- ``DFLASH_LAB_SCHED_LEDGER=<folder>``: the engine core's scheduler counters when it has scheduled nothing for 10 s
+  while requests run, with the steps that led there (:mod:`dflash_lab.schedledger`).
 - ``DFLASH_LAB_ADMIT=K/N``: the engine core's first step admits at most K of the first N requests, after all N
   arrived (:mod:`dflash_lab.admit`).
 - ``DFLASH_LAB_STACKS=<folder>``: all threads' Python stacks to ``<folder>/stacks.<pid>.txt`` on ``SIGUSR1``, which the
@@ -67,6 +69,12 @@ def register() -> None:
     if snap_dir and "snapshot" not in _done:
         _done.add("snapshot")
         log_once(schedsnap.install(snap_dir))
+    from . import schedledger
+
+    ledger_dir = os.environ.get(schedledger.ENV)
+    if ledger_dir and "ledger" not in _done:
+        _done.add("ledger")
+        log_once(schedledger.install(ledger_dir))
     from . import probe
 
     if probe.enabled() and "probe" not in _done:

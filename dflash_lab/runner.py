@@ -85,6 +85,8 @@ ENGINE_DEFAULTS = {
     # the run line
     "probe_oor": False,
     "sched_snapshot": False,  # the target groups' FA3 schedules when the first served step begins (schedsnap.py)
+    # the engine core's scheduler counters when it schedules nothing for 10 s while requests run (schedledger.py)
+    "sched_ledger": False,
     # the engine's first step admits at most this many requests, after all of the run's requests arrived (admit.py,
     # DFLASH_LAB_ADMIT=K/N): offline, one measured run per engine; None leaves admission to arrival timing
     "first_step_requests": None,
@@ -160,7 +162,8 @@ def load_matrix(path: str) -> dict:
 # a matrix's env entry for one of them is refused (it would contradict the keys the line records)
 KEYED_ENV = ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_PROBE",
              "DFLASH_LAB_CANARY", "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", "DFLASH_LAB_PROBE_LEDGER",
-             "DFLASH_LAB_PROBE_OOR", "DFLASH_LAB_SCHED_SNAPSHOT", splits.ENV, admit.ENV, vllmdiff.ENV, hang.ENV,
+             "DFLASH_LAB_PROBE_OOR", "DFLASH_LAB_SCHED_SNAPSHOT", "DFLASH_LAB_SCHED_LEDGER", splits.ENV, admit.ENV,
+             vllmdiff.ENV, hang.ENV,
              "CUDA_ENABLE_USER_TRIGGERED_COREDUMP", "CUDA_COREDUMP_PIPE")
 # every variable the engine-side code (plugin, hook, probe, schedsnap, splits) reads: none is inherited by an engine;
 # those without a matrix key (the hook's fatal mode, the probe's reference-pass switch) reach it only as env entries
@@ -202,7 +205,7 @@ def validate_matrix(m, where="matrix") -> dict:
         keyed = sorted(set(eng["env"]) & set(KEYED_ENV))
         _check(not keyed, f"{where}: engine {e['id']}: env sets {keyed}, which the runner sets from matrix keys "
                           "(fix, fix_parts, hook, hook_sync, probe, canary, probe_taps, probe_fill_layers, probe_ledger, "
-                          "probe_oor, sched_snapshot, fa_splits, first_step_requests, vllm_diff, hang_snapshot): use "
+                          "probe_oor, sched_snapshot, sched_ledger, fa_splits, first_step_requests, vllm_diff, hang_snapshot): use "
                           "the key")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
@@ -224,6 +227,8 @@ def validate_matrix(m, where="matrix") -> dict:
                f"{where}: engine {e['id']}: probe_oor needs probe: true (the probe's sampler wrapper replaces the ids)")
         _check(isinstance(eng["sched_snapshot"], bool),
                f"{where}: engine {e['id']}: sched_snapshot must be true or false")
+        _check(isinstance(eng["sched_ledger"], bool),
+               f"{where}: engine {e['id']}: sched_ledger must be true or false")
         _check(isinstance(eng["hang_snapshot"], bool),
                f"{where}: engine {e['id']}: hang_snapshot must be true or false")
         _check(eng["probe_taps"] is None or eng["probe"],
@@ -414,7 +419,8 @@ class Runner:
             # the ledger runs with the taps unless turned off: the line says which it was
             "probe_ledger": (e["probe_ledger"] is not False) if e["probe_taps"] else None,
             "probe_oor": e["probe_oor"],
-            "sched_snapshot": e["sched_snapshot"], "first_step_requests": e["first_step_requests"],
+            "sched_snapshot": e["sched_snapshot"], "sched_ledger": e["sched_ledger"],
+            "first_step_requests": e["first_step_requests"],
             "hang_snapshot": e["hang_snapshot"],
             "vllm_diff": e["vllm_diff"],
             "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
@@ -537,6 +543,8 @@ class Runner:
                 env["DFLASH_LAB_PROBE_OOR"] = "1" if e["probe_oor"] is True else e["probe_oor"]
         if e["sched_snapshot"]:
             env["DFLASH_LAB_SCHED_SNAPSHOT"] = str(self.logdir / f"{tag}.sched")
+        if e["sched_ledger"]:
+            env["DFLASH_LAB_SCHED_LEDGER"] = str(self.logdir / f"{tag}.ledger")
         stacks_dir = None
         if e["hang_snapshot"]:
             stacks_dir = self.logdir / f"{tag}.stacks"

@@ -71,6 +71,8 @@ def main():
           f"DFLASH_LAB_PROBE_FILL_LAYERS={os.environ.get('DFLASH_LAB_PROBE_FILL_LAYERS', '')}", flush=True)
     print(f"fake engine ledger/snapshot: DFLASH_LAB_PROBE_LEDGER={os.environ.get('DFLASH_LAB_PROBE_LEDGER', '')} "
           f"DFLASH_LAB_SCHED_SNAPSHOT={os.environ.get('DFLASH_LAB_SCHED_SNAPSHOT', '')}", flush=True)
+    print(f"fake engine scheduler ledger: DFLASH_LAB_SCHED_LEDGER={os.environ.get('DFLASH_LAB_SCHED_LEDGER', '')}",
+          flush=True)
     print(f"fake engine oor: DFLASH_LAB_PROBE_OOR={os.environ.get('DFLASH_LAB_PROBE_OOR', '')}", flush=True)
     print(f"fake engine admit: DFLASH_LAB_ADMIT={os.environ.get('DFLASH_LAB_ADMIT', '')}", flush=True)
     print(f"fake engine vllm_diff: DFLASH_LAB_VLLM_DIFF={os.environ.get('DFLASH_LAB_VLLM_DIFF', '')} "

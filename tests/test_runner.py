@@ -271,6 +271,21 @@ def test_ledger_switch_and_schedule_snapshot_reach_only_the_engine_that_asked(tm
     assert "DFLASH_LAB_PROBE_LEDGER= DFLASH_LAB_SCHED_SNAPSHOT=\n" in env["plain"]
 
 
+def test_the_scheduler_ledger_reaches_only_the_engine_that_asked(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    monkeypatch.setenv("DFLASH_LAB_SCHED_LEDGER", "/elsewhere")   # inherited: must not leak
+    lines, _ = run(tmp_path, [{"id": "led", "sched_ledger": True, "runs": [{"concurrency": 1}]},
+                              {"id": "plain", "runs": [{"concurrency": 1}]}], extra=("--logs", str(logs)))
+    by = {l["engine_id"]: l for l in lines}
+    assert by["led"]["sched_ledger"] is True and by["plain"]["sched_ledger"] is False
+    from dflash_lab import analysis
+    assert "scheduler ledger" in analysis.cell_label(by["led"])
+    assert "scheduler ledger" not in analysis.cell_label(by["plain"])
+    env = {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+    assert f"DFLASH_LAB_SCHED_LEDGER={logs}/led.a1.ledger\n" in env["led"]
+    assert "DFLASH_LAB_SCHED_LEDGER=\n" in env["plain"]
+
+
 def test_the_out_of_vocabulary_replacement_reaches_only_the_engine_that_asked(tmp_path, monkeypatch):
     logs = tmp_path / "logs"
     monkeypatch.setenv("DFLASH_LAB_PROBE_OOR", "1")             # inherited: must not leak
@@ -357,6 +372,8 @@ def test_every_variable_the_engine_side_reads_is_controlled_by_the_runner(root):
     ({"probe": True, "probe_taps": "1", "probe_ledger": "no"}, "probe_ledger must be true or false"),
     ({"probe": True, "probe_taps": "1", "probe_ledger": 1}, "probe_ledger must be true or false"),
     ({"sched_snapshot": "yes"}, "sched_snapshot must be true or false"),
+    ({"sched_ledger": 1}, "sched_ledger must be true or false"),
+    ({"env": {"DFLASH_LAB_SCHED_LEDGER": "/x"}}, "which the runner sets from matrix keys"),
     ({"probe_oor": True}, "probe_oor needs probe: true"),
     ({"probe": True, "probe_oor": "yes"}, "probe_oor must be true, false, 'row0' or 'others'"),
     ({"probe_taps": "sentinel"}, "probe_taps needs probe: true"),
