@@ -6,8 +6,9 @@
 (how many tokens each scheduled request got back, its counters before and after). Nothing is written while the engine
 steps. When the scheduler has scheduled no token for :data:`SPIN_S` seconds on end while requests are running, one
 ``spin`` line goes to ``<folder>/ledger-<pid>.jsonl``: the running requests' counters, which of the schedule's early
-outs holds for each (:func:`guards`), and the ring, i.e. the steps that led there. While the spin lasts, a ``spin_still``
-line follows each time its length doubles; ``spin_end`` when a token is scheduled again.
+outs holds for each (:func:`guards`), how many updates returned no token for each while it was scheduled
+(``empty_updates``, counted over the whole run), and the ring, i.e. the steps that led there. While the spin lasts,
+a ``spin_still`` line follows each time its length doubles; ``spin_end`` when a token is scheduled again.
 
 Why: s53, s54 and s56's probed runs at concurrency 24 stopped stepping after step 295 with requests left. In s56 the
 engine core's stacks (the hang snapshot's watcher, s55) showed its main thread in the step path
@@ -111,6 +112,10 @@ class Ledger:
         self.lines = 0
         self.spin: dict | None = None  # {"t0", "wall0", "empty", "written", "next_s"}
         self.max_model_len = None
+        # per request id: the updates that returned no token for it although it was scheduled (the schedule counter
+        # n at each, the last 8 kept). Such an update leaves the step's 1 + k placeholders and computed tokens in place
+        # (vLLM 0.22.1's update_from_output adjusts both only when the row holds a token)
+        self.empty_updates: dict = {}
         self._failed = False
         self._lock = threading.Lock()
 
@@ -141,6 +146,8 @@ class Ledger:
                 states = [request_state(r) for r in running[:MAX_REQS]]
                 for s in states:
                     s["guards"] = guards(s, self.max_model_len)
+                    e = self.empty_updates.get(s.get("id"))
+                    s["empty_updates"], s["empty_at"] = (e["count"], e["at"]) if e else (0, [])
                 line = {"kind": "spin_still" if sp["written"] else "spin", "since_wall": round(sp["wall0"], 3),
                         "s": round(dur, 3), "empty": sp["empty"], "running": len(running),
                         "waiting": _len(getattr(scheduler, "waiting", None)), "max_model_len": self.max_model_len,
@@ -155,12 +162,18 @@ class Ledger:
         with self._lock:
             if not int(getattr(sched_out, "total_num_scheduled_tokens", 0) or 0):
                 return   # the empty steps of a spin: counted by on_schedule
+            sampled = _sampled(model_out)
+            for rid in before:
+                if rid in sampled and sampled[rid][0] == 0:
+                    e = self.empty_updates.setdefault(rid, {"count": 0, "at": []})
+                    e["count"] += 1
+                    e["at"] = (e["at"] + [self.n])[-8:]
             reqs = getattr(scheduler, "requests", {}) or {}
             after = {}
             for rid in before:
                 r = reqs.get(rid)
                 after[rid] = request_state(r) if r is not None else {"gone": True}
-            self.ring.append({"ev": "update", "n": self.n, "t": round(self.wall(), 3), "sampled": _sampled(model_out),
+            self.ring.append({"ev": "update", "n": self.n, "t": round(self.wall(), 3), "sampled": sampled,
                               "before": before, "after": after})
 
     # -- helpers -----------------------------------------------------------------------------------------------------
@@ -298,6 +311,7 @@ def spin_table(lines: list[dict]):
                      "max_tokens": s.get("max_tokens"), "output tokens": s.get("out"), "computed": s.get("computed"),
                      "placeholders": s.get("placeholders"), "tokens with spec": s.get("with_spec"),
                      "spec ids": s.get("spec"), "early outs": ", ".join(g) or "none",
+                     "updates with no token": s.get("empty_updates"),
                      "output short of max_tokens": (None if s.get("out") is None or s.get("max_tokens") is None
                                                     else s["out"] < s["max_tokens"]),
                      "spin s": sp.get("s"), "empty schedules": sp.get("empty")})

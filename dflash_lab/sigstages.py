@@ -210,6 +210,7 @@ def run(out: str | os.PathLike, coredump_dir: str | os.PathLike | None = None, s
     for name, fn in (stages or STAGES):
         t0 = time.time()
         line = {"stage": name}
+        n = len(restored)   # before the stage: the watcher may set a handler back while the stage still runs (s56)
         try:
             note = fn()
             if note is None:
@@ -222,7 +223,6 @@ def run(out: str | os.PathLike, coredump_dir: str | os.PathLike | None = None, s
             line.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc(limit=4))
         line["s"] = round(time.time() - t0, 2)
         if watch_s:
-            n = len(restored)
             time.sleep(3 * watch_s)
             line["watcher"] = restored[n:]
         now = hang.handler_of(hang.SIGNAL)

@@ -1900,21 +1900,10 @@ def probe_hang_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path
     Returns (the judged table, one row per run that stopped or was cut: what its snapshot recorded)."""
     import pandas as pd
 
-    from .runner import is_deadline_cut
-
     rows, logs, runs, missing = _probe_c24_rows(df, PROBE_HANG_MATRIX, pattern, matrix_path, judge_timeouts=False)
     seen, flags, facts = [], [], []
     for _, r in runs[runs["outcome"] == "timeout"].iterrows():
-        key = _log_key(r["file"], r["engine_id"], r["attempt"])
-        p, o = logs[key]
-        h = r.get("hang") if isinstance(r.get("hang"), dict) else {}
-        samples = (h.get("gpu") or {}).get("samples") or []
-        util = [s.get("utilization_pct") for s in samples]
-        steps = divergence.load_probe(p["path"])["steps"]
-        last_t = steps[-1]["t"] if steps else None
-        cut_t = samples[0]["t"] if samples else None
-        silent = None if last_t is None or cut_t is None else round(cut_t - last_t, 1)
-        cut = is_deadline_cut(r)
+        key, o, h, samples, util, silent, cut = _silence(r, logs)
         stopped = (not cut) or (silent is not None and silent >= HANG_SILENCE_S)
         core = h.get("core") or {}
         kernels = [k.get("kernel") for k in core.get("kernels") or []]
@@ -1945,6 +1934,124 @@ def probe_hang_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path
                  "measured": ("; ".join(seen) or "no run stopped, nothing to judge") + tail,
                  "held": _all_held(judged, missing > 0)})
     return _judged_table(rows, ["predicted", "measured"]), pd.DataFrame(facts)
+
+
+def _silence(r, logs):
+    """What a timed-out run's hang snapshot and probe log say of its stop: (log key, oor-table row, the line's ``hang``,
+    the GPU samples, their utilization, seconds from the probe log's last step to the snapshot's first GPU sample
+    (None where either is missing), whether the runner's deadline cut the run)."""
+    from .runner import is_deadline_cut
+
+    key = _log_key(r["file"], r["engine_id"], r["attempt"])
+    p, o = logs[key]
+    h = r.get("hang") if isinstance(r.get("hang"), dict) else {}
+    samples = (h.get("gpu") or {}).get("samples") or []
+    util = [s.get("utilization_pct") for s in samples]
+    steps = divergence.load_probe(p["path"])["steps"]
+    last_t = steps[-1]["t"] if steps else None
+    cut_t = samples[0]["t"] if samples else None
+    silent = None if last_t is None or cut_t is None else round(cut_t - last_t, 1)
+    return key, o, h, samples, util, silent, is_deadline_cut(r)
+
+
+PROBE_HANG_LEDGER_MATRICES = ("probe-hang-ledger-c24-tp1", "probe-hang-ledger2-c24-tp1")
+# the engine core's main-thread frames that (e) reads as the scheduling loop (vLLM 0.22.1's core.py), and the files
+# whose frames mean the worker's step is still running in that thread (uniproc executor: the model runner may be
+# waiting on the GPU), which (e) reads as not in the loop
+LOOP_FRAMES = ("step_with_batch_queue", "_process_engine_step")
+STEP_FILES = ("gpu_worker.py", "gpu_model_runner.py")
+
+
+def ledger_files(r, data_dir: str = "data") -> list[str]:
+    """The stored scheduler-ledger files of a run line's engine: ``data/gpu/<runs file stem>/<engine>.aN.ledger/``."""
+    from .runner import recorded_glob
+
+    folder = os.path.join(analysis.gpu_folder(r, data_dir), f"{r['engine_id']}.a{r['attempt']}.ledger")
+    return [p for _, p in recorded_glob(os.path.join(folder, "ledger-*.jsonl"))]
+
+
+def probe_hang_ledger_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix: str = PROBE_HANG_LEDGER_MATRICES[0],
+                                  data_dir: str = "data", matrix_path=None):
+    """A scheduler-ledger matrix at 24 (s56: ``probe-hang-ledger-c24-tp1``; ``probe-hang-ledger2-c24-tp1``) against its
+    header's predictions: (a)-(c) as :func:`probe_hang_predictions` judges them; and, for each run that stops
+    stepping (no probe step in the :data:`HANG_SILENCE_S` before the snapshot's first GPU sample; a run with less is
+    not judged, None):
+    (e) the engine core's ledger holds a spin line (no token scheduled for at least 10 s, at least one request
+        running), and its recorded main-thread stack is in the scheduling loop (a frame of :data:`LOOP_FRAMES`) and
+        not in the worker's step (no frame of :data:`STEP_FILES`);
+    (f) in that spin line every running request's output is short of its ``max_tokens`` and at least one early out
+        of ``Scheduler.schedule`` holds for it (:func:`schedledger.guards`);
+    (g) ``probe-hang-ledger2-c24-tp1`` only: each such request's placeholders are ``1 + k`` (16) times the updates
+        that returned no token for it while it was scheduled (the ledger's ``empty_updates``).
+    Returns (the judged table, one row per timed-out run: its stop and its ledger's first spin)."""
+    import pandas as pd
+
+    from . import schedledger
+
+    rows, logs, runs, missing = _probe_c24_rows(df, matrix, pattern, matrix_path, judge_timeouts=False)
+    judge_g = matrix != PROBE_HANG_LEDGER_MATRICES[0]
+    e, f, g, facts = ([], []), ([], []), ([], []), []
+    for _, r in runs[runs["outcome"] == "timeout"].iterrows():
+        key, o, h, samples, util, silent, cut = _silence(r, logs)
+        stopped = silent is not None and silent >= HANG_SILENCE_S
+        lines = [x for p in ledger_files(r, data_dir) for x in schedledger.read(p)]
+        spins = [x for x in lines if x.get("kind") == "spin"]
+        sp = spins[0] if spins else None
+        longest = max((x.get("s") or 0 for x in lines if x.get("kind") in ("spin", "spin_still")), default=None)
+        core_stack = next((v.get("main") or [] for v in (h.get("stacks") or {}).values()
+                           if v.get("process") == "EngineCore"), [])
+        in_loop = (any(fr.startswith("core.py:") and any(n in fr for n in LOOP_FRAMES) for fr in core_stack)
+                   and not any(fr.split(":")[0] in STEP_FILES for fr in core_stack))
+        reqs = (sp or {}).get("requests") or []
+        short = [q.get("out") is not None and q.get("max_tokens") is not None and q["out"] < q["max_tokens"] for q in reqs]
+        held_by = [schedledger.guards(q, sp.get("max_model_len")) for q in reqs] if sp else []
+        leak = [q.get("placeholders") == 16 * q["empty_updates"] if "empty_updates" in q else None for q in reqs]
+        name = f"{key[1]} ({'cut at the runner deadline' if cut else 'run timeout'})"
+        why = "" if stopped else f", not judged (the header asks {HANG_SILENCE_S:.0f} s without a step)"
+        silence = f"{silent:.0f} s after its last step ({_int_or_none(o['last step'])})" if silent is not None else \
+            "no probe step or GPU sample to time it"
+        e[0].append(f"{name}: {silence}; " + (f"ledger spin of {sp['s']:.0f} s with {sp['running']} running and "
+                                               f"{sp['empty']} empty schedules (longest spin line {longest:.0f} s)"
+                                               if sp else "no spin line in the ledger")
+                    + f"; engine core main thread at {core_stack[0] if core_stack else 'no stack'}" + why)
+        if stopped:   # a run that did not stop is reported, not judged
+            e[1].append(bool(sp and sp["s"] >= 10 and sp["running"] >= 1 and in_loop))
+        f[0].append(f"{name}: " + ("; ".join(f"{q.get('id')} output {q.get('out')} of {q.get('max_tokens')}, "
+                                             f"{', '.join(gs) or 'no early out'}" for q, gs in zip(reqs, held_by))
+                                   if sp else "no spin line") + why)
+        if stopped:
+            f[1].append(bool(sp and reqs and all(short) and all(held_by)))
+        if judge_g:
+            g[0].append(f"{name}: " + ("; ".join(f"{q.get('id')} placeholders {q.get('placeholders')}, "
+                                                 f"{q.get('empty_updates')} update(s) with no token" for q in reqs)
+                                       if sp else "no spin line") + why)
+            if stopped:
+                g[1].append(None if sp and None in leak else bool(sp and reqs and all(leak)))
+        facts.append({"run": f"{key[0]}/{r['run_id']}", "ended by": "runner deadline" if cut else "run timeout",
+                      "last step": _int_or_none(o["last step"]), "s without a step before the snapshot": silent,
+                      "stopped (header's rule)": stopped,
+                      "GPU utilization %": "/".join("?" if u is None else f"{u:.0f}" for u in util) or None,
+                      "engine core main thread": " <- ".join(core_stack[:2]) or None,
+                      "spin s (first line)": sp["s"] if sp else None, "longest spin line s": longest,
+                      "empty schedules (first line)": sp["empty"] if sp else None,
+                      "running in the spin": sp["running"] if sp else None,
+                      "held by": "; ".join(f"{q.get('id')}: {', '.join(gs) or 'none'}" for q, gs in zip(reqs, held_by))
+                      or None})
+    tail = f"; {missing} planned run(s) not run" if missing > 0 else ""
+    out = rows + [
+        {"predicted": "(e) a run that stops stepping leaves a ledger spin (no token scheduled >= 10 s with requests "
+                      "running), the engine core's main thread in the scheduling loop",
+         "measured": ("; ".join(e[0]) or "no run timed out, nothing to judge") + tail,
+         "held": _all_held(e[1], missing > 0)},
+        {"predicted": "(f) in that spin every running request is short of max_tokens and held by an early out of "
+                      "Scheduler.schedule",
+         "measured": ("; ".join(f[0]) or "no run timed out, nothing to judge") + tail,
+         "held": _all_held(f[1], missing > 0)}]
+    if judge_g:
+        out.append({"predicted": "(g) each held request's placeholders are 16 times its updates with no token",
+                    "measured": ("; ".join(g[0]) or "no run timed out, nothing to judge") + tail,
+                    "held": _all_held(g[1], missing > 0)})
+    return _judged_table(out, ["predicted", "measured"]), pd.DataFrame(facts)
 
 
 def _row0_verdict(log) -> bool | None:

@@ -92,8 +92,9 @@ def test_a_stepping_engine_writes_nothing_and_a_spin_writes_the_steps_that_led_t
     a, b = Req("a"), Req("b")
     s = sched_cls([a, b])
     led = _install(sched_cls, tmp_path)
-    for _ in range(3):
+    for _ in range(2):
         _step(s, led, {"a": 16, "b": 16}, {"a": [5, 6], "b": [7]})
+    _step(s, led, {"a": 16, "b": 16}, {"a": [], "b": [7]})   # a row with no token: counted for a
     assert _lines(tmp_path) == []
     # b finishes; a is left 12 tokens short of max_tokens with 16 placeholders that no update will take back, which
     # the async max_tokens guard reads as a step in flight that reaches max_tokens
@@ -111,11 +112,12 @@ def test_a_stepping_engine_writes_nothing_and_a_spin_writes_the_steps_that_led_t
     (req,) = line["requests"]
     assert req["id"] == "a" and req["placeholders"] == 16 and req["out"] == 500 and req["spec"] == 15
     assert req["guards"] == ["max_tokens guard"] and req["status"] == "RUNNING"
+    assert req["empty_updates"] == 1 and req["empty_at"] == [3]
     evs = [e["ev"] for e in line["ring"]]
     assert evs == ["schedule", "update"] * 3 + ["schedule"]   # the empty schedule that began the spin closes the ring
     upd = line["ring"][-2]
-    assert upd["sampled"] == {"a": [2, [5, 6]], "b": [1, [7]]}
-    assert upd["before"]["a"]["placeholders"] == 3 * 16 - 2 * 2 and upd["after"]["a"]["placeholders"] == 3 * 16 - 3 * 2
+    assert upd["sampled"] == {"a": [0, []], "b": [1, [7]]}
+    assert upd["before"]["a"]["placeholders"] == upd["after"]["a"]["placeholders"] == 3 * 16 - 2 * 2
     # the spin doubles: one more line at 20 s, none in between; a scheduled token ends it
     for _ in range(4):
         led.clock.t += 2.0
@@ -198,6 +200,15 @@ def test_the_guards_are_vllm_0_22_1s_own():
     assert "if not model_executed and self.scheduler.has_requests(): time.sleep(0.001)" in core
     asy = vllm_sources.read_source("vllm/v1/core/sched/async_scheduler.py")
     assert "def schedule(" not in asy and "def update_from_output(" not in asy   # wrapping Scheduler covers both
+    # a scheduled request whose row holds no token keeps the step's placeholders and computed tokens: both are adjusted
+    # only for a row with a token (the count empty_updates keeps)
+    assert ("if scheduled_spec_token_ids and generated_token_ids: num_draft_tokens = len(scheduled_spec_token_ids)"
+            in sched)
+    assert "if request.num_output_placeholders > 0: request.num_output_placeholders -= num_rejected" in sched
+    assert ("if new_token_ids: new_token_ids, stopped = self._update_request_with_output( request, new_token_ids )"
+            in sched)
+    assert "request.num_output_placeholders -= len(new_token_ids)" in asy
+    assert "request.num_output_placeholders += 1 + cur_num_spec_tokens" in asy
     req = vllm_sources.read_source("vllm/v1/request.py")
     for attr in schedledger.FIELDS.values():
         assert re.search(rf"(self\.{attr}\b|def {attr}\b)", req), attr
@@ -215,6 +226,7 @@ def test_read_and_the_spin_table(tmp_path):
     t = schedledger.spin_table(lines)
     row = t.iloc[0]
     assert row["early outs"] == "max_tokens guard" and bool(row["output short of max_tokens"]) is True
+    assert row["updates with no token"] is None   # a line written before s56's count: not claimed as 0
     assert schedledger.last_updates(lines, "a") == [{"n": 7, "t": 1.0, "sampled": [2, [1, 2]],
                                                      "before": {"placeholders": 18}, "after": {"placeholders": 16}}]
     assert schedledger.spin_table([]).empty and schedledger.last_updates([], "a") == []

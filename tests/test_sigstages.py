@@ -5,6 +5,7 @@ faulthandler for SIGUSR1, which must not leak into the test process)."""
 import ctypes
 import faulthandler
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -184,6 +185,23 @@ def test_sigstages_with_the_watcher_reports_the_handler_it_set_back(tmp_path):
     assert sigstages.summary(lines)[1]["set back by the watcher"].startswith("SIGUSR1 handler replaced")
 
 
+def test_a_handler_set_back_while_its_stage_still_runs_is_reported_with_that_stage(tmp_path):
+    """s56's watch record on the H200 showed faulthandler's handler after the Triton stage and an empty watcher list:
+    the watcher had set libtriton's handler back during the 1.2 s compile, before the stage's count was taken."""
+    r = _child("""
+        import signal, time
+        from dflash_lab import sigstages
+        def replace():
+            signal.signal(signal.SIGUSR1, lambda *a: None)
+            time.sleep(0.4)
+            return "set a Python handler, then went on for 0.4 s"
+        sigstages.run("s.jsonl", stages=[("replace", replace)], watch_s=0.05)
+        """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = sigstages.read(tmp_path / "s.jsonl")
+    assert lines[2]["replaced"] is False and len(lines[2]["watcher"]) == 1 and lines[-1]["ok"]
+
+
 def test_read_refuses_a_missing_or_corrupt_record(tmp_path):
     with pytest.raises(LabError, match="no such sigstages record"):
         sigstages.read(tmp_path / "none.jsonl")
@@ -207,8 +225,31 @@ def test_the_recorded_s55_records_and_the_s54_masks():
     tri = tri.set_index(tri["record"].str.split("/").str[-1])
     assert list(tri.loc[["sigstages.jsonl", "sigstages-coredump.jsonl"], "object"]) == ["libtriton.so"] * 2
     assert tri.at["sigstages-reregister.jsonl", "object"] == "python3"   # the warm cache: nothing compiled
-    masks = [sigstages.hang_log_sigcgt(f) for f in sorted(glob.glob("data/gpu/2026-12-04_h200_probe-hang-c24-*/*.hang.log"))]
+    masks = [sigstages.hang_log_sigcgt(f) for f in sorted(glob.glob("data/gpu/2026-12-04_h200_probe-hang-c24-[bc]-tp1/"
+                                                                    "*.hang.log"))]   # s54's calls A and B
     assert [m["EngineCore"] for m in masks] == ["0000000141804e07"] * 2
     last = t[(t["stage"] == "vLLM ops and engine core")]
     assert set(last["SigCgt"]) == {"0000000141804e07"}
     assert sigstages.hang_log_sigcgt("data/gpu/2026-12-03_h200_probe-hang-c24-a-tp1/stock-probe-hang-c24.a1.hang.log") == {}
+
+
+def test_the_recorded_s56_pair_with_and_without_the_watcher():
+    """s56 (H200, cold Triton caches, no vLLM staged): without the watcher libtriton's handler took SIGUSR1 at the Triton
+    stage and the forked copy wrote no stacks; with it, faulthandler's handler was in place after every stage and the
+    copy wrote its stacks. The watcher's message is not in the record: it set the handler back while the Triton stage
+    still ran, before the stage's count was taken (fixed since, test above). Inside two engines that day, the engine log
+    has the message and the engine core's SigCgt is the s54 one."""
+    t = sigstages.table("data/gpu/2026-12-04_h200_sigstages-s56/sigstages*.jsonl")
+    rec = {k: g.set_index("stage") for k, g in t.groupby(t["record"].str.split("/").str[-1])}
+    off, on = rec["sigstages-nowatch-fresh.jsonl"], rec["sigstages-watch-fresh.jsonl"]
+    assert off.at["Triton kernel", "object"] == "libtriton.so" and bool(off.at["Triton kernel", "replaced"])
+    assert off.at["SIGUSR1 to a forked copy", "outcome"] == "no stacks written, copy exit 0"
+    staged = on.drop(index="SIGUSR1 to a forked copy")
+    assert (staged["object"] == "python3").all() and not staged["replaced"].any() and (staged["watcher"] == "").all()
+    assert on.at["SIGUSR1 to a forked copy", "outcome"].startswith("stacks written")
+    for f in ("data/gpu/2026-12-04_h200_probe-hang-c24-d-tp1/stock-probe-hang-c24.a1",
+              "data/gpu/2026-12-04_h200_probe-hang-ledger-c24-a-tp1/stock-probe-ledger-c24.a1"):
+        assert sigstages.hang_log_sigcgt(f + ".hang.log")["EngineCore"] == "0000000141804e07"
+        log = open(f + ".log").read()
+        assert re.search(r"\(EngineCore pid=\d+\) dflash-lab \[\d+\]: SIGUSR1 handler replaced since the stacks file "
+                         r"was registered: 0x[0-9a-f]+ in \S+/triton/_C/libtriton\.so; faulthandler's", log)

@@ -1171,38 +1171,46 @@ def _one_planned_hang_run(tmp_path):
 
 
 def test_the_recorded_hang_probe_at_24_as_pre_registered():
-    """probe-hang-c24-tp1, three r0 attempts, each on a cold host and cut by the runner's deadline. s53's and s54's
-    call B had s51's r0's events at the same steps (first FULL step 3 diverged from layer 8; first row-0 step 281; last
-    step 295) and were cut 14 s and 23 s after that step, with 0 % GPU utilization in all three samples; s54's call A
-    was cut while it still stepped (step 226 recorded after the snapshot began; utilization 25-28 %). The header asks
-    60 s without a step before it counts a cut run as stopped, so (d) is judged for none. In all three the engine core
-    wrote no stacks within 5 s, stepping or silent. Two planned runs not run (a deadline cut measures nothing)."""
+    """probe-hang-c24-tp1, four r0 attempts, each on a cold host and cut by the runner's deadline. s53's, s54's call B
+    and s56's had s51's r0's events at the same steps (first FULL step 3 diverged from layer 8; first row-0 step 281;
+    last step 295) and were cut 14 s, 23 s and 83 s after that step, with 0 % GPU utilization in all three samples;
+    s54's call A was cut while it still stepped (step 226 recorded after the snapshot began; utilization 25-28 %). The
+    header asks 60 s without a step before it counts a cut run as stopped: s56's is the one judged, and its 0 %
+    contradicts (d). In s53-s54 the engine core wrote no stacks within 5 s, stepping or silent; in s56, with the
+    watcher, it did. Two planned runs not run (a deadline cut measures nothing)."""
     t, facts = V.probe_hang_predictions(analysis.load_runs())
-    assert list(t["held"]) == [None, None, None, None]
+    assert list(t["held"]) == [None, None, None, False]
     a = ("stock-probe-hang-c24.a1 (cut at the runner deadline): first FULL step 3, first diverging 3, 8 layers "
          "identical before L8 gdn")
-    assert t["measured"].iloc[0] == "; ".join([a, a, a, "2 planned run(s) not run"])
+    assert t["measured"].iloc[0] == "; ".join([a, a, a, a, "2 planned run(s) not run"])
     b = t["measured"].iloc[1].split("; ")
-    assert b[0] == b[2] == "stock-probe-hang-c24.a1 (cut at the runner deadline): not judged (row-0 step 281, last step 295)"
+    assert b[0] == b[2] == b[3] == ("stock-probe-hang-c24.a1 (cut at the runner deadline): not judged (row-0 step 281, "
+                                    "last step 295)")
     assert b[1] == "stock-probe-hang-c24.a1 (cut at the runner deadline): not judged (row-0 step None, last step 226)"
     d = t["measured"].iloc[3].split("; ")
     assert d[0].startswith("stock-probe-hang-c24.a1: ended by the deadline 14 s after its last step (295), GPU utilization "
                            "0/0/0 %, not judged")
     assert d[2].startswith("stock-probe-hang-c24.a1: ended by the deadline 23 s after its last step (295), GPU utilization "
                            "0/0/0 %, not judged")
+    assert d[3] == "stock-probe-hang-c24.a1: ended by the deadline 83 s after its last step (295), GPU utilization 0/0/0 %"
     got = facts[["ended by", "last step", "stopped (header's rule)", "GPU utilization %"]].values.tolist()
     assert got == [["runner deadline", 295, False, "0/0/0"], ["runner deadline", 226, False, "28/26/25"],
-                   ["runner deadline", 295, False, "0/0/0"]]
+                   ["runner deadline", 295, False, "0/0/0"], ["runner deadline", 295, True, "0/0/0"]]
     assert facts["s without a step before the snapshot"].iloc[1] < 0   # a step came after the snapshot began
-    assert facts["stacks"].str.startswith("EngineCore: no stacks written within 5 s; worker: threading.py:355 wait").all()
-    assert facts["dump"].str.startswith("not asked for").all() and facts["(d) held"].isna().all()
+    assert facts["stacks"].iloc[:3].str.startswith("EngineCore: no stacks written within 5 s; worker: threading.py:355 "
+                                                   "wait").all()
+    assert facts["stacks"].iloc[3] == "worker: threading.py:355 wait; EngineCore: <frozen abc>:119 __instancecheck__"
+    assert facts["dump"].str.startswith("not asked for").all()
+    assert facts["(d) held"].iloc[:3].isna().all() and facts["(d) held"].iloc[3] is False
 
 
 def test_hang_predictions_judge_a_stopped_run_by_its_snapshot(tmp_path):
     """(d) on the recorded line, edited: a run that timed out (run_timeout_s) counts as stopped; 0 % in a sample
     contradicts (d); utilization in every sample and a dump holding a kernel holds it; utilization with no dump taken is
-    undecided; a deadline cut counts as stopped only after 60 s without a step."""
+    undecided; a deadline cut counts as stopped only after 60 s without a step. s56's run (83 s, 0 %: False) is left
+    out, so that the edited s53 line decides (d)."""
     df = analysis.load_runs()
+    df = df[~df["file"].astype(str).str.contains("probe-hang-c24-d-tp1")]
     m = _one_planned_hang_run(tmp_path)
     run = "stock-probe-hang-c24/c24/r0"
     h = df.at[_at(df, run, V.PROBE_HANG_MATRIX), "hang"]
@@ -1224,3 +1232,97 @@ def test_hang_predictions_judge_a_stopped_run_by_its_snapshot(tmp_path):
     t, facts = V.probe_hang_predictions(_edited(df, V.PROBE_HANG_MATRIX, run, hang=late), matrix_path=m)
     assert bool(facts["stopped (header's rule)"].iloc[0]) and t["held"].iloc[3] is False
     assert "not judged" not in t["measured"].iloc[3].split("; ")[0]   # the edited run; s54's two stay unjudged
+
+
+# --- the scheduler ledger at 24 (s56) ---------------------------------------------------------------------------------
+LEDGER_RUN = "stock-probe-ledger-c24/c24/r0"
+
+
+def _ledger_case(tmp_path, edit=None, matrix=V.PROBE_HANG_LEDGER_MATRICES[0]):
+    """The recorded ledger run, with its ledger copied into a data folder of its own (``edit`` changes the spin line's
+    requests) and, for the second ledger matrix, its line relabelled and a matrix file planning it."""
+    import json
+    import shutil
+
+    df = analysis.load_runs()
+    i = _at(df, LEDGER_RUN, V.PROBE_HANG_LEDGER_MATRICES[0])
+    r = df.loc[i]
+    src = V.ledger_files(r)
+    assert len(src) == 1
+    dst = Path(tmp_path) / "data" / Path(src[0]).relative_to("data")
+    dst.parent.mkdir(parents=True)
+    shutil.copy(src[0], dst)
+    if edit:
+        lines = [json.loads(x) for x in dst.read_text().splitlines()]
+        for ln in lines:
+            if ln["kind"] == "spin":
+                edit(ln["requests"])
+        dst.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    m = None
+    if matrix != V.PROBE_HANG_LEDGER_MATRICES[0]:
+        df = df.copy()
+        df.at[i, "matrix"] = matrix
+        text = (Path(V.__file__).resolve().parents[1] / "matrices" / f"{V.PROBE_HANG_LEDGER_MATRICES[0]}.yaml").read_text()
+        m = Path(tmp_path) / "m.yaml"
+        m.write_text(text.replace(f"name: {V.PROBE_HANG_LEDGER_MATRICES[0]}", f"name: {matrix}"))
+    return df, str(Path(tmp_path) / "data"), m
+
+
+def test_the_recorded_ledger_run_at_24():
+    """probe-hang-ledger-c24-tp1 (s56, one run): a run timeout 53 s after step 295, below the header's 60 s, so (e)
+    and (f) are not judged; its ledger holds a spin of 40 s on end (lines at 10, 20 and 40 s) with three requests
+    running, each at 511 of 512 output tokens and held by the async max_tokens guard, and the engine core's main
+    thread in core.py's 1 ms sleep after a step that executed nothing."""
+    t, facts = V.probe_hang_ledger_predictions(analysis.load_runs())
+    assert list(t["held"]) == [True, None, None, None, None]
+    assert t["measured"].iloc[3] == (
+        "stock-probe-ledger-c24.a1 (run timeout): 53 s after its last step (295); ledger spin of 10 s with 3 running and "
+        "7591 empty schedules (longest spin line 40 s); engine core main thread at core.py:1249 _process_engine_step, "
+        "not judged (the header asks 60 s without a step)")
+    assert t["measured"].iloc[4] == (
+        "stock-probe-ledger-c24.a1 (run timeout): 16-9ee988f3 output 511 of 512, max_tokens guard; 20-97b52f8f output "
+        "511 of 512, max_tokens guard; 23-93b7ef9d output 511 of 512, max_tokens guard, not judged (the header asks 60 s "
+        "without a step)")
+    f = facts.iloc[0]
+    assert f["ended by"] == "run timeout" and not f["stopped (header's rule)"] and f["GPU utilization %"] == "0/0/0"
+    assert f["engine core main thread"] == "core.py:1249 _process_engine_step <- core.py:1199 run_busy_loop"
+    assert (f["spin s (first line)"], f["longest spin line s"], f["running in the spin"]) == (10.0, 40.0, 3)
+
+
+def test_ledger_predictions_judge_a_stopped_run(tmp_path):
+    """(e)-(g) on the recorded line, edited to have stopped (its snapshot 10 s later): held as recorded; (e) fails for a
+    main thread in the worker's step or outside the loop; (f) fails for a request that reached max_tokens; (g), on the second ledger matrix,
+    is undecided without the count s56's ledger did not keep, holds for 16 placeholders per update with no token and
+    fails otherwise."""
+    df, data, _ = _ledger_case(tmp_path)
+    i = _at(df, LEDGER_RUN, V.PROBE_HANG_LEDGER_MATRICES[0])
+    h = df.at[i, "hang"]
+    late = {**h, "gpu": {"samples": [{**s, "t": s["t"] + 10} for s in h["gpu"]["samples"]]}}
+    stopped = _edited(df, V.PROBE_HANG_LEDGER_MATRICES[0], LEDGER_RUN, hang=late)
+    t, facts = V.probe_hang_ledger_predictions(stopped, data_dir=data)
+    assert list(t["held"]) == [True, None, None, True, True] and bool(facts["stopped (header's rule)"].iloc[0])
+    core = next(k for k, v in late["stacks"].items() if v["process"] == "EngineCore")
+    gpu_wait = {**late, "stacks": {**late["stacks"], core: {**late["stacks"][core], "main": [
+        "gpu_model_runner.py:100 _to_list", "gpu_worker.py:9 execute_model", "core.py:499 step_with_batch_queue"]}}}
+    t, _ = V.probe_hang_ledger_predictions(_edited(df, V.PROBE_HANG_LEDGER_MATRICES[0], LEDGER_RUN, hang=gpu_wait),
+                                           data_dir=data)
+    assert t["held"].iloc[3] is False   # the worker's step is still running in the engine core's thread
+    no_loop = {**late, "stacks": {**late["stacks"], core: {**late["stacks"][core], "main": ["cuda.py:1 synchronize"]}}}
+    t, _ = V.probe_hang_ledger_predictions(_edited(df, V.PROBE_HANG_LEDGER_MATRICES[0], LEDGER_RUN, hang=no_loop),
+                                           data_dir=data)
+    assert t["held"].iloc[3] is False
+
+    def done(reqs):
+        reqs[0]["out"] = 512
+
+    df2, data2, _ = _ledger_case(tmp_path / "done", edit=done)
+    t, _ = V.probe_hang_ledger_predictions(_edited(df2, V.PROBE_HANG_LEDGER_MATRICES[0], LEDGER_RUN, hang=late),
+                                           data_dir=data2)
+    assert t["held"].iloc[4] is False
+    m2 = V.PROBE_HANG_LEDGER_MATRICES[1]
+    for edit, want in ((None, None), (lambda q: [x.update(empty_updates=x["placeholders"] // 16) for x in q], True),
+                       (lambda q: [x.update(empty_updates=1) for x in q], False)):
+        d3, data3, m = _ledger_case(tmp_path / f"g{want}", edit=edit, matrix=m2)
+        t, _ = V.probe_hang_ledger_predictions(_edited(d3, m2, LEDGER_RUN, hang=late), matrix=m2, data_dir=data3,
+                                               matrix_path=m)
+        assert len(t) == 6 and t["held"].iloc[5] is want, (want, t["measured"].iloc[5])
