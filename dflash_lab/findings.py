@@ -1054,7 +1054,7 @@ def oor_clause(df, pattern: str | None = None) -> str:
                  "ended as predicted")
         if not r0["held"].all() or not len(oth) or not len(row0):
             return (text + (" (not: " + ", ".join(r0.loc[~r0["held"], "engine"]) + ")." if not r0["held"].all() else ".")
-                    + passed_clause(t))
+                    + passed_clause(t) + stop_clause(df, pattern))
         text += (f". With the ids replaced in rows above 0 only, each run crashed at the first step row 0's own id was "
                  f"out of vocabulary (step {and_('last step', oth)} at {and_('concurrency', oth)}). With row 0's "
                  f"replaced only, the replacement gave row 0 its only token on {and_('row-0 ids replaced', row0)} steps, "
@@ -1072,9 +1072,56 @@ def oor_clause(df, pattern: str | None = None) -> str:
         core = verification.oor_core_predictions(t, divergence.load_probe)
         if not len(core):
             return text + (" One run per cell, no core dumps: which kernel faulted is read from vLLM's source, not "
-                           "observed.") + passed_clause(t, core)
-        return text + core_clause(core) + passed_clause(t, core)
-    return text + passed_clause(t)
+                           "observed.") + passed_clause(t, core) + stop_clause(df, pattern)
+        return text + core_clause(core) + passed_clause(t, core) + stop_clause(df, pattern)
+    return text + passed_clause(t) + stop_clause(df, pattern)
+
+
+def stop_clause(df, pattern: str | None = None, data_dir: str = "data") -> str:
+    """Why the probed runs at 24 that went past their row-0 step stopped stepping (s56): the hang snapshot's judged run
+    (:func:`verification.probe_hang_predictions`) and the scheduler ledger's first spin
+    (:func:`verification.probe_hang_ledger_predictions`), as prose; empty where neither matrix has a run that says it."""
+    from . import divergence, schedledger, verification
+
+    pattern = pattern or divergence.PROBE_GLOB
+    out = ""
+    try:
+        _, hf = verification.probe_hang_predictions(df, pattern)
+    except LabError:   # no run line or no probe log of the matrix (e.g. the run lines without data/gpu)
+        hf = None
+    if hf is not None and len(hf):
+        j = hf[hf["stopped (header's rule)"] == True]  # noqa: E712 - a column of bools
+        if len(j):
+            r = j.iloc[0]
+            out += (f" Why they stop ({verification.PROBE_HANG_MATRIX}, pre-registered): the first run its rule judges "
+                    f"stopped ({r['s without a step before the snapshot']:.0f} s after its last step, {r['last step']}) "
+                    f"read GPU utilization {r['GPU utilization %']} %, "
+                    + ("contradicting" if r["(d) held"] is False else "as in") +
+                    " the prediction of a kernel that does not end.")
+    try:
+        _, lf = verification.probe_hang_ledger_predictions(df, pattern, data_dir=data_dir)
+    except LabError:
+        return out
+    runs = df[df["matrix"] == verification.PROBE_HANG_LEDGER_MATRICES[0]]
+    if not len(lf) or not len(runs):
+        return out
+    f = lf.iloc[0]
+    t = schedledger.spin_table([x for p in verification.ledger_files(runs.iloc[0], data_dir) for x in schedledger.read(p)])
+    if not len(t):
+        return out
+    outs = sorted({f"{int(o)} of {int(m)}" for o, m in zip(t["output tokens"], t["max_tokens"])})
+    judged = bool(f["stopped (header's rule)"])
+    return out + (
+        f" A scheduler ledger in one more run ({verification.PROBE_HANG_LEDGER_MATRICES[0]}, its predictions "
+        + ("judged" if judged else f"not judged: {f['s without a step before the snapshot']:.0f} s without a step, below "
+           f"its {verification.HANG_SILENCE_S:.0f} s rule")
+        + f") recorded no token scheduled for {f['longest spin line s']:.0f} s on end with {len(t)} requests running, "
+        f"each at {' or '.join(outs)} output tokens and held by "
+        + ("vLLM's async max_tokens guard" if (t["early outs"] == "max_tokens guard").all() else
+           "an early out of Scheduler.schedule (" + "; ".join(t["early outs"]) + ")")
+        + f" with {', '.join(str(int(x)) for x in t['placeholders'])} output placeholders and no step in flight: a step "
+        "whose row returns no token leaves its placeholders in place (vLLM 0.22.1's update_from_output adjusts them only "
+        "for a row with a token), so the guard skips the request forever.")
 
 
 def passed_clause(t, core=None) -> str:
@@ -1093,12 +1140,25 @@ def passed_clause(t, core=None) -> str:
     ended = (f"{rule['at row-0 step']} of the {rule['crashes']} crashing probe logs ended at their first row-0 step"
              + (f" and {cut} one step before it (a GDN-kernel core stopped the process before the probe wrote the step; "
                 "its replica shows the move)" if cut else ""))
-    return (" Not every row-0 step faults: " + "; ".join(
-        f"in {_short(r['gpu_session'])} a probed run at {r['concurrency']} "
-        f"({'neither crashed nor completed' if r['outcome'] == 'timeout' else r['outcome']}) had its first row-0 step at "
-        f"{int(r['row-0 step'])} ({'its own out-of-vocabulary id' if r['row-0 how'] == 'sampled' else 'a count of 0 moved in'}) "
-        f"and recorded {int(r['last step']) - int(r['row-0 step'])} more steps without a fault"
-        for _, r in passed.iterrows()) + f". {ended[0].upper() + ended[1:]}, but not every row-0 step crashed.")
+    # runs that did the same (concurrency, outcome, row-0 step and how, steps after it) are said once, with their sessions
+    same: dict = {}
+    for _, r in passed.iterrows():
+        key = (r["concurrency"], "neither crashed nor completed" if r["outcome"] == "timeout" else r["outcome"],
+               int(r["row-0 step"]), r["row-0 how"] == "sampled", int(r["last step"]) - int(r["row-0 step"]))
+        same.setdefault(key, []).append(_short(r["gpu_session"]))
+    parts = []
+    for (c, outcome, step, own, after), sessions in same.items():
+        n = len(sessions)
+        names = [f"{x} ({sessions.count(x)} runs)" if sessions.count(x) > 1 else x for x in dict.fromkeys(sessions)]
+        where = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        what = ("its own out-of-vocabulary id" if own else "a count of 0 moved in") if n == 1 else \
+            ("their own out-of-vocabulary id" if own else "a count of 0 moved in")
+        parts.append(f"in {where} a probed run at {c} ({outcome}) had its first row-0 step at {step} ({what}) and "
+                     f"recorded {after} more steps without a fault" if n == 1 else
+                     f"in {where} {n} probed runs at {c} ({outcome}) each had their first row-0 step at {step} ({what}) "
+                     f"and recorded {after} more steps without a fault")
+    return (" Not every row-0 step faults: " + "; ".join(parts)
+            + f". {ended[0].upper() + ended[1:]}, but not every row-0 step crashed.")
 
 
 def core_clause(core) -> str:

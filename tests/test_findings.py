@@ -22,9 +22,10 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s51 probed 24 (probe-c24-tp1): NaN from the first FULL step after a request finished, and no crash; s52's second
     # run at 24 crashed at its first row-0 step; s53's probe-hang-c24-tp1 had s51's run's events at the same steps, and
     # s54's two calls of it: one cut at step 226, one again through step 295
-    assert ("Stock probed with fewer requests per FULL step too (12 probe log(s), concurrency 2, 8, 12, 16, 24, 64): 2771 of "
-            "2773 FULL steps diverge (the other 2: a crash step, whose pass ended in a CUDA error before the comparison), "
-            "each log first at L8 gdn; NaN in 8 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows "
+    # s56's fourth attempt at probe-hang-c24 adds one log (its ledger run is another configuration: scheduler ledger)
+    assert ("Stock probed with fewer requests per FULL step too (13 probe log(s), concurrency 2, 8, 12, 16, 24, 64): 3064 of "
+            "3066 FULL steps diverge (the other 2: a crash step, whose pass ended in a CUDA error before the comparison), "
+            "each log first at L8 gdn; NaN in 9 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows "
             "graph / reference 32 / 0 (8 req, 128 tokens); then GDN accepted counts of 0 on 174 steps, in batch rows above 0 "
             "until step 273, which put one in row 0 (the crash step: the GDN kernel reads state column -1, before the index "
             "tensor in row 0); at concurrency 8 (s35) from step 3") in text
@@ -173,7 +174,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
-    assert ("From the NaN to the illegal address (s43): in every one of the 45 probed runs whose verify logits held NaN "
+    # 47 since s56's two probed runs at 24 (the fourth probe-hang-c24 attempt and the ledger run)
+    assert ("From the NaN to the illegal address (s43): in every one of the 47 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
@@ -200,13 +202,19 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "out-of-vocabulary id (at 20): copy_and_expand_dflash_inputs_kernel, the focused block in batch row 0 of 20, "
             "at the run's first row-0 step (14; not the step the header named, its s44 replica's 16") in text
     # s51: a probed run at 24 went past its first row-0 step without a fault (probe-c24-tp1), and the page says so
-    assert ("Not every row-0 step faults: in s51 a probed run at 24 (neither crashed nor completed) had its first row-0 step at 281 (its own "
-            "out-of-vocabulary id) and recorded 14 more steps without a fault; in s53 a probed run at 24 (neither crashed nor completed) "
-            "had its first row-0 step at 281 (its own out-of-vocabulary id) and recorded 14 more steps without a fault; in s54 a "
-            "probed run at 24 (neither crashed nor completed) had its first row-0 step at 281 (its own out-of-vocabulary id) and "
-            "recorded 14 more steps without a fault. 47 of the 48 crashing probe logs ended at "
+    # s53, s54 and s56 (twice: the fourth probe-hang-c24 attempt and the ledger run) repeated s51's run: said once
+    assert ("Not every row-0 step faults: in s51, s53, s54 and s56 (2 runs) 5 probed runs at 24 (neither crashed nor "
+            "completed) each had their first row-0 step at 281 (their own out-of-vocabulary id) and recorded 14 more steps "
+            "without a fault. 47 of the 48 crashing probe logs ended at "
             "their first row-0 step and 1 one step before it (a GDN-kernel core stopped the process before the probe wrote "
             "the step; its replica shows the move), but not every row-0 step crashed.") in text
+    # s56: why they stop, from the hang snapshot's judged run and the scheduler ledger
+    assert ("Why they stop (probe-hang-c24-tp1, pre-registered): the first run its rule judges stopped (83 s after its "
+            "last step, 295) read GPU utilization 0/0/0 %, contradicting the prediction of a kernel that does not end. "
+            "A scheduler ledger in one more run (probe-hang-ledger-c24-tp1, its predictions not judged: 53 s without a "
+            "step, below its 60 s rule) recorded no token scheduled for 40 s on end with 3 requests running, each at 511 "
+            "of 512 output tokens and held by vLLM's async max_tokens guard with 16, 16, 64 output placeholders and no "
+            "step in flight") in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):
