@@ -677,13 +677,15 @@ def test_oor_table_reads_the_recorded_probes():
     # s45's GDN-kernel core cut one log short of its faulting step: the rule holds on the logs up to s50 once its
     # replica confirmed that step; s51's probe at 24 went 14 steps past its first row-0 step (281) without a fault and
     # then timed out, against the rule; s53's repeat (probe-hang-c24-tp1) had the same events at the same steps, until the
-    # runner's deadline cut it; s54's second repeat (call B) again, cut 23 s after step 295
+    # runner's deadline cut it; s54's second repeat (call B) again, cut 23 s after step 295; s56's fourth attempt and its
+    # ledger run again
     conf = V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe))
     assert V.row0_rule(t, up_to_session=V.ROW0_HELD_UNTIL, confirmed=conf)["holds"]
     r51 = V.row0_rule(t, confirmed=conf)
-    assert not r51["holds"] and len(r51["passed"]) == 3 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
-    assert list(r51["passed"]["matrix"]) == [V.PROBE_C24_MATRIX, V.PROBE_HANG_MATRIX, V.PROBE_HANG_MATRIX]
-    for i in range(3):
+    assert not r51["holds"] and len(r51["passed"]) == 5 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
+    assert list(r51["passed"]["matrix"]) == [V.PROBE_C24_MATRIX] + [V.PROBE_HANG_MATRIX] * 3 + [
+        V.PROBE_HANG_LEDGER_MATRICES[0]]
+    for i in range(5):
         assert (r51["passed"][["concurrency", "outcome", "row-0 step", "row-0 how", "last step"]].iloc[i].tolist()
                 == ["24", "timeout", 281, "sampled", 295])
     # s44: the pre-registered row-0 test, 4 runs, every prediction held; each row0 run's request in row 0 changed
