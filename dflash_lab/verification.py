@@ -1981,8 +1981,9 @@ def probe_hang_ledger_predictions(df, pattern: str = divergence.PROBE_GLOB, matr
         not in the worker's step (no frame of :data:`STEP_FILES`);
     (f) in that spin line every running request's output is short of its ``max_tokens`` and at least one early out
         of ``Scheduler.schedule`` holds for it (:func:`schedledger.guards`);
-    (g) ``probe-hang-ledger2-c24-tp1`` only: each such request's placeholders are ``1 + k`` (16) times the updates
-        that returned no token for it while it was scheduled (the ledger's ``empty_updates``).
+    (g) ``probe-hang-ledger2-c24-tp1`` only: each such request's placeholders are ``1 + k`` (16 at k=15, the run
+        line's ``num_speculative_tokens``) times the updates that returned no token for it while it was scheduled (the
+        ledger's ``empty_updates``).
     Returns (the judged table, one row per timed-out run: its stop and its ledger's first spin)."""
     import pandas as pd
 
@@ -2005,7 +2006,8 @@ def probe_hang_ledger_predictions(df, pattern: str = divergence.PROBE_GLOB, matr
         reqs = (sp or {}).get("requests") or []
         short = [q.get("out") is not None and q.get("max_tokens") is not None and q["out"] < q["max_tokens"] for q in reqs]
         held_by = [schedledger.guards(q, sp.get("max_model_len")) for q in reqs] if sp else []
-        leak = [q.get("placeholders") == 16 * q["empty_updates"] if "empty_updates" in q else None for q in reqs]
+        per = 1 + int(r.get("num_speculative_tokens") or 0)   # placeholders one scheduled step adds (1 + k)
+        leak = [q.get("placeholders") == per * q["empty_updates"] if "empty_updates" in q else None for q in reqs]
         name = f"{key[1]} ({'cut at the runner deadline' if cut else 'run timeout'})"
         why = "" if stopped else f", not judged (the header asks {HANG_SILENCE_S:.0f} s without a step)"
         silence = f"{silent:.0f} s after its last step ({_int_or_none(o['last step'])})" if silent is not None else \
