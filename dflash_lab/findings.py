@@ -1054,7 +1054,7 @@ def oor_clause(df, pattern: str | None = None) -> str:
                  "ended as predicted")
         if not r0["held"].all() or not len(oth) or not len(row0):
             return (text + (" (not: " + ", ".join(r0.loc[~r0["held"], "engine"]) + ")." if not r0["held"].all() else ".")
-                    + passed_clause(t) + stop_clause(df, pattern))
+                    + passed_clause(t, df=df, pattern=pattern))
         text += (f". With the ids replaced in rows above 0 only, each run crashed at the first step row 0's own id was "
                  f"out of vocabulary (step {and_('last step', oth)} at {and_('concurrency', oth)}). With row 0's "
                  f"replaced only, the replacement gave row 0 its only token on {and_('row-0 ids replaced', row0)} steps, "
@@ -1072,9 +1072,9 @@ def oor_clause(df, pattern: str | None = None) -> str:
         core = verification.oor_core_predictions(t, divergence.load_probe)
         if not len(core):
             return text + (" One run per cell, no core dumps: which kernel faulted is read from vLLM's source, not "
-                           "observed.") + passed_clause(t, core) + stop_clause(df, pattern)
-        return text + core_clause(core) + passed_clause(t, core) + stop_clause(df, pattern)
-    return text + passed_clause(t) + stop_clause(df, pattern)
+                           "observed.") + passed_clause(t, core, df, pattern)
+        return text + core_clause(core) + passed_clause(t, core, df, pattern)
+    return text + passed_clause(t, df=df, pattern=pattern)
 
 
 def stop_clause(df, pattern: str | None = None, data_dir: str = "data") -> str:
@@ -1124,10 +1124,11 @@ def stop_clause(df, pattern: str | None = None, data_dir: str = "data") -> str:
         "for a row with a token), so the guard skips the request forever.")
 
 
-def passed_clause(t, core=None) -> str:
+def passed_clause(t, core=None, df=None, pattern: str | None = None) -> str:
     """The probe logs of runs that went past their first row-0 step without a fault (:func:`verification.row0_rule`'s
-    ``passed``: neither crashed nor completed), as prose; empty when there is none. ``core``:
-    :func:`verification.oor_core_predictions` over ``t`` where the caller has it (read here otherwise)."""
+    ``passed``: neither crashed nor completed), as prose, followed, given the run lines ``df``, by why they stop
+    (:func:`stop_clause`); empty when there is none. ``core``: :func:`verification.oor_core_predictions` over ``t``
+    where the caller has it (read here otherwise)."""
     from . import divergence, verification
 
     if core is None:
@@ -1151,14 +1152,14 @@ def passed_clause(t, core=None) -> str:
         n = len(sessions)
         names = [f"{x} ({sessions.count(x)} runs)" if sessions.count(x) > 1 else x for x in dict.fromkeys(sessions)]
         where = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-        what = ("its own out-of-vocabulary id" if own else "a count of 0 moved in") if n == 1 else \
-            ("their own out-of-vocabulary id" if own else "a count of 0 moved in")
+        what = f"{'its' if n == 1 else 'their'} own out-of-vocabulary id" if own else "a count of 0 moved in"
         parts.append(f"in {where} a probed run at {c} ({outcome}) had its first row-0 step at {step} ({what}) and "
                      f"recorded {after} more steps without a fault" if n == 1 else
                      f"in {where} {n} probed runs at {c} ({outcome}) each had their first row-0 step at {step} ({what}) "
                      f"and recorded {after} more steps without a fault")
     return (" Not every row-0 step faults: " + "; ".join(parts)
-            + f". {ended[0].upper() + ended[1:]}, but not every row-0 step crashed.")
+            + f". {ended[0].upper() + ended[1:]}, but not every row-0 step crashed."
+            + (stop_clause(df, pattern) if df is not None else ""))
 
 
 def core_clause(core) -> str:

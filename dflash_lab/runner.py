@@ -205,8 +205,8 @@ def validate_matrix(m, where="matrix") -> dict:
         keyed = sorted(set(eng["env"]) & set(KEYED_ENV))
         _check(not keyed, f"{where}: engine {e['id']}: env sets {keyed}, which the runner sets from matrix keys "
                           "(fix, fix_parts, hook, hook_sync, probe, canary, probe_taps, probe_fill_layers, probe_ledger, "
-                          "probe_oor, sched_snapshot, sched_ledger, fa_splits, first_step_requests, vllm_diff, hang_snapshot): use "
-                          "the key")
+                          "probe_oor, sched_snapshot, sched_ledger, fa_splits, first_step_requests, vllm_diff, "
+                          "hang_snapshot): use the key")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
         _check(eng["probe_taps"] in (None, "1", "sentinel", "nan", "zero"),

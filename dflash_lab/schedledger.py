@@ -237,7 +237,7 @@ def install(folder: str, scheduler_cls=None, spin_s: float = SPIN_S) -> str:
         try:
             ledger.on_schedule(self, out)
         except Exception as e:  # noqa: BLE001 - an observer never ends the engine
-            _complain(ledger, e)
+            _complain(e)
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output, *a, **kw):
@@ -245,12 +245,12 @@ def install(folder: str, scheduler_cls=None, spin_s: float = SPIN_S) -> str:
             before = before_states(self, scheduler_output)
         except Exception as e:  # noqa: BLE001
             before = {}
-            _complain(ledger, e)
+            _complain(e)
         res = orig_update(self, scheduler_output, model_runner_output, *a, **kw)
         try:
             ledger.on_update(self, scheduler_output, model_runner_output, before)
         except Exception as e:  # noqa: BLE001
-            _complain(ledger, e)
+            _complain(e)
         return res
 
     schedule._dflash_lab_ledger = ledger
@@ -263,7 +263,7 @@ def install(folder: str, scheduler_cls=None, spin_s: float = SPIN_S) -> str:
 _complained: set = set()
 
 
-def _complain(ledger: Ledger, e: Exception) -> None:
+def _complain(e: Exception) -> None:
     key = type(e).__name__
     if key not in _complained:
         _complained.add(key)
