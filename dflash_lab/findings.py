@@ -1105,13 +1105,20 @@ def stop_clause(df, pattern: str | None = None, data_dir: str = "data") -> str:
     runs = df[df["matrix"] == verification.PROBE_HANG_LEDGER_MATRICES[0]]
     if not len(lf) or not len(runs):
         return out
+    return out + _ledger_sentence(lf, runs, data_dir) + _ledger2_sentence(df, pattern, data_dir)
+
+
+def _ledger_sentence(lf, runs, data_dir: str) -> str:
+    """s56's ledger run (``probe-hang-ledger-c24-tp1``): its first spin, as one sentence; empty without a spin."""
+    from . import schedledger, verification
+
     f = lf.iloc[0]
     t = schedledger.spin_table([x for p in verification.ledger_files(runs.iloc[0], data_dir) for x in schedledger.read(p)])
     if not len(t):
-        return out
+        return ""
     outs = sorted({f"{int(o)} of {int(m)}" for o, m in zip(t["output tokens"], t["max_tokens"])})
     judged = bool(f["stopped (header's rule)"])
-    return out + (
+    return (
         f" A scheduler ledger in one more run ({verification.PROBE_HANG_LEDGER_MATRICES[0]}, its predictions "
         + ("judged" if judged else f"not judged: {f['s without a step before the snapshot']:.0f} s without a step, below "
            f"its {verification.HANG_SILENCE_S:.0f} s rule")
@@ -1123,6 +1130,60 @@ def stop_clause(df, pattern: str | None = None, data_dir: str = "data") -> str:
         "whose row returns no token leaves its placeholders in place (vLLM 0.22.1's update_from_output adjusts them only "
         "for a row with a token), so the guard skips the request forever.")
 
+
+
+def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
+    """``probe-hang-ledger2-c24-tp1`` (s57, pre-registered (e)-(g)): how its measured runs ended and, for those that
+    stopped, what their ledgers, probe logs and dumps agree on, as one sentence; empty without a run line."""
+    from . import schedledger, verification
+
+    m = verification.PROBE_HANG_LEDGER_MATRICES[1]
+    runs = df[df["matrix"] == m]
+    if not len(runs):
+        return ""
+    try:
+        t, lf = verification.probe_hang_ledger_predictions(df, pattern, matrix=m, data_dir=data_dir)
+    except LabError:   # the run lines without data/gpu
+        return ""
+    measured = runs[~runs.apply(analysis.is_deadline_cut, axis=1)]
+    crashes = measured[measured["outcome"] == "crash"]
+    stop_rows = lf[lf["stopped (header's rule)"] == True]  # noqa: E712 - a column of bools
+    stopped = [r for _, r in measured.iterrows() if r["outcome"] == "timeout"]
+    agree = [verification.run_ledger_agreement(r, data_dir) for r in stopped]
+    spins = [schedledger.spin_table([x for p in verification.ledger_files(r, data_dir) for x in schedledger.read(p)])
+             for r in stopped]
+    per = [1 + int(r.get("num_speculative_tokens") or 0) for r in stopped]
+    leak = bool(spins) and all(len(s) and list(s["placeholders"]) == [k * n for n in s["updates with no token"]]
+                               for s, k in zip(spins, per))
+    at_oor = bool(agree) and all(a is not None and a[0]["agree"].all() and a[1][0] == a[1][1] for a in agree)
+    held = {p.split(")")[0] + ")": h for p, h in zip(t["predicted"], t["held"])}
+    undecided = [k for k in ("(e)", "(f)", "(g)") if held.get(k) is None]
+    crash_bits = []
+    for _, r in crashes.iterrows():
+        o = verification.oor_table(df, pattern, sessions=[os.path.splitext(str(r["file"]))[0]])
+        kernel = (r.get("fault") or {}).get("kernel") if isinstance(r.get("fault"), dict) else None
+        step = o["row-0 step"].iloc[0] if len(o) else None
+        crash_bits.append(f"at its first row-0 step ({int(step)})" if step is not None and step == o["last step"].iloc[0]
+                          else "elsewhere than its first row-0 step")
+        if kernel:
+            crash_bits[-1] += f", core {kernel}"
+    dumps = sorted({str(x) for x in stop_rows["dump"]})
+    return (
+        f" Pre-registered again ({m}): of its {len(measured)} measured runs, {len(crashes)} crashed"
+        + (f" ({'; '.join(crash_bits)})" if crash_bits else "")
+        + f" and {len(stop_rows)} stopped after step {', '.join(sorted({str(int(x)) for x in stop_rows['last step']}))} "
+        f"({' and '.join(f'{x:.0f} s' for x in stop_rows['s without a step before the snapshot'])} without a step)"
+        + (f"; in each stop the {' and '.join(sorted({str(len(s)) for s in spins}))} requests running were held "
+           + ("by the max_tokens guard " if all((s["early outs"] == "max_tokens guard").all() for s in spins) else "")
+           + f"with placeholders {per[0]} times their updates that returned no token" if leak else
+           "; the placeholders were not all 1 + k times the updates that returned no token")
+        + (", and those updates came exactly at the probe's steps where the request's first sampled id was out of "
+           "vocabulary" if at_oor else ", and those updates did not all match the probe's out-of-vocabulary steps")
+        + (f"; the dump taken in the stop: {', '.join(dumps)}" if dumps else "")
+        + (" (predictions (e)-(g): " + ", ".join(f"{k} {'held' if held[k] else 'failed'}" for k in ("(e)", "(f)", "(g)"))
+           if not undecided else f" ({sum(h is None for h in t['held'])} of its {len(t)} predictions undecided until "
+           "its planned runs have run")
+        + ").")
 
 def passed_clause(t, core=None, df=None, pattern: str | None = None) -> str:
     """The probe logs of runs that went past their first row-0 step without a fault (:func:`verification.row0_rule`'s

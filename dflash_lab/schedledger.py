@@ -311,7 +311,7 @@ def spin_table(lines: list[dict]):
                      "max_tokens": s.get("max_tokens"), "output tokens": s.get("out"), "computed": s.get("computed"),
                      "placeholders": s.get("placeholders"), "tokens with spec": s.get("with_spec"),
                      "spec ids": s.get("spec"), "early outs": ", ".join(g) or "none",
-                     "updates with no token": s.get("empty_updates"),
+                     "updates with no token": s.get("empty_updates"), "no-token updates at": s.get("empty_at"),
                      "output short of max_tokens": (None if s.get("out") is None or s.get("max_tokens") is None
                                                     else s["out"] < s["max_tokens"]),
                      "spin s": sp.get("s"), "empty schedules": sp.get("empty")})

@@ -1954,6 +1954,91 @@ def _silence(r, logs):
     return key, o, h, samples, util, silent, is_deadline_cut(r)
 
 
+def hang_dump(r, data_dir: str = "data") -> str | None:
+    """What the dump a run line's hang snapshot asked for held: the kernels cuda-gdb listed; ``no CUDA kernel`` where
+    cuda-gdb's stored log (``data/gpu/<runs file stem>/<gdb log name>``) says ``No CUDA kernels.`` (no kernel resident
+    on the GPU when the dump was written); else the snapshot's error for the core. None where no dump was asked for."""
+    from .runner import recorded_path
+
+    h = r.get("hang") if isinstance(r.get("hang"), dict) else {}
+    core = h.get("core")
+    if not isinstance(core, dict):
+        return None
+    kernels = [k["kernel"] for k in core.get("kernels") or [] if k.get("kernel")]
+    if kernels:
+        return ", ".join(kernels)
+    log = core.get("gdb_log")
+    path = (recorded_path(os.path.join(analysis.gpu_folder(r, data_dir), os.path.basename(log)))
+            if core.get("core_file") and isinstance(log, str) and isinstance(r.get("file"), str) else None)
+    if path and re.search(r"^No CUDA kernels\.$", analysis.read_text(path), re.M):
+        return "no CUDA kernel"
+    return core.get("error")
+
+
+def ledger_probe_agreement(lines: list[dict], probe: dict, vocab_size: int):
+    """Each request running in a ledger's first spin against the step probe of the same engine: the ledger's updates
+    that returned no token for it (``empty_at``, by the ledger's schedule count ``n``; under async scheduling the update
+    counted ``n`` carries the output of the step scheduled at ``n - 1``) and the probe's steps where its first sampled
+    id was out of vocabulary (:func:`divergence.out_of_vocab_ids`), with their batch rows; ``agree``: the two step sets
+    are the same once ``n - 1`` is read as the probe's step number.
+    Returns (that table, (matched, schedules)): how many of the spin ring's schedules that scheduled tokens match the
+    probe's step of the same number in token count and requests, the check that the two counts are one numbering."""
+    import pandas as pd
+
+    cols = ["request", "no-token updates at", "out-of-vocabulary steps", "rows", "agree"]
+    spins = [d for d in lines if d.get("kind") == "spin"]
+    if not spins:
+        return pd.DataFrame(columns=cols), (0, 0)
+    index = {s["step"]: s for s in probe["steps"]}
+
+    def req(rid) -> int:
+        return int(str(rid).split("-")[0])   # vLLM's offline request id: "<prompt index>-<suffix>"
+
+    sched = [e for e in spins[0].get("ring") or [] if e.get("ev") == "schedule" and e.get("tokens")]
+    matched = sum(1 for e in sched if e.get("n") in index and index[e["n"]].get("num_tokens") == e["tokens"]
+                  and sorted(index[e["n"]].get("reqs") or []) == sorted(req(k) for k in e.get("scheduled") or {}))
+    oor = divergence.out_of_vocab_ids(probe, vocab_size)
+    rows = []
+    for q in spins[0].get("requests") or []:
+        mine = oor[oor["request"] == req(q.get("id"))].sort_values("step")
+        at = q.get("empty_at")
+        steps = [int(s) for s in mine["step"]]
+        rows.append({"request": q.get("id"), "no-token updates at": at, "out-of-vocabulary steps": steps,
+                     "rows": [int(x) for x in mine["row"]],
+                     "agree": None if at is None else sorted(int(n) - 1 for n in at) == steps})
+    return pd.DataFrame(rows, columns=cols), (matched, len(sched))
+
+
+def run_ledger_probe(r, data_dir: str = "data") -> str:
+    """The stored step-probe log of one run line's engine (``data/gpu/<runs file stem>/<engine>.aN.probe/``): an error
+    unless there is exactly one."""
+    from .runner import recorded_glob
+
+    folder = os.path.join(analysis.gpu_folder(r, data_dir), f"{r['engine_id']}.a{r['attempt']}.probe")
+    probes = [p for _, p in recorded_glob(os.path.join(folder, "probe-*.jsonl"))]
+    if len(probes) != 1:
+        raise LabError(f"{folder}: {len(probes)} probe logs, one expected")
+    return probes[0]
+
+
+def run_vocab_size(r) -> int:
+    """The vocabulary size of one run line's target (:data:`models.TARGETS`)."""
+    import pandas as pd
+
+    return _vocab_size(pd.DataFrame([r]))
+
+
+def run_ledger_agreement(r, data_dir: str = "data"):
+    """:func:`ledger_probe_agreement` for one run line: its stored ledger, its probe log (:func:`run_ledger_probe`) and
+    its target's vocabulary size. None where the run's ledger has no spin line."""
+    from . import schedledger
+
+    lines = [x for p in ledger_files(r, data_dir) for x in schedledger.read(p)]
+    if not any(x.get("kind") == "spin" for x in lines):
+        return None
+    return ledger_probe_agreement(lines, divergence.load_probe(run_ledger_probe(r, data_dir)), run_vocab_size(r))
+
+
 PROBE_HANG_LEDGER_MATRICES = ("probe-hang-ledger-c24-tp1", "probe-hang-ledger2-c24-tp1")
 # the engine core's main-thread frames that (e) reads as the scheduling loop (vLLM 0.22.1's core.py), and the files
 # whose frames mean the worker's step is still running in that thread (uniproc executor: the model runner may be
@@ -2036,7 +2121,7 @@ def probe_hang_ledger_predictions(df, pattern: str = divergence.PROBE_GLOB, matr
                       "engine core main thread": " <- ".join(core_stack[:2]) or None,
                       "spin s (first line)": sp["s"] if sp else None, "longest spin line s": longest,
                       "empty schedules (first line)": sp["empty"] if sp else None,
-                      "running in the spin": sp["running"] if sp else None,
+                      "running in the spin": sp["running"] if sp else None, "dump": hang_dump(r, data_dir),
                       "held by": "; ".join(f"{q.get('id')}: {', '.join(gs) or 'none'}" for q, gs in zip(reqs, held_by))
                       or None})
     tail = f"; {missing} planned run(s) not run" if missing > 0 else ""

@@ -155,8 +155,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "stock control crashed), 3/3 at concurrency 32 (s16, whose stock control crashed).") in text
     # s22: the c8 control's core names the target's GDN kernel and its log has no RoPE assert; s40's two at 8 and s47's
     # control (beside the upstream diff) the same; s47's controls at 32 and 20 printed both; s49's at 64, 24 (no core
-    # file) and 28 printed both, and so did s50's controls and both runs of the repeat at 24 (s50, s51)
-    assert ("in 16 of 20 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
+    # file) and 28 printed both, and so did s50's controls and both runs of the repeat at 24 (s50, s51), and s57's
+    # crash at 24 under the ledger
+    assert ("in 17 of 21 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
     assert "; the 4 at concurrency 8 whose cores name fused_sigmoid_gating_delta_rule_update_kernel printed none" in text
     assert text.count("whose core names fused_sigmoid_gating") + text.count("whose cores name fused_sigmoid_gating") == 1
     assert "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: concurrency 16: 0/3 crashed" in text
@@ -174,8 +175,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "FA3 splits 1 for the target only) at concurrency 32: 0 / 3 crashed" in text
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
-    # 47 since s56's two probed runs at 24 (the fourth probe-hang-c24 attempt and the ledger run)
-    assert ("From the NaN to the illegal address (s43): in every one of the 47 probed runs whose verify logits held NaN "
+    # 47 since s56's two probed runs at 24 (the fourth probe-hang-c24 attempt and the ledger run), 50 since s57's three
+    # that reached step 275 (its first call's run was cut at step 12 and is one of the 48 others)
+    assert ("From the NaN to the illegal address (s43): in every one of the 50 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
@@ -202,10 +204,11 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "out-of-vocabulary id (at 20): copy_and_expand_dflash_inputs_kernel, the focused block in batch row 0 of 20, "
             "at the run's first row-0 step (14; not the step the header named, its s44 replica's 16") in text
     # s51: a probed run at 24 went past its first row-0 step without a fault (probe-c24-tp1), and the page says so
-    # s53, s54 and s56 (twice: the fourth probe-hang-c24 attempt and the ledger run) repeated s51's run: said once
-    assert ("Not every row-0 step faults: in s51, s53, s54 and s56 (2 runs) 5 probed runs at 24 (neither crashed nor "
-            "completed) each had their first row-0 step at 281 (their own out-of-vocabulary id) and recorded 14 more steps "
-            "without a fault. 47 of the 48 crashing probe logs ended at "
+    # s53, s54 and s56 (twice: the fourth probe-hang-c24 attempt and the ledger run) repeated s51's run: said once; s57's
+    # ledger2 runs added two more that passed and one crash at its row-0 step (285)
+    assert ("Not every row-0 step faults: in s51, s53, s54, s56 (2 runs) and s57 (2 runs) 7 probed runs at 24 (neither "
+            "crashed nor completed) each had their first row-0 step at 281 (their own out-of-vocabulary id) and recorded 14 "
+            "more steps without a fault. 48 of the 49 crashing probe logs ended at "
             "their first row-0 step and 1 one step before it (a GDN-kernel core stopped the process before the probe wrote "
             "the step; its replica shows the move), but not every row-0 step crashed.") in text
     # s56: why they stop, from the hang snapshot's judged run and the scheduler ledger
@@ -215,6 +218,13 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "step, below its 60 s rule) recorded no token scheduled for 40 s on end with 3 requests running, each at 511 "
             "of 512 output tokens and held by vLLM's async max_tokens guard with 16, 16, 64 output placeholders and no "
             "step in flight") in text
+    # s57: the ledger matrix under pre-registered (e)-(g), its r1 not run (each call ran r0 again)
+    assert ("Pre-registered again (probe-hang-ledger2-c24-tp1): of its 3 measured runs, 1 crashed (at its first row-0 step "
+            "(285), core triton_poi_fused_2) and 2 stopped after step 295 (63 s and 71 s without a step); in each stop the "
+            "3 requests running were held by the max_tokens guard with placeholders 16 times their updates that returned "
+            "no token, and those updates came exactly at the probe's steps where the request's first sampled id was out "
+            "of vocabulary; the dump taken in the stop: no CUDA kernel (6 of its 6 predictions undecided until its "
+            "planned runs have run).") in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):

@@ -227,6 +227,11 @@ def test_read_and_the_spin_table(tmp_path):
     row = t.iloc[0]
     assert row["early outs"] == "max_tokens guard" and bool(row["output short of max_tokens"]) is True
     assert row["updates with no token"] is None   # a line written before s56's count: not claimed as 0
+    assert row["no-token updates at"] is None
+    spin["requests"][0].update(empty_updates=1, empty_at=[41])
+    p.write_text(json.dumps(spin) + "\n")
+    row = schedledger.spin_table(schedledger.read(str(p))).iloc[0]
+    assert row["updates with no token"] == 1 and row["no-token updates at"] == [41]
     assert schedledger.last_updates(lines, "a") == [{"n": 7, "t": 1.0, "sampled": [2, [1, 2]],
                                                      "before": {"placeholders": 18}, "after": {"placeholders": 16}}]
     assert schedledger.spin_table([]).empty and schedledger.last_updates([], "a") == []

@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dflash_lab import analysis, divergence as D, verification as V
+from dflash_lab import analysis, divergence as D, schedledger, verification as V
 from dflash_lab.errors import LabError
 
 SESSION = "2026-11-30-s14"
@@ -678,14 +678,14 @@ def test_oor_table_reads_the_recorded_probes():
     # replica confirmed that step; s51's probe at 24 went 14 steps past its first row-0 step (281) without a fault and
     # then timed out, against the rule; s53's repeat (probe-hang-c24-tp1) had the same events at the same steps, until the
     # runner's deadline cut it; s54's second repeat (call B) again, cut 23 s after step 295; s56's fourth attempt and its
-    # ledger run again
+    # ledger run again, and s57's two runs of the second ledger matrix that stopped (its crash came at its row-0 step)
     conf = V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe))
     assert V.row0_rule(t, up_to_session=V.ROW0_HELD_UNTIL, confirmed=conf)["holds"]
     r51 = V.row0_rule(t, confirmed=conf)
-    assert not r51["holds"] and len(r51["passed"]) == 5 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
+    assert not r51["holds"] and len(r51["passed"]) == 7 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
     assert list(r51["passed"]["matrix"]) == [V.PROBE_C24_MATRIX] + [V.PROBE_HANG_MATRIX] * 3 + [
-        V.PROBE_HANG_LEDGER_MATRICES[0]]
-    for i in range(5):
+        V.PROBE_HANG_LEDGER_MATRICES[0]] + [V.PROBE_HANG_LEDGER_MATRICES[1]] * 2
+    for i in range(7):
         assert (r51["passed"][["concurrency", "outcome", "row-0 step", "row-0 how", "last step"]].iloc[i].tolist()
                 == ["24", "timeout", 281, "sampled", 295])
     # s44: the pre-registered row-0 test, 4 runs, every prediction held; each row0 run's request in row 0 changed
@@ -1247,6 +1247,8 @@ def _ledger_case(tmp_path, edit=None, matrix=V.PROBE_HANG_LEDGER_MATRICES[0]):
     import shutil
 
     df = analysis.load_runs()
+    if matrix != V.PROBE_HANG_LEDGER_MATRICES[0]:   # the relabelled line stands alone (s57's own runs left out)
+        df = df[df["matrix"] != matrix]
     i = _at(df, LEDGER_RUN, V.PROBE_HANG_LEDGER_MATRICES[0])
     r = df.loc[i]
     src = V.ledger_files(r)
@@ -1289,6 +1291,76 @@ def test_the_recorded_ledger_run_at_24():
     assert f["ended by"] == "run timeout" and not f["stopped (header's rule)"] and f["GPU utilization %"] == "0/0/0"
     assert f["engine core main thread"] == "core.py:1249 _process_engine_step <- core.py:1199 run_busy_loop"
     assert (f["spin s (first line)"], f["longest spin line s"], f["running in the spin"]) == (10.0, 40.0, 3)
+
+
+def test_the_recorded_ledger2_runs_at_24():
+    """probe-hang-ledger2-c24-tp1 (s57): four calls each ran r0 (the first cut by the runner's deadline 9 s into the
+    run), so r1 has no line and every prediction is undecided; the crash came at its first row-0 step (285) with the
+    drafter's RoPE core; the two runs that stopped after step 295 each held the same three requests at 511 of 512 with
+    placeholders 16 times their updates with no token, those updates at the probe's out-of-vocabulary steps, and the
+    hang dump held no CUDA kernel."""
+    m2 = V.PROBE_HANG_LEDGER_MATRICES[1]
+    df = analysis.load_runs()
+    t, facts = V.probe_hang_ledger_predictions(df, matrix=m2)
+    assert len(t) == 6 and all(h is None for h in t["held"])
+    assert t["measured"].str.endswith("; 1 planned run(s) not run").all()
+    assert "stock-probe-ledger2-c24.a1 (crash): last step 285, row-0 step 285 (sampled), core triton_poi_fused_2" in t["measured"].iloc[1]
+    assert t["measured"].iloc[5].count("16-") == 2 and "23-93ce31fb placeholders 64, 4 update(s) with no token" in t["measured"].iloc[5]
+    stopped = facts[facts["stopped (header's rule)"] == True]  # noqa: E712
+    assert list(stopped["s without a step before the snapshot"]) == [63.3, 71.1] and (stopped["dump"] == "no CUDA kernel").all()
+    cut = facts[facts["ended by"] == "runner deadline"]
+    assert len(cut) == 1 and int(cut["last step"].iloc[0]) == 12 and cut["dump"].iloc[0].startswith("not asked for")
+    runs = df[(df["matrix"] == m2) & (df["outcome"] == "timeout") & ~df.apply(analysis.is_deadline_cut, axis=1)]
+    for _, r in runs.iterrows():
+        agree, (matched, scheduled) = V.run_ledger_agreement(r)
+        assert agree["agree"].all() and matched == scheduled == 7
+        assert agree["out-of-vocabulary steps"].tolist() == [[281], [280], [276, 281, 282, 288]]
+        assert agree["rows"].tolist() == [[0], [13], [8, 8, 8, 3]]
+    assert V.run_ledger_agreement(df[(df["matrix"] == m2) & (df["outcome"] == "crash")].iloc[0]) is None   # no spin
+
+
+def test_ledger_probe_agreement_fails_where_the_steps_differ():
+    """The agreement is a check, not a restatement: a no-token update moved one step, a schedule whose tokens differ
+    from the probe's step, and a spin with no count (s56's ledger) read False, fewer matched, and undecided."""
+    import copy
+
+    m2 = V.PROBE_HANG_LEDGER_MATRICES[1]
+    df = analysis.load_runs()
+    r = df[(df["matrix"] == m2) & (df["outcome"] == "timeout") & ~df.apply(analysis.is_deadline_cut, axis=1)].iloc[0]
+    lines = [x for p in V.ledger_files(r) for x in schedledger.read(p)]
+    probe = D.load_probe(V.run_ledger_probe(r))
+    vocab = V.run_vocab_size(r)
+    t, (matched, scheduled) = V.ledger_probe_agreement(lines, probe, vocab)
+    assert t["agree"].all() and matched == scheduled
+    moved = copy.deepcopy(lines)
+    spin = next(x for x in moved if x["kind"] == "spin")
+    spin["requests"][0]["empty_at"] = [n + 1 for n in spin["requests"][0]["empty_at"]]
+    next(e for e in spin["ring"] if e["ev"] == "schedule" and e["tokens"])["tokens"] += 1
+    t, (matched2, _) = V.ledger_probe_agreement(moved, probe, vocab)
+    assert list(t["agree"]) == [False, True, True] and matched2 == matched - 1
+    for q in spin["requests"]:
+        del q["empty_at"]
+    t, _ = V.ledger_probe_agreement(moved, probe, vocab)
+    assert all(a is None for a in t["agree"])
+    t, counts = V.ledger_probe_agreement([x for x in lines if x["kind"] != "spin"], probe, vocab)
+    assert t.empty and counts == (0, 0)
+
+
+def test_hang_dump_reads_the_stored_gdb_log(tmp_path):
+    """A dump with kernels names them; one whose stored cuda-gdb log says "No CUDA kernels." reads "no CUDA kernel"; one
+    without that line (or without its log) gives the snapshot's error; no core asked for gives None."""
+    folder = tmp_path / "data" / "gpu" / "x"
+    folder.mkdir(parents=True)
+    r = {"file": "data/runs/x.jsonl", "hang": {"core": {"core_file": "/c/core.1", "kernels": [{"kernel": "k1"}],
+                                                      "gdb_log": "/tmp/runlogs/e.a1.hang.core.log"}}}
+    assert V.hang_dump(r, str(tmp_path / "data")) == "k1"
+    r["hang"]["core"].update(kernels=[], error="cuda-gdb exited with 1")
+    assert V.hang_dump(r, str(tmp_path / "data")) == "cuda-gdb exited with 1"   # no stored log
+    (folder / "e.a1.hang.core.log").write_text("Opening GPU coredump: /c/core.1\nNo CUDA kernels.\n")
+    assert V.hang_dump(r, str(tmp_path / "data")) == "no CUDA kernel"
+    (folder / "e.a1.hang.core.log").write_text("Opening GPU coredump: /c/core.1\nvalue is not available\n")
+    assert V.hang_dump(r, str(tmp_path / "data")) == "cuda-gdb exited with 1"
+    assert V.hang_dump({"file": "data/runs/x.jsonl", "hang": {}}, str(tmp_path / "data")) is None
 
 
 def test_ledger_predictions_judge_a_stopped_run(tmp_path):
