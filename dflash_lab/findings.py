@@ -1168,6 +1168,19 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
         if kernel:
             crash_bits[-1] += f", core {kernel}"
     dumps = sorted({str(x) for x in stop_rows["dump"]})
+    replay = ""
+    try:
+        from . import asyncsched
+
+        got = [asyncsched.replay_spin(s, k - 1) for s, k in zip(spins, per)]   # per: 1 + k placeholders a step
+        if got:
+            same = all(g == c and h == len(s) for (g, c, h), s in zip(got, spins))
+            replay = (f"; vLLM 0.22.1's own AsyncScheduler, run on the CPU (dflash_lab.asyncsched) with those counts and "
+                      f"each request's last empty row on its final step, "
+                      + ("ends in the ledgers' state, request for request (output, computed tokens, placeholders), and "
+                         "never schedules them again" if same else "does not end in the ledgers' state"))
+    except LabError as e:   # the CPU environment without vLLM's Python dependencies: said, not skipped silently
+        replay = f"; the CPU replay through vLLM's scheduler did not run ({e})"
     return (
         f" Pre-registered again ({m}): of its {len(measured)} measured runs, {len(crashes)} crashed"
         + (f" ({'; '.join(crash_bits)})" if crash_bits else "")
@@ -1180,6 +1193,7 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
         + (", and those updates came exactly at the probe's steps where the request's first sampled id was out of "
            "vocabulary" if at_oor else ", and those updates did not all match the probe's out-of-vocabulary steps")
         + (f"; the dump taken in the stop: {', '.join(dumps)}" if dumps else "")
+        + replay
         + (" (predictions (e)-(g): " + ", ".join(f"{k} {'held' if held[k] else 'failed'}" for k in ("(e)", "(f)", "(g)"))
            if not undecided else f" ({sum(h is None for h in t['held'])} of its {len(t)} predictions undecided until "
            "its planned runs have run")

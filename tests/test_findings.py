@@ -223,8 +223,10 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "(285), core triton_poi_fused_2) and 2 stopped after step 295 (63 s and 71 s without a step); in each stop the "
             "3 requests running were held by the max_tokens guard with placeholders 16 times their updates that returned "
             "no token, and those updates came exactly at the probe's steps where the request's first sampled id was out "
-            "of vocabulary; the dump taken in the stop: no CUDA kernel (6 of its 6 predictions undecided until its "
-            "planned runs have run).") in text
+            "of vocabulary; the dump taken in the stop: no CUDA kernel; vLLM 0.22.1's own AsyncScheduler, run on the "
+            "CPU (dflash_lab.asyncsched) with those counts and each request's last empty row on its final step, ends in "
+            "the ledgers' state, request for request (output, computed tokens, placeholders), and never schedules them "
+            "again (6 of its 6 predictions undecided until its planned runs have run).") in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):
