@@ -86,7 +86,8 @@ def build_scheduler(k: int = 15, max_model_len: int = 4096, max_num_seqs: int = 
     from vllm.v1.structured_output import StructuredOutputManager
 
     text = json.dumps(_TINY_CONFIG, sort_keys=True)
-    folder = os.path.join(tempfile.gettempdir(), "dflash-lab-tiny-qwen3-" + hashlib.sha256(text.encode()).hexdigest()[:12])
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    folder = os.path.join(tempfile.gettempdir(), f"dflash-lab-tiny-qwen3-{digest}")
     os.makedirs(folder, exist_ok=True)
     cfg = os.path.join(folder, "config.json")
     if not os.path.isfile(cfg):
@@ -175,10 +176,12 @@ def run_many(specs: list, timeout_s: float = 900.0) -> list:
         spec.check()
     payload = json.dumps([dataclasses.asdict(s) for s in specs])
     try:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         p = subprocess.run([sys.executable, "-m", "dflash_lab.asyncsched"], input=payload, capture_output=True,
-                           text=True, timeout=timeout_s, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                           text=True, timeout=timeout_s, cwd=here)
     except subprocess.TimeoutExpired:
-        raise LabError(f"vLLM's scheduler on the CPU did not finish {len(specs)} run(s) within {timeout_s:.0f} s") from None
+        raise LabError(f"vLLM's scheduler on the CPU did not finish {len(specs)} run(s) within "
+                       f"{timeout_s:.0f} s") from None
     if p.returncode != 0:
         tail = "\n".join((p.stderr or p.stdout or "").strip().splitlines()[-6:])
         raise LabError(f"vLLM's scheduler on the CPU failed (exit {p.returncode}): {tail}")
@@ -223,7 +226,8 @@ def _run_here(spec: Spec) -> dict:
                 continue
             req = sched.requests.get(rid)
             todo = pending.get(rid)
-            if rid in out.scheduled_spec_decode_tokens and req is not None and todo and len(req.output_token_ids) >= todo[0]:
+            decode = rid in out.scheduled_spec_decode_tokens
+            if decode and req is not None and todo and len(req.output_token_ids) >= todo[0]:
                 todo.pop(0)
                 given[rid] += 1
                 empty.add(rid)
@@ -286,7 +290,8 @@ def replay_spin(t, k: int):
         raise LabError("the spin line has no count of updates with no token (a ledger from before s57)")
     prompts, tops = set(t["prompt"].astype(int)), set(t["max_tokens"].astype(int))
     if len(prompts) != 1 or len(tops) != 1:
-        raise LabError(f"held requests with prompts {sorted(prompts)} and max_tokens {sorted(tops)}: one of each expected")
+        raise LabError(f"held requests with prompts {sorted(prompts)} and max_tokens {sorted(tops)}: one of each "
+                       "expected")
     mt = tops.pop()
     empty = {f"r{i}": [mt // 5 * (j + 1) for j in range(int(n) - 1)] + [mt - 1]
              for i, n in enumerate(t["updates with no token"])}
