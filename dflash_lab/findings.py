@@ -1081,7 +1081,7 @@ def stop_clause(df, pattern: str | None = None, data_dir: str = "data") -> str:
     """Why the probed runs at 24 that went past their row-0 step stopped stepping (s56): the hang snapshot's judged run
     (:func:`verification.probe_hang_predictions`) and the scheduler ledger's first spin
     (:func:`verification.probe_hang_ledger_predictions`), as prose; empty where neither matrix has a run that says it."""
-    from . import divergence, schedledger, verification
+    from . import divergence, verification
 
     pattern = pattern or divergence.PROBE_GLOB
     out = ""
@@ -1113,7 +1113,7 @@ def _ledger_sentence(lf, runs, data_dir: str) -> str:
     from . import schedledger, verification
 
     f = lf.iloc[0]
-    t = schedledger.spin_table([x for p in verification.ledger_files(runs.iloc[0], data_dir) for x in schedledger.read(p)])
+    t = schedledger.spin_table(verification.ledger_lines(runs.iloc[0], data_dir))
     if not len(t):
         return ""
     outs = sorted({f"{int(o)} of {int(m)}" for o, m in zip(t["output tokens"], t["max_tokens"])})
@@ -1150,7 +1150,7 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
     stop_rows = lf[lf["stopped (header's rule)"] == True]  # noqa: E712 - a column of bools
     stopped = [r for _, r in measured.iterrows() if r["outcome"] == "timeout"]
     agree = [verification.run_ledger_agreement(r, data_dir) for r in stopped]
-    spins = [schedledger.spin_table([x for p in verification.ledger_files(r, data_dir) for x in schedledger.read(p)])
+    spins = [schedledger.spin_table(verification.ledger_lines(r, data_dir))
              for r in stopped]
     per = [1 + int(r.get("num_speculative_tokens") or 0) for r in stopped]
     leak = bool(spins) and all(len(s) and list(s["placeholders"]) == [k * n for n in s["updates with no token"]]

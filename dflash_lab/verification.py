@@ -1922,7 +1922,7 @@ def probe_hang_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix_path
                       "GPU power W": (round(sum(s["power_w"] for s in samples) / len(samples), 1) if samples else None),
                       "stacks": "; ".join(f"{v.get('process') or pid}: " + (v["error"] if v.get("error") else
                                           (v.get("main") or ["?"])[0]) for pid, v in stacks.items()) or None,
-                      "dump": ", ".join(k for k in kernels if k) or core.get("error") or None, "(d) held": verdict})
+                      "dump": hang_dump(r), "(d) held": verdict})
         seen.append(f"{key[1]}: " + ("ended by the deadline" if cut else "timed out")
                     + (f" {silent:.0f} s after its last step ({_int_or_none(o['last step'])})" if silent is not None else "")
                     + f", GPU utilization {facts[-1]['GPU utilization %']} %"
@@ -2031,9 +2031,7 @@ def run_vocab_size(r) -> int:
 def run_ledger_agreement(r, data_dir: str = "data"):
     """:func:`ledger_probe_agreement` for one run line: its stored ledger, its probe log (:func:`run_ledger_probe`) and
     its target's vocabulary size. None where the run's ledger has no spin line."""
-    from . import schedledger
-
-    lines = [x for p in ledger_files(r, data_dir) for x in schedledger.read(p)]
+    lines = ledger_lines(r, data_dir)
     if not any(x.get("kind") == "spin" for x in lines):
         return None
     return ledger_probe_agreement(lines, divergence.load_probe(run_ledger_probe(r, data_dir)), run_vocab_size(r))
@@ -2053,6 +2051,13 @@ def ledger_files(r, data_dir: str = "data") -> list[str]:
 
     folder = os.path.join(analysis.gpu_folder(r, data_dir), f"{r['engine_id']}.a{r['attempt']}.ledger")
     return [p for _, p in recorded_glob(os.path.join(folder, "ledger-*.jsonl"))]
+
+
+def ledger_lines(r, data_dir: str = "data") -> list[dict]:
+    """Every line of a run line's stored scheduler ledgers (:func:`ledger_files`, :func:`schedledger.read`)."""
+    from . import schedledger
+
+    return [x for p in ledger_files(r, data_dir) for x in schedledger.read(p)]
 
 
 def probe_hang_ledger_predictions(df, pattern: str = divergence.PROBE_GLOB, matrix: str = PROBE_HANG_LEDGER_MATRICES[0],
@@ -2080,7 +2085,7 @@ def probe_hang_ledger_predictions(df, pattern: str = divergence.PROBE_GLOB, matr
     for _, r in runs[runs["outcome"] == "timeout"].iterrows():
         key, o, h, samples, util, silent, cut = _silence(r, logs)
         stopped = silent is not None and silent >= HANG_SILENCE_S
-        lines = [x for p in ledger_files(r, data_dir) for x in schedledger.read(p)]
+        lines = ledger_lines(r, data_dir)
         spins = [x for x in lines if x.get("kind") == "spin"]
         sp = spins[0] if spins else None
         longest = max((x.get("s") or 0 for x in lines if x.get("kind") in ("spin", "spin_still")), default=None)

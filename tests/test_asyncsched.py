@@ -66,14 +66,14 @@ def test_the_gpu_ledger_state_comes_back_on_the_cpu():
     runs = df[(df["matrix"] == m2) & (df["outcome"] == "timeout") & ~df.apply(analysis.is_deadline_cut, axis=1)]
     assert len(runs) == 2
     for _, r in runs.iterrows():
-        t = schedledger.spin_table([x for p in V.ledger_files(r) for x in schedledger.read(p)])
+        t = schedledger.spin_table(V.ledger_lines(r))
         gpu, cpu, held = A.replay_spin(t, int(r["num_speculative_tokens"]))
         assert held == len(t) == 3 and cpu == gpu, (cpu, gpu)
         assert gpu == [(1, 511, 575, 16), (1, 511, 575, 16), (4, 511, 623, 64)]
     # s56's ledger kept no count: nothing to replay, said so
     s56 = df[df["matrix"] == V.PROBE_HANG_LEDGER_MATRICES[0]].iloc[0]
     with pytest.raises(LabError, match="no count of updates with no token"):
-        A.replay_spin(schedledger.spin_table([x for p in V.ledger_files(s56) for x in schedledger.read(p)]), 15)
+        A.replay_spin(schedledger.spin_table(V.ledger_lines(s56)), 15)
 
 
 def test_a_replay_whose_counts_differ_from_the_ledger_does_not_match():
@@ -82,7 +82,7 @@ def test_a_replay_whose_counts_differ_from_the_ledger_does_not_match():
     df = analysis.load_runs()
     r = df[(df["matrix"] == V.PROBE_HANG_LEDGER_MATRICES[1]) & (df["outcome"] == "timeout")
            & ~df.apply(analysis.is_deadline_cut, axis=1)].iloc[0]
-    t = schedledger.spin_table([x for p in V.ledger_files(r) for x in schedledger.read(p)])
+    t = schedledger.spin_table(V.ledger_lines(r))
     t.loc[0, "updates with no token"] += 1
     _, cpu, held = A.replay_spin(t, 15)
     assert held == 3 and cpu != [(1, 511, 575, 16), (1, 511, 575, 16), (4, 511, 623, 64)]

@@ -1327,7 +1327,7 @@ def test_ledger_probe_agreement_fails_where_the_steps_differ():
     m2 = V.PROBE_HANG_LEDGER_MATRICES[1]
     df = analysis.load_runs()
     r = df[(df["matrix"] == m2) & (df["outcome"] == "timeout") & ~df.apply(analysis.is_deadline_cut, axis=1)].iloc[0]
-    lines = [x for p in V.ledger_files(r) for x in schedledger.read(p)]
+    lines = V.ledger_lines(r)
     probe = D.load_probe(V.run_ledger_probe(r))
     vocab = V.run_vocab_size(r)
     t, (matched, scheduled) = V.ledger_probe_agreement(lines, probe, vocab)
