@@ -1131,7 +1131,6 @@ def _ledger_sentence(lf, runs, data_dir: str) -> str:
         "for a row with a token), so the guard skips the request forever.")
 
 
-
 def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
     """``probe-hang-ledger2-c24-tp1`` (s57, pre-registered (e)-(g)): how its measured runs ended and, for those that
     stopped, what their ledgers, probe logs and dumps agree on, as one sentence; empty without a run line."""
@@ -1198,6 +1197,7 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
            if not undecided else f" ({sum(h is None for h in t['held'])} of its {len(t)} predictions undecided until "
            "its planned runs have run")
         + ").")
+
 
 def passed_clause(t, core=None, df=None, pattern: str | None = None) -> str:
     """The probe logs of runs that went past their first row-0 step without a fault (:func:`verification.row0_rule`'s
