@@ -13,9 +13,11 @@ import json
 import numbers
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 from . import analysis
+from .errors import LabError
 
 
 def _img(path: Path) -> str:
@@ -1092,12 +1094,23 @@ def stop_clause(df, pattern: str | None = None, data_dir: str = "data") -> str:
     if hf is not None and len(hf):
         j = hf[hf["stopped (header's rule)"] == True]  # noqa: E712 - a column of bools
         if len(j):
-            r = j.iloc[0]
-            out += (f" Why they stop ({verification.PROBE_HANG_MATRIX}, pre-registered): the first run its rule judges "
-                    f"stopped ({r['s without a step before the snapshot']:.0f} s after its last step, {r['last step']}) "
-                    f"read GPU utilization {r['GPU utilization %']} %, "
-                    + ("contradicting" if r["(d) held"] is False else "as in") +
-                    " the prediction of a kernel that does not end.")
+            verdicts = [v for v in j["(d) held"] if v is not None]
+            utils = sorted({str(u) for u in j["GPU utilization %"]})
+            dumps = [str(x) for x in j["dump"] if not str(x).startswith("not asked")]
+            steps = sorted({str(int(x)) for x in j["last step"]})
+            verdict = ("contradicting" if verdicts and not any(verdicts) else
+                       "as in" if verdicts and all(verdicts) else
+                       f"({sum(bool(v) for v in verdicts)} of {len(verdicts)} judged as in)")
+            out += (f" Why they stop ({verification.PROBE_HANG_MATRIX}, pre-registered): "
+                    + (f"the {len(j)} runs its rule judges stopped ("
+                       + ", ".join(f"{x:.0f}" for x in j["s without a step before the snapshot"])
+                       + f" s after their last step, {' or '.join(steps)})" if len(j) > 1 else
+                       f"the one run its rule judges stopped ({j['s without a step before the snapshot'].iloc[0]:.0f} s "
+                       f"after its last step, {steps[0]})")
+                    + f" read GPU utilization {' or '.join(utils)} %"
+                    + (f", and the dump{'s' if len(dumps) > 1 else ''} taken in {len(dumps)} of them held "
+                       + " / ".join(sorted(set(dumps))) if dumps else "")
+                    + f", {verdict} the prediction of a kernel that does not end.")
     try:
         _, lf = verification.probe_hang_ledger_predictions(df, pattern, data_dir=data_dir)
     except LabError:
@@ -1105,7 +1118,53 @@ def stop_clause(df, pattern: str | None = None, data_dir: str = "data") -> str:
     runs = df[df["matrix"] == verification.PROBE_HANG_LEDGER_MATRICES[0]]
     if not len(lf) or not len(runs):
         return out
-    return out + _ledger_sentence(lf, runs, data_dir) + _ledger2_sentence(df, pattern, data_dir)
+    return (out + _ledger_sentence(lf, runs, data_dir) + _ledger2_sentence(df, pattern, data_dir)
+            + _trajectory_sentence(df, data_dir))
+
+
+def _trajectory_sentence(df, data_dir: str) -> str:
+    """The probed runs at 24 by trajectory (:func:`verification.c24_trajectories`, read afterwards in s58) and, once
+    ``probe-admit-c24-tp1`` has lines, its pre-registered test, as prose; empty where no run has a trajectory."""
+    from . import verification
+
+    try:
+        t = verification.c24_trajectories(df, data_dir=data_dir)
+    except LabError:   # the run lines without data/gpu
+        return ""
+    g = verification.trajectory_groups(t)
+    if not len(g):
+        return ""
+
+    def reqs(r):
+        return " or ".join(r["first step requests"].split(", ")) + (
+            " request" if r["first step requests"] == "1" else " requests")
+
+    def ending(r):
+        n = r["runs"]
+        if r["ended"] == f"{n} crash" and r["last step"] == r["first row-0 step"]:
+            return (f"a crash at its first row-0 step, {r['last step']}, with request {r['its request']}'s own id in "
+                    f"row 0 ({n} of {n})")
+        if "crash" not in r["ended"]:
+            how = ", ".join(f"{x.split(' ', 1)[0]} {x.split(' ', 1)[1]}{'s' if x.split(' ', 1)[0] != '1' else ''}"
+                            for x in r["ended"].split(", "))
+            return (f"no step after {r['last step']} ({n} of {n}: {how}), request {r['its request']}'s own id in row 0 "
+                    f"at step {r['first row-0 step']} without a fault")
+        return f"{r['ended']}, last step {r['last step']}"
+
+    parts = [f"a first step of {reqs(r)}: trajectory {r['trajectory']}, {ending(r)}" for _, r in g.iterrows()]
+    text = (f" Read afterwards (s58): the {int(g['runs'].sum())} probed runs at 24 that reached NaN logits followed "
+            f"{len(g)} trajectories, each named by the set of requests and steps whose first sampled id was out of "
+            "vocabulary, and each trajectory went with the number of requests the engine's first step admitted (left to "
+            "arrival timing offline) and with one ending: " + "; ".join(parts) + ".")
+    try:
+        at, _ = verification.admit_c24_predictions(df, data_dir=data_dir)
+    except LabError:
+        return text + (f" The admission gate's test of this ({verification.ADMIT_C24_MATRIX}, pre-registered) has not "
+                       "run yet.")
+    held = [h for h in at["held"] if h is not None]
+    return text + (f" Tested with the admission gate ({verification.ADMIT_C24_MATRIX}, pre-registered): "
+                   f"{sum(bool(h) for h in held)} of {len(at)} predictions held, {sum(not h for h in held)} failed, "
+                   f"{len(at) - len(held)} undecided.")
 
 
 def _ledger_sentence(lf, runs, data_dir: str) -> str:
@@ -1157,7 +1216,7 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
     at_oor = bool(agree) and all(a is not None and a[0]["agree"].all() and a[1][0] == a[1][1] for a in agree)
     held = {p.split(")")[0] + ")": h for p, h in zip(t["predicted"], t["held"])}
     undecided = [k for k in ("(e)", "(f)", "(g)") if held.get(k) is None]
-    crash_bits = []
+    crash_bits: list[str] = []
     for _, r in crashes.iterrows():
         o = verification.oor_table(df, pattern, sessions=[os.path.splitext(str(r["file"]))[0]])
         kernel = (r.get("fault") or {}).get("kernel") if isinstance(r.get("fault"), dict) else None
@@ -1181,8 +1240,12 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
     except LabError as e:   # the CPU environment without vLLM's Python dependencies: said, not skipped silently
         replay = f"; the CPU replay through vLLM's scheduler did not run ({e})"
     return (
-        f" Pre-registered again ({m}): of its {len(measured)} measured runs, {len(crashes)} crashed"
-        + (f" ({'; '.join(crash_bits)})" if crash_bits else "")
+        f" Pre-registered again ({m}): of its {len(measured)} measured runs"
+        + (f" ({', '.join(f'{r} {n} times' if n > 1 else f'{r} once' for r, n in Counter(x.rsplit('/', 1)[-1] for x in measured['run_id']).items())})"
+           if measured["run_id"].nunique() < len(measured) else "")
+        + f", {len(crashes)} crashed"
+        + (" (" + "; ".join(b if n == 1 else f"{n} {b.replace('its first', 'their first')}"
+                            for b, n in Counter(crash_bits).items()) + ")" if crash_bits else "")
         + f" and {len(stop_rows)} stopped after step {', '.join(sorted({str(int(x)) for x in stop_rows['last step']}))} "
         f"({' and '.join(f'{x:.0f} s' for x in stop_rows['s without a step before the snapshot'])} without a step)"
         + (f"; in each stop the {' and '.join(sorted({str(len(s)) for s in spins}))} requests running were held "
@@ -1193,7 +1256,8 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
            "vocabulary" if at_oor else ", and those updates did not all match the probe's out-of-vocabulary steps")
         + (f"; the dump taken in the stop: {', '.join(dumps)}" if dumps else "")
         + replay
-        + (" (predictions (e)-(g): " + ", ".join(f"{k} {'held' if held[k] else 'failed'}" for k in ("(e)", "(f)", "(g)"))
+        + (f" ({sum(h is True for h in t['held'])} of its {len(t)} predictions held"
+           + "".join(f", {p.split(')')[0]})" + " failed" for p, h in zip(t["predicted"], t["held"]) if h is False)
            if not undecided else f" ({sum(h is None for h in t['held'])} of its {len(t)} predictions undecided until "
            "its planned runs have run")
         + ").")
@@ -1225,7 +1289,8 @@ def passed_clause(t, core=None, df=None, pattern: str | None = None) -> str:
     parts = []
     for (c, outcome, step, own, after), sessions in same.items():
         n = len(sessions)
-        names = [f"{x} ({sessions.count(x)} runs)" if sessions.count(x) > 1 else x for x in dict.fromkeys(sessions)]
+        order = sorted(dict.fromkeys(sessions), key=lambda x: (int(x[1:]) if x[1:].isdigit() else 0, x))  # s9 before s10
+        names = [f"{x} ({sessions.count(x)} runs)" if sessions.count(x) > 1 else x for x in order]
         where = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
         what = f"{'its' if n == 1 else 'their'} own out-of-vocabulary id" if own else "a count of 0 moved in"
         parts.append(f"in {where} a probed run at {c} ({outcome}) had its first row-0 step at {step} ({what}) and "

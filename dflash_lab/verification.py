@@ -1862,8 +1862,9 @@ def _probe_c24_rows(df, matrix: str, pattern: str, matrix_path, judge_timeouts: 
         elif o["outcome"] == "ok":
             b[0].append(f"{name}: no row-0 step" if r0 is None else f"{name}: a row-0 step at {r0} and no crash")
         elif not judge_timeouts:
+            # the header leaves such a run out of (b): it neither holds nor breaks it, nor leaves it undecided
             b[0].append(f"{name}: not judged (row-0 step {r0}, last step {last})")
-            ok_b = None
+            continue
         else:
             after = (last - r0) if r0 is not None and last is not None else 0
             b[0].append(f"{name}: " + (f"row-0 step {r0} ({o['row-0 how']}), then {after} more step(s) recorded "
@@ -1875,7 +1876,8 @@ def _probe_c24_rows(df, matrix: str, pattern: str, matrix_path, judge_timeouts: 
               "(b) a crashing log ends at its first row-0 step; a completed one has none; a timeout is not judged")
     rows = [{"predicted": "(a) the first FULL step diverges, layers 0-7 identical, layer 8 (GDN) the first written differently",
              "measured": "; ".join(a[0]) + tail, "held": _all_held(a[1], missing > 0)},
-            {"predicted": b_text, "measured": "; ".join(b[0]) + tail, "held": _all_held(b[1], missing > 0)},
+            {"predicted": b_text, "measured": "; ".join(b[0]) + tail,
+             "held": _all_held(b[1], missing > 0) if b[1] else None},
             {"predicted": "(c) each crash's core names a kernel stock cores at TP=1 had named",
              "measured": ("; ".join(c[0]) or "no crash, nothing to judge") + tail,
              "held": _all_held(c[1], missing > 0) if c[1] else None}]
@@ -2026,6 +2028,199 @@ def run_vocab_size(r) -> int:
     import pandas as pd
 
     return _vocab_size(pd.DataFrame([r]))
+
+
+# every matrix that ran the probed stock engine at 24 (s51-s58): the runs c24_trajectories compares
+C24_TRAJECTORY_MATRICES = ("probe-c24-tp1", "probe-hang-c24-tp1", "probe-hang-ledger-c24-tp1", "probe-hang-ledger2-c24-tp1")
+TRAJECTORY_COLUMNS = ["run", "gpu_session", "ended", "first step requests", "second step requests", "first step set",
+                      "last step",
+                      "out-of-vocabulary ids", "requests with one", "first row-0 step", "its request", "core kernel",
+                      "trajectory"]
+
+
+def trajectory_id(oor) -> str | None:
+    """A short name for the set of (request, step) pairs whose first sampled id was out of vocabulary
+    (:func:`divergence.out_of_vocab_ids`): the first 8 hex digits of its SHA-1 in a fixed order; None for an empty
+    set. Two runs with the same name had out-of-vocabulary ids for the same requests at the same steps."""
+    import hashlib
+
+    pairs = sorted({(int(q), int(st)) for q, st in zip(oor["request"], oor["step"])})
+    return hashlib.sha1(repr(pairs).encode()).hexdigest()[:8] if pairs else None
+
+
+def c24_trajectories(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data"):
+    """Every run line of the probed stock matrices at 24 (``matrices``) with its probe log: how it ended ("crash",
+    "timeout", "deadline cut"), how many requests the engine's first step admitted (and whether the admission gate set
+    it), its last step, its out-of-vocabulary ids (how many, for how many requests, :func:`trajectory_id` of their set),
+    its first row-0 step with the request in row 0 (:func:`divergence.row0_without_token`'s sampled case: row 0's own
+    id) and its core's kernel. One row per run line, oldest first; an error for a run line whose probe log is missing
+    (a run line without its data is not a trajectory)."""
+    import pandas as pd
+
+    from . import divergence
+
+    runs = df[df["matrix"].isin(matrices)].sort_values("started_at", kind="stable") if len(df) else df
+    rows = []
+    for _, r in runs.iterrows():
+        p = divergence.load_probe(run_ledger_probe(r, data_dir))
+        steps = p["steps"]
+        # a log may hold several runs of one engine start: this run's steps are all of them only for one run an engine
+        if len(probe_runs(df, os.path.splitext(str(r["file"]))[0], f"{r['engine_id']}.a{r['attempt']}")) != 1:
+            raise LabError(f"{r['file']} {r['run_id']}: its engine ran more than one run; trajectories need one per log")
+        oor = divergence.out_of_vocab_ids(p, run_vocab_size(r))
+        row0 = oor[oor["row"] == 0].sort_values("step")
+        fault = r.get("fault")
+        kernel = fault.get("kernel") if isinstance(fault, dict) else None
+        rows.append({"run": f"{os.path.splitext(os.path.basename(str(r['file'])))[0]}/{r['run_id']}",
+                     "gpu_session": r["gpu_session"],
+                     "ended": "deadline cut" if analysis.is_deadline_cut(r) else r["outcome"],
+                     "first step requests": int(steps[0]["num_reqs"]) if steps else None,
+                     "second step requests": int(steps[1]["num_reqs"]) if len(steps) > 1 else None,
+                     "first step set": _first_step_set(pd.DataFrame([r])),
+                     "last step": int(steps[-1]["step"]) if steps else None,
+                     "out-of-vocabulary ids": len(oor), "requests with one": int(oor["request"].nunique()),
+                     "first row-0 step": int(row0["step"].iloc[0]) if len(row0) else None,
+                     "its request": int(row0["request"].iloc[0]) if len(row0) else None,
+                     "core kernel": kernel, "trajectory": trajectory_id(oor)})
+    t = pd.DataFrame(rows, columns=TRAJECTORY_COLUMNS)
+    for c in ("first step requests", "second step requests", "last step", "first row-0 step", "its request"):
+        t[c] = t[c].astype("Int64")
+    return t
+
+
+def trajectory_groups(t):
+    """:func:`c24_trajectories` by trajectory (runs without an out-of-vocabulary id left out): how many runs, the first
+    step's request counts seen, how they ended, their last steps, first row-0 step and its request, and core kernels.
+    Most runs first."""
+    import pandas as pd
+
+    t = t[t["trajectory"].notna()]
+    rows = []
+    for tid, g in t.groupby("trajectory", sort=False):
+        def seen(col):
+            return ", ".join(str(x) for x in sorted({int(v) for v in g[col].dropna()})) or None
+
+        ended = g["ended"].value_counts()
+        rows.append({"trajectory": tid, "runs": len(g), "first step requests": seen("first step requests"),
+                     "ended": ", ".join(f"{n} {e}" for e, n in ended.items()),
+                     "last step": seen("last step"), "first row-0 step": seen("first row-0 step"),
+                     "its request": seen("its request"),
+                     "out-of-vocabulary ids": seen("out-of-vocabulary ids"),
+                     "core kernels": ", ".join(sorted({k for k in g["core kernel"] if isinstance(k, str)})) or None,
+                     "sessions": ", ".join(dict.fromkeys(analysis.short_session(x) for x in g["gpu_session"]))})
+    cols = ["trajectory", "runs", "first step requests", "ended", "last step", "first row-0 step", "its request",
+            "out-of-vocabulary ids", "core kernels", "sessions"]
+    return pd.DataFrame(rows, columns=cols).sort_values("runs", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def plot_trajectories(ax, t):
+    """Each run of :func:`c24_trajectories` with a trajectory: how many requests its first step admitted (x) against its
+    last recorded step (y), one colour per trajectory, a cross where it crashed and a circle where it stopped (timeout
+    or deadline cut); hollow where arrival timing set the first step, filled where the admission gate did. Runs at one
+    point are spread sideways a little, so each run is one marker."""
+    import numpy as np
+
+    x = t[t["trajectory"].notna()]
+    if not len(x):
+        raise LabError("no probed run at 24 with an out-of-vocabulary id to plot")
+    colours = dict(zip(trajectory_groups(x)["trajectory"], ["tab:blue", "tab:red", "tab:green", "tab:purple",
+                                                           "tab:brown", "tab:olive"]))
+    for (tid, crash, gated), g in x.groupby([x["trajectory"], x["ended"] == "crash", x["first step set"] != "arrival"]):
+        c = colours.get(tid, "tab:gray")
+        for (k, st), h in g.groupby(["first step requests", "last step"]):
+            dx = (np.linspace(-0.18, 0.18, len(h)) if len(h) > 1 else np.zeros(1)) + (0.06 if gated else 0.0)
+            if crash:
+                ax.scatter(int(k) + dx, [int(st)] * len(h), s=44, marker="x", color=c)
+            else:
+                ax.scatter(int(k) + dx, [int(st)] * len(h), s=44, marker="o", facecolors=c if gated else "none",
+                           edgecolors=c)
+    for tid, c in colours.items():
+        ax.scatter([], [], marker="s", color=c, label=f"trajectory {tid}")
+    ax.scatter([], [], marker="x", color="black", label="crash")
+    ax.scatter([], [], marker="o", facecolors="none", edgecolors="black", label="no step after (timeout or cut)")
+    ks = sorted({int(v) for v in x["first step requests"]})
+    ax.set_xticks(ks)
+    ax.set_xlabel("requests the first (prefill) step admitted")
+    ax.set_ylabel("last recorded step")
+    from matplotlib.ticker import MaxNLocator
+
+    steps = sorted({int(v) for v in x["last step"]})
+    ax.set_ylim(min(steps) - 3, max(steps) + 3)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"concurrency 24: {len(x)} probed stock runs that reached NaN logits", fontsize=9)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return ax
+
+
+ADMIT_C24_MATRIX = "probe-admit-c24-tp1"
+# probe-admit-c24-tp1's header, written before its runs: per first-step admission K, the trajectory
+# (trajectory_id of c24_trajectories, s51-s58), how the run ends and its last recorded step
+ADMIT_C24_EXPECTED = {1: ("b24b6dcf", "crash", 285), 2: ("49d3f971", "timeout", 295),
+                      3: ("49d3f971", "timeout", 295), 4: ("18c2a7fd", "crash", 281)}
+ADMIT_C24_HELD = [16, 20, 23]   # the requests (prompt indices) the header predicts a stop's ledger spin holds
+
+
+def admit_c24_predictions(df, matrix_path=None, data_dir: str = "data"):
+    """``probe-admit-c24-tp1`` (pre-registered in s58) against its header, one row per prediction, ``held`` True, False
+    or None (undecided: a planned run has no measured line; a deadline cut measures nothing), and the per-run table:
+    (0) each run's first step holds its K requests and its second step all 24;
+    (1)-(3) per K (:data:`ADMIT_C24_EXPECTED`): the trajectory, the ending (a crash whose last recorded step is its
+        first row-0 step; or a timeout with no step after 295) and, for a stop, a ledger spin holding requests 16, 20
+        and 23 at max_tokens - 1 by the max_tokens guard."""
+    import pandas as pd
+
+    from . import schedledger
+
+    d, plan = _planned_lines(df, ADMIT_C24_MATRIX, matrix_path)
+    t = c24_trajectories(df, matrices=(ADMIT_C24_MATRIX,), data_dir=data_dir)
+    lines = d.sort_values("started_at", kind="stable").reset_index(drop=True)
+    t["K"] = [int(k) for k in lines["first_step_requests"]]
+    t["concurrency"] = [int(c) for c in lines["concurrency"]]
+    measured = t[t["ended"] != "deadline cut"]
+    missing = sorted(set(plan) - {x.split("/", 1)[1] for x in measured["run"]})
+    tail = f"; {len(missing)} planned run(s) not measured" if missing else ""
+
+    gate, per_k = ([], []), {k: ([], []) for k in ADMIT_C24_EXPECTED}
+    for i, r in t.iterrows():
+        name = f"K={r['K']}"
+        if r["ended"] == "deadline cut":
+            for box in (gate, per_k.get(r["K"], ([], []))):
+                box[0].append(f"{name}: cut by the runner's deadline, not judged")
+            continue
+        ok0 = r["first step requests"] == r["K"] and r["second step requests"] == r["concurrency"]
+        gate[0].append(f"{name}: first step {r['first step requests']}, second {r['second step requests']}")
+        gate[1].append(bool(ok0))
+        if r["K"] not in ADMIT_C24_EXPECTED:
+            continue
+        tid, ending, step = ADMIT_C24_EXPECTED[r["K"]]
+        got = (f"{name}: trajectory {r['trajectory']}, {r['ended']}, last step {r['last step']}, first row-0 step "
+               f"{r['first row-0 step']} (request {r['its request']})"
+               + (f", core {r['core kernel']}" if isinstance(r["core kernel"], str) else ""))
+        ok = r["trajectory"] == tid and r["ended"] == ending and r["last step"] == step
+        if ending == "crash":
+            ok = ok and r["first row-0 step"] == step
+        else:
+            sp = schedledger.spin_table(ledger_lines(lines.iloc[i], data_dir))
+            held = sorted(int(str(x).split("-")[0]) for x in sp["request"]) if len(sp) else []
+            guard = bool(len(sp)) and (sp["output tokens"] == sp["max_tokens"] - 1).all() and \
+                (sp["early outs"] == "max_tokens guard").all()
+            got += (f"; ledger spin: requests {held}" + (" at max_tokens - 1, max_tokens guard" if guard else "")
+                    if len(sp) else "; no ledger spin")
+            ok = ok and held == ADMIT_C24_HELD and guard
+        per_k[r["K"]][0].append(got)
+        per_k[r["K"]][1].append(bool(ok))
+    rows = [{"predicted": "(0) each run's first step holds its K requests, its second step all 24",
+             "measured": "; ".join(gate[0]) + tail, "held": _all_held(gate[1], bool(missing)) if gate[1] else None}]
+    texts = {1: "(1) K=1: trajectory b24b6dcf, a crash at its first row-0 step, 285",
+             2: "(2) K=2: trajectory 49d3f971, no step after 295, a timeout; the ledger holds 16, 20, 23 at 511 of 512",
+             3: "(2) K=3: trajectory 49d3f971, no step after 295, a timeout; the ledger holds 16, 20, 23 at 511 of 512",
+             4: "(3) K=4: trajectory 18c2a7fd, a crash at its first row-0 step, 281"}
+    for k in (1, 2, 3, 4):
+        m, f = per_k[k]
+        not_run = [x for x in missing if f"-k{k}-" in x]
+        rows.append({"predicted": texts[k], "measured": "; ".join(m) or "not run",
+                     "held": _all_held(f, bool(not_run)) if f else None})
+    return pd.DataFrame(rows, columns=["predicted", "measured", "held"]).astype({"held": object}), t
 
 
 def run_ledger_agreement(r, data_dir: str = "data"):

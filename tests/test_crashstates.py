@@ -113,11 +113,16 @@ def test_keep_running_core_dumps_print_the_device_asserts():
     file (its process was gone before one was written), its asserts read from the engine log all the same. s50 (the
     controls again, and stock-c24-core's repeat at 24): 4 and 0, every one with a core (3 the DFlash input kernel, the
     repeat at 24 the RoPE kernel). s51 (the repeat's second run at 24): 1 and 0, its core the DFlash input kernel.
-    s57 (probe-hang-ledger2-c24-tp1's crash at 24, under the step probe and the ledger): 1 and 0, the RoPE kernel."""
+    s57 (probe-hang-ledger2-c24-tp1's crash at 24, under the step probe and the ledger): 1 and 0, the RoPE kernel.
+    s58 (that matrix's r1, and probe-hang-c24-tp1's r1, both at 24 under the step probe): 2 and 0, the RoPE kernel."""
     ft = analysis.fault_table(analysis.load_runs())
     keep = ft[ft["cell"].str.contains("keep running")]
-    # s47: the stock controls beside the upstream diff at 32, 20 and 8; s49 and s50: at 64, 24, 28; s51: 24; s57: 24
-    assert len(keep) == 21
+    # s47: the stock controls beside the upstream diff at 32, 20 and 8; s49 and s50: at 64, 24, 28; s51: 24; s57: 24;
+    # s58: 24 twice
+    assert len(keep) == 23
+    s58 = keep[keep["file"].isin(["2026-12-04_h200_probe-hang-c24-f-tp1.jsonl",
+                                  "2026-12-04_h200_probe-hang-ledger2-c24-e-tp1.jsonl"])]
+    assert list(s58["faulting kernel"]) == ["triton_poi_fused_2"] * 2 and (s58["cores"] == 1).all()
     s57 = keep[keep["file"] == "2026-12-04_h200_probe-hang-ledger2-c24-b-tp1.jsonl"]
     assert list(s57["faulting kernel"]) == ["triton_poi_fused_2"] and (s57["cores"] == 1).all()
     s51 = keep[keep["file"] == "2026-12-03_h200_stock-c24-core-b-tp1.jsonl"]

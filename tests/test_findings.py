@@ -22,10 +22,11 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s51 probed 24 (probe-c24-tp1): NaN from the first FULL step after a request finished, and no crash; s52's second
     # run at 24 crashed at its first row-0 step; s53's probe-hang-c24-tp1 had s51's run's events at the same steps, and
     # s54's two calls of it: one cut at step 226, one again through step 295
-    # s56's fourth attempt at probe-hang-c24 adds one log (its ledger run is another configuration: scheduler ledger)
-    assert ("Stock probed with fewer requests per FULL step too (13 probe log(s), concurrency 2, 8, 12, 16, 24, 64): 3064 of "
-            "3066 FULL steps diverge (the other 2: a crash step, whose pass ended in a CUDA error before the comparison), "
-            "each log first at L8 gdn; NaN in 9 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows "
+    # s56's fourth attempt at probe-hang-c24 adds one log (its ledger run is another configuration: scheduler ledger);
+    # s58's three planned runs of it add three (two stopped after step 295, one crashed at 281 with 22 NaN requests)
+    assert ("Stock probed with fewer requests per FULL step too (16 probe log(s), concurrency 2, 8, 12, 16, 24, 64): 3929 of "
+            "3931 FULL steps diverge (the other 2: a crash step, whose pass ended in a CUDA error before the comparison), "
+            "each log first at L8 gdn; NaN in 12 of them: at concurrency 8 (s22) from step 3 (its first FULL step), NaN rows "
             "graph / reference 32 / 0 (8 req, 128 tokens); then GDN accepted counts of 0 on 174 steps, in batch rows above 0 "
             "until step 273, which put one in row 0 (the crash step: the GDN kernel reads state column -1, before the index "
             "tensor in row 0); at concurrency 8 (s35) from step 3") in text
@@ -156,8 +157,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s22: the c8 control's core names the target's GDN kernel and its log has no RoPE assert; s40's two at 8 and s47's
     # control (beside the upstream diff) the same; s47's controls at 32 and 20 printed both; s49's at 64, 24 (no core
     # file) and 28 printed both, and so did s50's controls and both runs of the repeat at 24 (s50, s51), and s57's
-    # crash at 24 under the ledger
-    assert ("in 17 of 21 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
+    # crash at 24 under the ledger, and s58's two crashes at 24 (probe-hang-c24's r1, probe-hang-ledger2's r1)
+    assert ("in 19 of 23 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
     assert "; the 4 at concurrency 8 whose cores name fused_sigmoid_gating_delta_rule_update_kernel printed none" in text
     assert text.count("whose core names fused_sigmoid_gating") + text.count("whose cores name fused_sigmoid_gating") == 1
     assert "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: concurrency 16: 0/3 crashed" in text
@@ -176,8 +177,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
     # 47 since s56's two probed runs at 24 (the fourth probe-hang-c24 attempt and the ledger run), 50 since s57's three
-    # that reached step 275 (its first call's run was cut at step 12 and is one of the 48 others)
-    assert ("From the NaN to the illegal address (s43): in every one of the 50 probed runs whose verify logits held NaN "
+    # that reached step 275 (its first call's run was cut at step 12 and is one of the 48 others), 54 since s58's four
+    assert ("From the NaN to the illegal address (s43): in every one of the 54 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
@@ -206,27 +207,39 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s51: a probed run at 24 went past its first row-0 step without a fault (probe-c24-tp1), and the page says so
     # s53, s54 and s56 (twice: the fourth probe-hang-c24 attempt and the ledger run) repeated s51's run: said once; s57's
     # ledger2 runs added two more that passed and one crash at its row-0 step (285)
-    assert ("Not every row-0 step faults: in s51, s53, s54, s56 (2 runs) and s57 (2 runs) 7 probed runs at 24 (neither "
-            "crashed nor completed) each had their first row-0 step at 281 (their own out-of-vocabulary id) and recorded 14 "
-            "more steps without a fault. 48 of the 49 crashing probe logs ended at "
-            "their first row-0 step and 1 one step before it (a GDN-kernel core stopped the process before the probe wrote "
-            "the step; its replica shows the move), but not every row-0 step crashed.") in text
-    # s56: why they stop, from the hang snapshot's judged run and the scheduler ledger
-    assert ("Why they stop (probe-hang-c24-tp1, pre-registered): the first run its rule judges stopped (83 s after its "
-            "last step, 295) read GPU utilization 0/0/0 %, contradicting the prediction of a kernel that does not end. "
-            "A scheduler ledger in one more run (probe-hang-ledger-c24-tp1, its predictions not judged: 53 s without a "
+    # s58: two more such runs (probe-hang-c24's r0 and r2); sessions in number order
+    assert ("Not every row-0 step faults: in s51, s53, s54, s56 (2 runs), s57 (2 runs) and s58 (2 runs) 9 probed runs"
+            " at 24 (neither crashed nor completed) each had their first row-0 step at 281 (their own "
+            "out-of-vocabulary id) and recorded 14 more steps without a fault. 50 of the 51 crashing probe logs ended"
+            " at their first row-0 step and 1 one step before it (a GDN-kernel core stopped the process before the "
+            "probe wrote the step; its replica shows the move), but not every row-0 step crashed.") in text
+    # s56-s58: why they stop, from the hang snapshot's judged runs (s58: all three planned runs) and the scheduler ledger
+    assert ("Why they stop (probe-hang-c24-tp1, pre-registered): the 3 runs its rule judges stopped (83, 78, 93 s "
+            "after their last step, 295) read GPU utilization 0/0/0 %, and the dumps taken in 2 of them held no CUDA "
+            "kernel, contradicting the prediction of a kernel that does not end.") in text
+    assert ("A scheduler ledger in one more run (probe-hang-ledger-c24-tp1, its predictions not judged: 53 s without a "
             "step, below its 60 s rule) recorded no token scheduled for 40 s on end with 3 requests running, each at 511 "
             "of 512 output tokens and held by vLLM's async max_tokens guard with 16, 16, 64 output placeholders and no "
             "step in flight") in text
-    # s57: the ledger matrix under pre-registered (e)-(g), its r1 not run (each call ran r0 again)
-    assert ("Pre-registered again (probe-hang-ledger2-c24-tp1): of its 3 measured runs, 1 crashed (at its first row-0 step "
-            "(285), core triton_poi_fused_2) and 2 stopped after step 295 (63 s and 71 s without a step); in each stop the "
-            "3 requests running were held by the max_tokens guard with placeholders 16 times their updates that returned "
-            "no token, and those updates came exactly at the probe's steps where the request's first sampled id was out "
-            "of vocabulary; the dump taken in the stop: no CUDA kernel; vLLM 0.22.1's own AsyncScheduler, run on the "
-            "CPU (dflash_lab.asyncsched) with those counts and each request's last empty row on its final step, ends in "
-            "the ledgers' state, request for request (output, computed tokens, placeholders), and never schedules them "
-            "again (6 of its 6 predictions undecided until its planned runs have run).") in text
+    # s57-s58: the ledger matrix under pre-registered (e)-(g): r0 three times (s57), r1 once (s58), every prediction held
+    assert ("Pre-registered again (probe-hang-ledger2-c24-tp1): of its 4 measured runs (r0 3 times, r1 once), 2 "
+            "crashed (2 at their first row-0 step (285), core triton_poi_fused_2) and 2 stopped after step 295 (63 s "
+            "and 71 s without a step); in each stop the 3 requests running were held by the max_tokens guard with "
+            "placeholders 16 times their updates that returned no token, and those updates came exactly at the "
+            "probe's steps where the request's first sampled id was out of vocabulary; the dump taken in the stop: no"
+            " CUDA kernel; vLLM 0.22.1's own AsyncScheduler, run on the CPU (dflash_lab.asyncsched) with those counts"
+            " and each request's last empty row on its final step, ends in the ledgers' state, request for request "
+            "(output, computed tokens, placeholders), and never schedules them again (6 of its 6 predictions held).") in text
+    # s58: the runs at 24 by trajectory (read afterwards) and the admission test not run yet
+    assert ("Read afterwards (s58): the 13 probed runs at 24 that reached NaN logits followed 3 trajectories, each "
+            "named by the set of requests and steps whose first sampled id was out of vocabulary, and each trajectory"
+            " went with the number of requests the engine's first step admitted (left to arrival timing offline) and "
+            "with one ending: a first step of 2 or 3 requests: trajectory 49d3f971, no step after 295 (9 of 9: 6 "
+            "timeouts, 3 deadline cuts), request 16's own id in row 0 at step 281 without a fault; a first step of 1 "
+            "request: trajectory b24b6dcf, a crash at its first row-0 step, 285, with request 17's own id in row 0 (3"
+            " of 3); a first step of 4 requests: trajectory 18c2a7fd, a crash at its first row-0 step, 281, with "
+            "request 16's own id in row 0 (1 of 1). The admission gate's test of this (probe-admit-c24-tp1, "
+            "pre-registered) has not run yet.") in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):

@@ -678,14 +678,15 @@ def test_oor_table_reads_the_recorded_probes():
     # replica confirmed that step; s51's probe at 24 went 14 steps past its first row-0 step (281) without a fault and
     # then timed out, against the rule; s53's repeat (probe-hang-c24-tp1) had the same events at the same steps, until the
     # runner's deadline cut it; s54's second repeat (call B) again, cut 23 s after step 295; s56's fourth attempt and its
-    # ledger run again, and s57's two runs of the second ledger matrix that stopped (its crash came at its row-0 step)
+    # ledger run again, and s57's two runs of the second ledger matrix that stopped (its crash came at its row-0 step),
+    # and s58's r0 and r2 of probe-hang-c24-tp1 (its r1 crashed at its row-0 step, 281)
     conf = V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe))
     assert V.row0_rule(t, up_to_session=V.ROW0_HELD_UNTIL, confirmed=conf)["holds"]
     r51 = V.row0_rule(t, confirmed=conf)
-    assert not r51["holds"] and len(r51["passed"]) == 7 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
-    assert list(r51["passed"]["matrix"]) == [V.PROBE_C24_MATRIX] + [V.PROBE_HANG_MATRIX] * 3 + [
-        V.PROBE_HANG_LEDGER_MATRICES[0]] + [V.PROBE_HANG_LEDGER_MATRICES[1]] * 2
-    for i in range(7):
+    assert not r51["holds"] and len(r51["passed"]) == 9 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
+    assert sorted(r51["passed"]["matrix"]) == sorted([V.PROBE_C24_MATRIX] + [V.PROBE_HANG_MATRIX] * 5 + [
+        V.PROBE_HANG_LEDGER_MATRICES[0]] + [V.PROBE_HANG_LEDGER_MATRICES[1]] * 2)
+    for i in range(9):
         assert (r51["passed"][["concurrency", "outcome", "row-0 step", "row-0 how", "last step"]].iloc[i].tolist()
                 == ["24", "timeout", 281, "sampled", 295])
     # s44: the pre-registered row-0 test, 4 runs, every prediction held; each row0 run's request in row 0 changed
@@ -1173,37 +1174,60 @@ def _one_planned_hang_run(tmp_path):
 
 
 def test_the_recorded_hang_probe_at_24_as_pre_registered():
-    """probe-hang-c24-tp1, four r0 attempts, each on a cold host and cut by the runner's deadline. s53's, s54's call B
-    and s56's had s51's r0's events at the same steps (first FULL step 3 diverged from layer 8; first row-0 step 281;
-    last step 295) and were cut 14 s, 23 s and 83 s after that step, with 0 % GPU utilization in all three samples;
-    s54's call A was cut while it still stepped (step 226 recorded after the snapshot began; utilization 25-28 %). The
-    header asks 60 s without a step before it counts a cut run as stopped: s56's is the one judged, and its 0 %
-    contradicts (d). In s53-s54 the engine core wrote no stacks within 5 s, stepping or silent; in s56, with the
-    watcher, it did. Two planned runs not run (a deadline cut measures nothing)."""
+    """probe-hang-c24-tp1, all three planned runs (s58) after four r0 attempts cut by the runner's deadline (s53-s56).
+    Every log's first FULL step (3) diverged from layer 8: (a) held. s58's r1 crashed at its first row-0 step (281),
+    its core naming the drafter's RoPE kernel: (b) and (c) held (the header leaves the timeouts out of (b)). s58's r0
+    and r2 stopped after step 295, timed out 78 s and 93 s later with 0 % GPU utilization, and the dump the snapshot
+    took held no kernel: (d) failed, as it had for s56's cut (83 s, 0 %). s53's and s54's call B were cut 14 s and 23 s
+    after step 295, below the header's 60 s; s54's call A while it still stepped. In s53-s54 the engine core wrote no
+    stacks within 5 s; from s56 on, with the watcher, it did."""
     t, facts = V.probe_hang_predictions(analysis.load_runs())
-    assert list(t["held"]) == [None, None, None, False]
-    a = ("stock-probe-hang-c24.a1 (cut at the runner deadline): first FULL step 3, first diverging 3, 8 layers "
-         "identical before L8 gdn")
-    assert t["measured"].iloc[0] == "; ".join([a, a, a, a, "2 planned run(s) not run"])
+    assert list(t["held"]) == [True, True, True, False]
+    cut = ("stock-probe-hang-c24.a1 (cut at the runner deadline): first FULL step 3, first diverging 3, 8 layers "
+           "identical before L8 gdn")
+    a = t["measured"].iloc[0].split("; ")
+    assert a[:4] == [cut] * 4 and len(a) == 7 and "planned run(s) not run" not in t["measured"].iloc[0]
+    assert a[4:] == [f"stock-probe-hang-c24.a{n} ({o}): first FULL step 3, first diverging 3, 8 layers identical "
+                     "before L8 gdn" for n, o in ((1, "timeout"), (1, "crash"), (2, "timeout"))]
     b = t["measured"].iloc[1].split("; ")
     assert b[0] == b[2] == b[3] == ("stock-probe-hang-c24.a1 (cut at the runner deadline): not judged (row-0 step 281, "
                                     "last step 295)")
     assert b[1] == "stock-probe-hang-c24.a1 (cut at the runner deadline): not judged (row-0 step None, last step 226)"
+    assert b[5] == "stock-probe-hang-c24.a1 (crash): last step 281, row-0 step 281 (sampled), core triton_poi_fused_2"
+    assert t["measured"].iloc[2] == "stock-probe-hang-c24.a1 (crash): core names triton_poi_fused_2"
     d = t["measured"].iloc[3].split("; ")
     assert d[0].startswith("stock-probe-hang-c24.a1: ended by the deadline 14 s after its last step (295), GPU utilization "
                            "0/0/0 %, not judged")
     assert d[2].startswith("stock-probe-hang-c24.a1: ended by the deadline 23 s after its last step (295), GPU utilization "
                            "0/0/0 %, not judged")
     assert d[3] == "stock-probe-hang-c24.a1: ended by the deadline 83 s after its last step (295), GPU utilization 0/0/0 %"
+    assert d[4] == "stock-probe-hang-c24.a1: timed out 78 s after its last step (295), GPU utilization 0/0/0 %"
+    assert d[5] == "stock-probe-hang-c24.a2: timed out 93 s after its last step (295), GPU utilization 0/0/0 %"
     got = facts[["ended by", "last step", "stopped (header's rule)", "GPU utilization %"]].values.tolist()
     assert got == [["runner deadline", 295, False, "0/0/0"], ["runner deadline", 226, False, "28/26/25"],
-                   ["runner deadline", 295, False, "0/0/0"], ["runner deadline", 295, True, "0/0/0"]]
+                   ["runner deadline", 295, False, "0/0/0"], ["runner deadline", 295, True, "0/0/0"],
+                   ["run timeout", 295, True, "0/0/0"], ["run timeout", 295, True, "0/0/0"]]
     assert facts["s without a step before the snapshot"].iloc[1] < 0   # a step came after the snapshot began
     assert facts["stacks"].iloc[:3].str.startswith("EngineCore: no stacks written within 5 s; worker: threading.py:355 "
                                                    "wait").all()
     assert facts["stacks"].iloc[3] == "worker: threading.py:355 wait; EngineCore: <frozen abc>:119 __instancecheck__"
-    assert facts["dump"].str.startswith("not asked for").all()
-    assert facts["(d) held"].iloc[:3].isna().all() and facts["(d) held"].iloc[3] is False
+    assert facts["stacks"].iloc[4:].str.endswith("EngineCore: core.py:1249 _process_engine_step").all()
+    assert facts["dump"].iloc[:4].str.startswith("not asked for").all()
+    assert (facts["dump"].iloc[4:] == "no CUDA kernel").all()
+    assert facts["(d) held"].iloc[:3].isna().all() and (facts["(d) held"].iloc[3:] == False).all()  # noqa: E712
+
+
+def test_row0_rule_leaves_a_timeout_out_instead_of_leaving_it_undecided(tmp_path):
+    """(b) in probe-hang-c24-tp1's header: "A run that times out is not judged by (b)". Before s58 a timeout made (b)
+    undecided for the whole matrix, so (b) could never hold while a run timed out. Now it holds over the crashes; with
+    only timeouts there is nothing to judge (None); a crash that did not end at its row-0 step still breaks it."""
+    df = analysis.load_runs()
+    t, _ = V.probe_hang_predictions(df)
+    assert t["held"].iloc[1] is True   # s58's r1 crashed at its row-0 step; the five timeouts are left out
+    # r0's lines alone (s53-s58: four deadline cuts and a timeout), against a plan of r0 only: nothing to judge
+    r0 = df[(df["matrix"] != V.PROBE_HANG_MATRIX) | (df["run_id"] == "stock-probe-hang-c24/c24/r0")]
+    t, _ = V.probe_hang_predictions(r0, matrix_path=_one_planned_hang_run(tmp_path))
+    assert t["held"].iloc[1] is None and t["measured"].iloc[1].count("not judged") == 5
 
 
 def test_hang_predictions_judge_a_stopped_run_by_its_snapshot(tmp_path):
@@ -1212,7 +1236,7 @@ def test_hang_predictions_judge_a_stopped_run_by_its_snapshot(tmp_path):
     undecided; a deadline cut counts as stopped only after 60 s without a step. s56's run (83 s, 0 %: False) is left
     out, so that the edited s53 line decides (d)."""
     df = analysis.load_runs()
-    df = df[~df["file"].astype(str).str.contains("probe-hang-c24-d-tp1")]
+    df = df[(df["matrix"] != V.PROBE_HANG_MATRIX) | df["file"].astype(str).str.contains("probe-hang-c24-a-tp1")]
     m = _one_planned_hang_run(tmp_path)
     run = "stock-probe-hang-c24/c24/r0"
     h = df.at[_at(df, run, V.PROBE_HANG_MATRIX), "hang"]
@@ -1233,7 +1257,7 @@ def test_hang_predictions_judge_a_stopped_run_by_its_snapshot(tmp_path):
     late = {**h, "gpu": {"samples": [{**s, "t": s["t"] + 60} for s in h["gpu"]["samples"]]}}
     t, facts = V.probe_hang_predictions(_edited(df, V.PROBE_HANG_MATRIX, run, hang=late), matrix_path=m)
     assert bool(facts["stopped (header's rule)"].iloc[0]) and t["held"].iloc[3] is False
-    assert "not judged" not in t["measured"].iloc[3].split("; ")[0]   # the edited run; s54's two stay unjudged
+    assert "not judged" not in t["measured"].iloc[3].split("; ")[0]   # the edited run
 
 
 # --- the scheduler ledger at 24 (s56) ---------------------------------------------------------------------------------
@@ -1294,17 +1318,18 @@ def test_the_recorded_ledger_run_at_24():
 
 
 def test_the_recorded_ledger2_runs_at_24():
-    """probe-hang-ledger2-c24-tp1 (s57): four calls each ran r0 (the first cut by the runner's deadline 9 s into the
-    run), so r1 has no line and every prediction is undecided; the crash came at its first row-0 step (285) with the
-    drafter's RoPE core; the two runs that stopped after step 295 each held the same three requests at 511 of 512 with
-    placeholders 16 times their updates with no token, those updates at the probe's out-of-vocabulary steps, and the
-    hang dump held no CUDA kernel."""
+    """probe-hang-ledger2-c24-tp1: s57's four calls each ran r0 (the first cut by the runner's deadline 9 s into the
+    run; then a crash and two stops), and s58 ran r1 (a crash), so both planned runs are measured and every prediction
+    held. Both crashes came at their first row-0 step (285) with the drafter's RoPE core; the two runs that stopped
+    after step 295 each held the same three requests at 511 of 512 with placeholders 16 times their updates with no
+    token, those updates at the probe's out-of-vocabulary steps, and the hang dump held no CUDA kernel."""
     m2 = V.PROBE_HANG_LEDGER_MATRICES[1]
     df = analysis.load_runs()
     t, facts = V.probe_hang_ledger_predictions(df, matrix=m2)
-    assert len(t) == 6 and all(h is None for h in t["held"])
-    assert t["measured"].str.endswith("; 1 planned run(s) not run").all()
-    assert "stock-probe-ledger2-c24.a1 (crash): last step 285, row-0 step 285 (sampled), core triton_poi_fused_2" in t["measured"].iloc[1]
+    assert len(t) == 6 and list(t["held"]) == [True] * 6
+    assert not t["measured"].str.contains("planned run").any()
+    crash = "stock-probe-ledger2-c24.a1 (crash): last step 285, row-0 step 285 (sampled), core triton_poi_fused_2"
+    assert t["measured"].iloc[1].count(crash) == 2 and t["measured"].iloc[1].count("not judged") == 3
     assert t["measured"].iloc[5].count("16-") == 2 and "23-93ce31fb placeholders 64, 4 update(s) with no token" in t["measured"].iloc[5]
     stopped = facts[facts["stopped (header's rule)"] == True]  # noqa: E712
     assert list(stopped["s without a step before the snapshot"]) == [63.3, 71.1] and (stopped["dump"] == "no CUDA kernel").all()
@@ -1400,3 +1425,78 @@ def test_ledger_predictions_judge_a_stopped_run(tmp_path):
         t, _ = V.probe_hang_ledger_predictions(_edited(d3, m2, LEDGER_RUN, hang=late), matrix=m2, data_dir=data3,
                                                matrix_path=m)
         assert len(t) == 6 and t["held"].iloc[5] is want, (want, t["measured"].iloc[5])
+
+
+# --- trajectories at 24 and the admission test (s58) ------------------------------------------------------------------
+def test_the_recorded_runs_at_24_follow_three_trajectories():
+    """Read afterwards (s58), the lead of probe-admit-c24-tp1: the 15 probed stock run lines at 24 (s51-s58). Two cut
+    before any NaN have no out-of-vocabulary id. The other 13 follow three trajectories, each going with the first
+    step's admission count: 1 request -> b24b6dcf, crash at 285 (3 of 3); 2 or 3 -> 49d3f971, no step after 295
+    (9 of 9); 4 -> 18c2a7fd, crash at 281 (1 of 1). Request 16 in row 0 at step 281 faulted only in 18c2a7fd."""
+    t = V.c24_trajectories(analysis.load_runs())
+    assert len(t) == 15 and t["trajectory"].isna().sum() == 2
+    assert (t.loc[t["trajectory"].isna(), "ended"] == "deadline cut").all()
+    assert (t["second step requests"].dropna() == 24).all()
+    g = V.trajectory_groups(t).set_index("trajectory")
+    assert list(g.index) == ["49d3f971", "b24b6dcf", "18c2a7fd"]
+    assert g.loc["49d3f971", ["runs", "first step requests", "ended", "last step", "first row-0 step", "its request",
+                              "out-of-vocabulary ids"]].tolist() == [9, "2, 3", "6 timeout, 3 deadline cut", "295",
+                                                                     "281", "16", "23"]
+    assert g.loc["b24b6dcf", ["runs", "first step requests", "ended", "last step", "first row-0 step", "its request",
+                              "core kernels"]].tolist() == [3, "1", "3 crash", "285", "285", "17", "triton_poi_fused_2"]
+    assert g.loc["18c2a7fd", ["runs", "first step requests", "ended", "last step", "first row-0 step", "its request",
+                              "out-of-vocabulary ids"]].tolist() == [1, "4", "1 crash", "281", "281", "16", "15"]
+
+
+def test_trajectory_id_names_the_set_not_its_order():
+    import pandas as pd
+
+    a = pd.DataFrame({"request": [3, 1, 1], "step": [7, 5, 5], "row": [0, 2, 2], "token": [1, 1, 1]})
+    b = pd.DataFrame({"request": [1, 3], "step": [5, 7], "row": [4, 4], "token": [9, 9]})
+    assert V.trajectory_id(a) == V.trajectory_id(b) and len(V.trajectory_id(a)) == 8
+    assert V.trajectory_id(b.assign(step=[5, 8])) != V.trajectory_id(b)
+    assert V.trajectory_id(b.iloc[:0]) is None
+
+
+def _admit_c24_case(labels):
+    """Recorded probed runs at 24 relabelled as probe-admit-c24-tp1's runs: ``labels`` maps (run file part, run_id
+    suffix) to the K it is relabelled as; the first step requests recorded are what the gate would have set."""
+    df = analysis.load_runs()
+    df = df.copy()
+    df["first_step_requests"] = df.get("first_step_requests")
+    for (part, rid), k in labels.items():
+        i = df.index[df["file"].astype(str).str.contains(part) & df["run_id"].str.endswith(rid)]
+        assert len(i) == 1, (part, rid)
+        df.loc[i, "matrix"] = V.ADMIT_C24_MATRIX
+        df.loc[i, "run_id"] = f"stock-admit-k{k}-c24/c24/r0"
+        df.loc[i, "first_step_requests"] = k
+    return df
+
+
+ADMIT_AS_RECORDED = {("probe-hang-c24-f-tp1", "r1"): 4, ("probe-hang-ledger2-c24-b-tp1", "r0"): 1,
+                     ("probe-hang-ledger2-c24-c-tp1", "r0"): 3, ("probe-hang-ledger2-c24-d-tp1", "r0"): 2}
+
+
+def test_admit_predictions_hold_on_runs_that_admitted_as_predicted():
+    """The judge of probe-admit-c24-tp1 on four recorded runs whose first step admitted 4, 1, 3 and 2 by arrival, as
+    if the gate had set it: every prediction holds (the header's lead was read from these runs, so this checks the
+    judge, not the lead)."""
+    t, runs = V.admit_c24_predictions(_admit_c24_case(ADMIT_AS_RECORDED))
+    assert list(t["held"]) == [True, True, True, True, True], t.to_string()
+    assert "ledger spin: requests [16, 20, 23] at max_tokens - 1, max_tokens guard" in t["measured"].iloc[3]
+    assert "core triton_poi_fused_2" in t["measured"].iloc[4]
+    assert sorted(runs["K"]) == [1, 2, 3, 4]
+
+
+def test_admit_predictions_fail_on_another_trajectory_and_wait_for_missing_runs():
+    """A run labelled K=1 that admitted 3 and followed 49d3f971 breaks (0) and (1); a planned run with no line leaves
+    its row undecided and (0) too."""
+    swapped = {**ADMIT_AS_RECORDED, ("probe-hang-ledger2-c24-b-tp1", "r0"): 3, ("probe-hang-ledger2-c24-c-tp1", "r0"): 1}
+    t, _ = V.admit_c24_predictions(_admit_c24_case(swapped))
+    assert t["held"].iloc[0] is False and t["held"].iloc[1] is False and t["held"].iloc[3] is False
+    three = {k: v for k, v in ADMIT_AS_RECORDED.items() if v != 2}
+    t, _ = V.admit_c24_predictions(_admit_c24_case(three))
+    assert t["held"].iloc[0] is None and t["held"].iloc[2] is None and t["measured"].iloc[2] == "not run"
+    assert t["held"].iloc[1] is True and "1 planned run(s) not measured" in t["measured"].iloc[0]
+    with pytest.raises(LabError, match="no run lines of probe-admit-c24-tp1"):
+        V.admit_c24_predictions(analysis.load_runs())
