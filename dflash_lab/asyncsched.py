@@ -277,13 +277,8 @@ def stuck(final, summary, max_tokens: int):
 REPLAY_KEY = ["empty rows", "output", "computed", "placeholders"]
 
 
-def replay_spin(t, k: int):
-    """A ledger spin's held requests (:func:`schedledger.spin_table`: prompt, ``max_tokens``, updates that returned no
-    token) replayed through the scheduler: one request per row, its empty rows spread over its output (at fifths of
-    ``max_tokens``) with the last on its final step (output ``max_tokens - 1``). Returns ``(gpu, cpu, held)``: the
-    ledger's and the scheduler's ``(empty rows, output, computed, placeholders)`` per request, each sorted, and how many
-    requests the scheduler left held (:func:`stuck`). An error for a spin without the counts (s56's ledger) or with
-    requests of different prompts or ``max_tokens``."""
+def _replay_spec(t, k: int):
+    """The :class:`Spec` that replays one ledger spin (:func:`replay_spin`) and the ledger's side of the comparison."""
     if t is None or not len(t):
         raise LabError("no spin to replay")
     if t["updates with no token"].isna().any():
@@ -295,10 +290,32 @@ def replay_spin(t, k: int):
     mt = tops.pop()
     empty = {f"r{i}": [mt // 5 * (j + 1) for j in range(int(n) - 1)] + [mt - 1]
              for i, n in enumerate(t["updates with no token"])}
-    _, fin, summary = run(Spec(requests=len(t), prompt=prompts.pop(), max_tokens=mt, k=k, empty=empty))
     gpu = t.rename(columns={"updates with no token": "empty rows", "output tokens": "output"})[REPLAY_KEY]
-    return (sorted(map(tuple, gpu.astype(int).values.tolist())), sorted(map(tuple, fin[REPLAY_KEY].values.tolist())),
-            len(stuck(fin, summary, mt)))
+    return (Spec(requests=len(t), prompt=prompts.pop(), max_tokens=mt, k=k, empty=empty),
+            sorted(map(tuple, gpu.astype(int).values.tolist())))
+
+
+def replay_spins(spins, ks) -> list:
+    """:func:`replay_spin` for several spins (``ks``: each one's k), in one child process (:func:`run_many`)."""
+    if len(spins) != len(ks):
+        raise LabError(f"{len(spins)} spins and {len(ks)} values of k")
+    if not len(spins):
+        return []
+    prepared = [_replay_spec(t, k) for t, k in zip(spins, ks)]
+    out = []
+    for (spec, gpu), (_, fin, summary) in zip(prepared, run_many([p[0] for p in prepared])):
+        out.append((gpu, sorted(map(tuple, fin[REPLAY_KEY].values.tolist())), len(stuck(fin, summary, spec.max_tokens))))
+    return out
+
+
+def replay_spin(t, k: int):
+    """A ledger spin's held requests (:func:`schedledger.spin_table`: prompt, ``max_tokens``, updates that returned no
+    token) replayed through the scheduler: one request per row, its empty rows spread over its output (at fifths of
+    ``max_tokens``) with the last on its final step (output ``max_tokens - 1``). Returns ``(gpu, cpu, held)``: the
+    ledger's and the scheduler's ``(empty rows, output, computed, placeholders)`` per request, each sorted, and how many
+    requests the scheduler left held (:func:`stuck`). An error for a spin without the counts (s56's ledger) or with
+    requests of different prompts or ``max_tokens``."""
+    return replay_spins([t], [k])[0]
 
 
 def _main() -> int:

@@ -1230,7 +1230,7 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
     try:
         from . import asyncsched
 
-        got = [asyncsched.replay_spin(s, k - 1) for s, k in zip(spins, per)]   # per: 1 + k placeholders a step
+        got = asyncsched.replay_spins(spins, [k - 1 for k in per])   # per: 1 + k placeholders a step; one child
         if got:
             same = all(g == c and h == len(s) for (g, c, h), s in zip(got, spins))
             replay = (f"; vLLM 0.22.1's own AsyncScheduler, run on the CPU (dflash_lab.asyncsched) with those counts and "

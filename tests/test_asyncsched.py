@@ -65,11 +65,15 @@ def test_the_gpu_ledger_state_comes_back_on_the_cpu():
     m2 = V.PROBE_HANG_LEDGER_MATRICES[1]
     runs = df[(df["matrix"] == m2) & (df["outcome"] == "timeout") & ~df.apply(analysis.is_deadline_cut, axis=1)]
     assert len(runs) == 2
-    for _, r in runs.iterrows():
-        t = schedledger.spin_table(V.ledger_lines(r))
-        gpu, cpu, held = A.replay_spin(t, int(r["num_speculative_tokens"]))
+    spins = [schedledger.spin_table(V.ledger_lines(r)) for _, r in runs.iterrows()]
+    got = A.replay_spins(spins, [int(k) for k in runs["num_speculative_tokens"]])   # both in one child process
+    assert len(got) == 2
+    for t, (gpu, cpu, held) in zip(spins, got):
         assert held == len(t) == 3 and cpu == gpu, (cpu, gpu)
         assert gpu == [(1, 511, 575, 16), (1, 511, 575, 16), (4, 511, 623, 64)]
+    with pytest.raises(LabError, match="2 spins and 1 values of k"):
+        A.replay_spins(spins, [15])
+    assert A.replay_spins([], []) == []
     # s56's ledger kept no count: nothing to replay, said so
     s56 = df[df["matrix"] == V.PROBE_HANG_LEDGER_MATRICES[0]].iloc[0]
     with pytest.raises(LabError, match="no count of updates with no token"):
