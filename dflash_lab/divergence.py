@@ -161,6 +161,30 @@ def out_of_vocab_ids(probe: dict, vocab_size: int):
     return pd.DataFrame(rows, columns=OOR_COLUMNS)
 
 
+def seq_advance_after_oor(probe: dict, vocab_size: int, group: str = "attn0"):
+    """How far each request's sequence length (the target's attention metadata ``group``, as the probe recorded it per
+    step and request) moved from one of its steps to its next scheduled step, split by whether its first sampled id on
+    the first of the two was out of vocabulary (:func:`out_of_vocab_ids`). vLLM 0.22.1's scheduler keeps the rejected
+    draft tokens of such a row in ``num_computed_tokens`` (+1 + k); if the model runner placed the request's next
+    tokens by that count, the length would jump by 1 + k after such a row. Returns ``(after, other)``: Counters of the
+    advance, in tokens."""
+    from collections import Counter
+
+    oor = out_of_vocab_ids(probe, vocab_size)
+    bad = {(int(st), int(q)) for st, q in zip(oor["step"], oor["request"])}
+    seq: dict = {}
+    for s in probe["steps"]:
+        lens = ((s.get("attn") or {}).get(group) or {}).get("seq_lens") or []
+        for q, n in zip(s.get("reqs") or [], lens):
+            seq.setdefault(int(q), []).append((int(s["step"]), int(n)))
+    after, other = Counter(), Counter()
+    for q, xs in seq.items():
+        xs.sort()
+        for (a, la), (_, lb) in zip(xs, xs[1:]):
+            (after if (a, q) in bad else other)[lb - la] += 1
+    return after, other
+
+
 def oor_links(probe: dict, vocab_size: int, group: str = "gdn0", oor=None, zero=None) -> dict:
     """Whether a step's accepted-0 rows (:func:`zero_accepted`) are exactly the requests whose first sampled id the
     step before was out of vocabulary (:func:`out_of_vocab_ids`), on every step that has either and whose previous

@@ -1239,6 +1239,16 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
                          "never schedules them again" if same else "does not end in the ledgers' state"))
     except LabError as e:   # the CPU environment without vLLM's Python dependencies: said, not skipped silently
         replay = f"; the CPU replay through vLLM's scheduler did not run ({e})"
+    adv = verification.seq_advance_table(df, data_dir=data_dir)
+    if len(adv):
+        n_rows = int(adv["request-steps after an out-of-vocabulary row"].sum())
+        still = bool(adv["advances after them"].str.fullmatch(r"0 x\d+").all())
+        lo, hi = adv["other steps' advance, min"].min(), adv["other steps' advance, max"].max()
+        replay += (f"; the leaked computed tokens stay in the scheduler: after each of the {n_rows} out-of-vocabulary "
+                   f"rows of the {len(adv)} probed runs at 24 the request's attention length "
+                   + ("did not move to its next step" if still else "moved to its next step as "
+                      + "; ".join(adv["advances after them"]))
+                   + f" (after other steps: {int(lo)}-{int(hi)} tokens)")
     return (
         f" Pre-registered again ({m}): of its {len(measured)} measured runs"
         + (f" ({', '.join(f'{r} {n} times' if n > 1 else f'{r} once' for r, n in Counter(x.rsplit('/', 1)[-1] for x in measured['run_id']).items())})"
@@ -1256,11 +1266,11 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
            "vocabulary" if at_oor else ", and those updates did not all match the probe's out-of-vocabulary steps")
         + (f"; the dump taken in the stop: {', '.join(dumps)}" if dumps else "")
         + replay
-        + (f" ({sum(h is True for h in t['held'])} of its {len(t)} predictions held"
+        + (f"; {sum(h is True for h in t['held'])} of its {len(t)} predictions held"
            + "".join(f", {p.split(')')[0]})" + " failed" for p, h in zip(t["predicted"], t["held"]) if h is False)
-           if not undecided else f" ({sum(h is None for h in t['held'])} of its {len(t)} predictions undecided until "
+           if not undecided else f"; {sum(h is None for h in t['held'])} of its {len(t)} predictions undecided until "
            "its planned runs have run")
-        + ").")
+        + ".")
 
 
 def passed_clause(t, core=None, df=None, pattern: str | None = None) -> str:

@@ -2113,6 +2113,30 @@ def trajectory_groups(t):
     return pd.DataFrame(rows, columns=cols).sort_values("runs", ascending=False, kind="stable").reset_index(drop=True)
 
 
+def seq_advance_table(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data"):
+    """:func:`divergence.seq_advance_after_oor` for every run line of ``matrices`` whose probe log has an
+    out-of-vocabulary id: per run, how many request-steps followed such a row, the sequence-length advances seen after
+    them and the smallest and largest advance after any other step."""
+    import pandas as pd
+
+    from . import divergence
+
+    runs = df[df["matrix"].isin(matrices)].sort_values("started_at", kind="stable") if len(df) else df
+    rows = []
+    for _, r in runs.iterrows():
+        after, other = divergence.seq_advance_after_oor(divergence.load_probe(run_ledger_probe(r, data_dir)),
+                                                        run_vocab_size(r))
+        if not after:
+            continue
+        rows.append({"run": f"{os.path.splitext(os.path.basename(str(r['file'])))[0]}/{r['run_id']}",
+                     "request-steps after an out-of-vocabulary row": sum(after.values()),
+                     "advances after them": ", ".join(f"{k} x{n}" for k, n in sorted(after.items())),
+                     "other steps' advance, min": min(other) if other else None,
+                     "other steps' advance, max": max(other) if other else None})
+    return pd.DataFrame(rows, columns=["run", "request-steps after an out-of-vocabulary row", "advances after them",
+                                       "other steps' advance, min", "other steps' advance, max"])
+
+
 def plot_trajectories(ax, t):
     """Each run of :func:`c24_trajectories` with a trajectory: how many requests its first step admitted (x) against its
     last recorded step (y), one colour per trajectory, a cross where it crashed and a circle where it stopped (timeout

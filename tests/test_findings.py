@@ -221,7 +221,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "step, below its 60 s rule) recorded no token scheduled for 40 s on end with 3 requests running, each at 511 "
             "of 512 output tokens and held by vLLM's async max_tokens guard with 16, 16, 64 output placeholders and no "
             "step in flight") in text
-    # s57-s58: the ledger matrix under pre-registered (e)-(g): r0 three times (s57), r1 once (s58), every prediction held
+    # s57-s58: the ledger matrix under pre-registered (e)-(g): r0 three times (s57), r1 once (s58), every prediction held;
+    # s58: the probes' attention lengths say the leaked computed tokens do not move the runner's positions
     assert ("Pre-registered again (probe-hang-ledger2-c24-tp1): of its 4 measured runs (r0 3 times, r1 once), 2 "
             "crashed (2 at their first row-0 step (285), core triton_poi_fused_2) and 2 stopped after step 295 (63 s "
             "and 71 s without a step); in each stop the 3 requests running were held by the max_tokens guard with "
@@ -229,7 +230,10 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "probe's steps where the request's first sampled id was out of vocabulary; the dump taken in the stop: no"
             " CUDA kernel; vLLM 0.22.1's own AsyncScheduler, run on the CPU (dflash_lab.asyncsched) with those counts"
             " and each request's last empty row on its final step, ends in the ledgers' state, request for request "
-            "(output, computed tokens, placeholders), and never schedules them again (6 of its 6 predictions held).") in text
+            "(output, computed tokens, placeholders), and never schedules them again; the leaked computed tokens stay"
+            " in the scheduler: after each of the 232 out-of-vocabulary rows of the 13 probed runs at 24 the "
+            "request's attention length did not move to its next step (after other steps: 1-16 tokens); 6 of its 6 "
+            "predictions held.") in text
     # s58: the runs at 24 by trajectory (read afterwards) and the admission test not run yet
     assert ("Read afterwards (s58): the 13 probed runs at 24 that reached NaN logits followed 3 trajectories, each "
             "named by the set of requests and steps whose first sampled id was out of vocabulary, and each trajectory"

@@ -1500,3 +1500,26 @@ def test_admit_predictions_fail_on_another_trajectory_and_wait_for_missing_runs(
     assert t["held"].iloc[1] is True and "1 planned run(s) not measured" in t["measured"].iloc[0]
     with pytest.raises(LabError, match="no run lines of probe-admit-c24-tp1"):
         V.admit_c24_predictions(analysis.load_runs())
+
+
+def test_seq_advance_after_an_out_of_vocabulary_row():
+    """The rule on a made-up probe: request 7's row at step 2 is out of vocabulary; its length stays (0) to its next
+    step, where a runner placing tokens by the scheduler's count would move it by 1 + k. Request 8 moves 3 and 16."""
+    probe = {"steps": [{"step": st, "reqs": [7, 8], "attn": {"attn0": {"seq_lens": lens}}}
+                       for st, lens in ((1, [50, 60]), (2, [52, 63]), (3, [52, 79]))],
+             "samples": {2: {"reqs": [7, 8], "first_token": [100, 5]}}}
+    after, other = D.seq_advance_after_oor(probe, 100)
+    assert dict(after) == {0: 1} and dict(other) == {2: 1, 3: 1, 16: 1}
+    probe["steps"][2]["attn"]["attn0"]["seq_lens"] = [68, 79]
+    assert dict(D.seq_advance_after_oor(probe, 100)[0]) == {16: 1}
+
+
+def test_the_runner_does_not_place_tokens_by_the_leaked_count():
+    """s58, from the recorded probes at 24: after every one of the 232 request-steps whose row was out of vocabulary
+    (13 runs), the request's target attention length did not move to its next step, where other steps moved 1-16:
+    the scheduler's +16 computed tokens after such a row (asyncsched, the ledger's 575/623) do not reach the model
+    runner's positions."""
+    t = V.seq_advance_table(analysis.load_runs())
+    assert len(t) == 13 and t["request-steps after an out-of-vocabulary row"].sum() == 232
+    assert t["advances after them"].str.fullmatch(r"0 x\d+").all()
+    assert (t["other steps' advance, min"] == 1).all() and (t["other steps' advance, max"] == 16).all()
