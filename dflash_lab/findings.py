@@ -1139,28 +1139,41 @@ def _trajectory_sentence(df, data_dir: str) -> str:
         return " or ".join(r["first step requests"].split(", ")) + (
             " request" if r["first step requests"] == "1" else " requests")
 
+    def whose(r):
+        return (f"request {r['its request']}'s own id in row 0" if r["row-0 how"] == "sampled" else
+                f"request {r['its request']} in row 0 ({r['row-0 how']})")
+
     def ending(r):
         n = r["runs"]
         if r["ended"] == f"{n} crash" and r["last step"] == r["first row-0 step"]:
-            return (f"a crash at its first row-0 step, {r['last step']}, with request {r['its request']}'s own id in "
-                    f"row 0 ({n} of {n})")
+            return f"a crash at its first row-0 step, {r['last step']}, with {whose(r)} ({n} of {n})"
         if "crash" not in r["ended"]:
             how = ", ".join(f"{x.split(' ', 1)[0]} {x.split(' ', 1)[1]}{'s' if x.split(' ', 1)[0] != '1' else ''}"
                             for x in r["ended"].split(", "))
-            return (f"no step after {r['last step']} ({n} of {n}: {how}), request {r['its request']}'s own id in row 0 "
-                    f"at step {r['first row-0 step']} without a fault")
+            return (f"no step recorded after {r['last step']} ({n} of {n}: {how}; a cut is not a judged stop), "
+                    f"{whose(r)} at step {r['first row-0 step']} without a fault")
         return f"{r['ended']}, last step {r['last step']}"
 
     parts = [f"a first step of {reqs(r)}: trajectory {r['trajectory']}, {ending(r)}" for _, r in g.iterrows()]
+    # said only as far as the runs bear it out: each admission count seen with one trajectory, each trajectory with
+    # one kind of ending (crashes only, or runs with no step after one step)
+    counts = [set(str(r["first step requests"]).split(", ")) for _, r in g.iterrows()]
+    one_traj = all(not (a & b) for i, a in enumerate(counts) for b in counts[i + 1:])
+    one_end = all(r["ended"] == f"{r['runs']} crash" or "crash" not in r["ended"] for _, r in g.iterrows())
     text = (f" Read afterwards (s58): the {int(g['runs'].sum())} probed runs at 24 that reached NaN logits followed "
             f"{len(g)} trajectories, each named by the set of requests and steps whose first sampled id was out of "
-            "vocabulary, and each trajectory went with the number of requests the engine's first step admitted (left to "
-            "arrival timing offline) and with one ending: " + "; ".join(parts) + ".")
-    try:
-        at, _ = verification.admit_c24_predictions(df, data_dir=data_dir)
-    except LabError:
+            "vocabulary"
+            + (", each number of requests the engine's first step admitted (left to arrival timing offline) went with "
+               "one trajectory" if one_traj else "")
+            + (", and each trajectory with one kind of ending" if one_end else "")
+            + ": " + "; ".join(parts) + ".")
+    if not (df["matrix"] == verification.ADMIT_C24_MATRIX).any():
         return text + (f" The admission gate's test of this ({verification.ADMIT_C24_MATRIX}, pre-registered) has not "
                        "run yet.")
+    try:
+        at, _ = verification.admit_c24_predictions(df, data_dir=data_dir)
+    except LabError as e:   # its lines are there but cannot be judged: said, not passed over
+        return text + f" The admission gate's test ({verification.ADMIT_C24_MATRIX}) could not be judged: {e}."
     held = [h for h in at["held"] if h is not None]
     return text + (f" Tested with the admission gate ({verification.ADMIT_C24_MATRIX}, pre-registered): "
                    f"{sum(bool(h) for h in held)} of {len(at)} predictions held, {sum(not h for h in held)} failed, "
@@ -1241,14 +1254,16 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
         replay = f"; the CPU replay through vLLM's scheduler did not run ({e})"
     adv = verification.seq_advance_table(df, data_dir=data_dir)
     if len(adv):
-        n_rows = int(adv["request-steps after an out-of-vocabulary row"].sum())
+        n_after = int(adv["request-steps after an out-of-vocabulary row"].sum())
         still = bool(adv["advances after them"].str.fullmatch(r"0 x\d+").all())
         lo, hi = adv["other steps' advance, min"].min(), adv["other steps' advance, max"].max()
-        replay += (f"; the leaked computed tokens stay in the scheduler: after each of the {n_rows} out-of-vocabulary "
-                   f"rows of the {len(adv)} probed runs at 24 the request's attention length "
-                   + ("did not move to its next step" if still else "moved to its next step as "
-                      + "; ".join(adv["advances after them"]))
-                   + f" (after other steps: {int(lo)}-{int(hi)} tokens)")
+        replay += (f"; the leaked computed tokens stay in the scheduler: of the {int(adv['out-of-vocabulary rows'].sum())}"
+                   f" out-of-vocabulary rows of the {len(adv)} probed runs at 24, the {n_after} followed by a later step "
+                   "of the same request left its attention length "
+                   + ("unmoved to that step" if still else "moved to that step as " + "; ".join(adv["advances after them"]))
+                   + f", and between any other two steps it moved {int(lo)}-{int(hi)} tokens"
+                   + (" (a runner placing tokens by the leaked count would move it by more than 1 + k somewhere)"
+                      if still and per and hi <= per[0] else ""))
     return (
         f" Pre-registered again ({m}): of its {len(measured)} measured runs"
         + (f" ({', '.join(f'{r} {n} times' if n > 1 else f'{r} once' for r, n in Counter(x.rsplit('/', 1)[-1] for x in measured['run_id']).items())})"

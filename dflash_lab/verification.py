@@ -2033,9 +2033,8 @@ def run_vocab_size(r) -> int:
 # every matrix that ran the probed stock engine at 24 (s51-s58): the runs c24_trajectories compares
 C24_TRAJECTORY_MATRICES = ("probe-c24-tp1", "probe-hang-c24-tp1", "probe-hang-ledger-c24-tp1", "probe-hang-ledger2-c24-tp1")
 TRAJECTORY_COLUMNS = ["run", "gpu_session", "ended", "first step requests", "second step requests", "first step set",
-                      "last step",
-                      "out-of-vocabulary ids", "requests with one", "first row-0 step", "its request", "core kernel",
-                      "trajectory"]
+                      "last step", "out-of-vocabulary ids", "requests with one", "first row-0 step", "row-0 how",
+                      "its request", "core kernel", "trajectory"]
 
 
 def trajectory_id(oor) -> str | None:
@@ -2048,42 +2047,58 @@ def trajectory_id(oor) -> str | None:
     return hashlib.sha1(repr(pairs).encode()).hexdigest()[:8] if pairs else None
 
 
-def c24_trajectories(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data"):
-    """Every run line of the probed stock matrices at 24 (``matrices``) with its probe log: how it ended ("crash",
-    "timeout", "deadline cut"), how many requests the engine's first step admitted (and whether the admission gate set
-    it), its last step, its out-of-vocabulary ids (how many, for how many requests, :func:`trajectory_id` of their set),
-    its first row-0 step with the request in row 0 (:func:`divergence.row0_without_token`'s sampled case: row 0's own
-    id) and its core's kernel. One row per run line, oldest first; an error for a run line whose probe log is missing
-    (a run line without its data is not a trajectory)."""
+def c24_trajectories(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data", lines=None):
+    """Every run line of the probed stock matrices at 24 (``matrices``; or exactly ``lines``, in their order) with its
+    probe log: how it ended ("crash", "timeout", "deadline cut"), how many requests the engine's first step admitted
+    (and whether the admission gate set it), its last step, its out-of-vocabulary ids (how many, for how many requests,
+    :func:`trajectory_id` of their set), its first row-0 step (:func:`divergence.row0_without_token`: row 0's own
+    out-of-vocabulary id, "sampled", or a request with no token moved into row 0, "moved") with the request in row 0
+    there, and its core's kernel. One row per run line, oldest first where ``lines`` is not given; start-up errors
+    (an engine that never ran) are left out. A deadline cut without a probe log is a row with nothing but how it ended;
+    any other run line whose probe log is missing is an error (a run line without its data is not a trajectory)."""
     import pandas as pd
 
     from . import divergence
 
-    runs = df[df["matrix"].isin(matrices)].sort_values("started_at", kind="stable") if len(df) else df
+    if lines is None:
+        lines = df[df["matrix"].isin(matrices)].sort_values("started_at", kind="stable") if len(df) else df
     rows = []
-    for _, r in runs.iterrows():
-        p = divergence.load_probe(run_ledger_probe(r, data_dir))
-        steps = p["steps"]
+    for _, r in lines.iterrows():
+        if r["outcome"] == "startup_error":
+            continue
+        row = {c: None for c in TRAJECTORY_COLUMNS}
+        row.update({"run": f"{os.path.splitext(os.path.basename(str(r['file'])))[0]}/{r['run_id']}",
+                    "gpu_session": r["gpu_session"],
+                    "ended": "deadline cut" if analysis.is_deadline_cut(r) else r["outcome"],
+                    "first step set": _first_step_set(pd.DataFrame([r]))})
+        try:
+            p = divergence.load_probe(run_ledger_probe(r, data_dir))
+        except LabError:
+            if row["ended"] == "deadline cut":   # cut before the engine wrote its log: nothing measured, said so
+                rows.append(row)
+                continue
+            raise
         # a log may hold several runs of one engine start: this run's steps are all of them only for one run an engine
         if len(probe_runs(df, os.path.splitext(str(r["file"]))[0], f"{r['engine_id']}.a{r['attempt']}")) != 1:
             raise LabError(f"{r['file']} {r['run_id']}: its engine ran more than one run; trajectories need one per log")
-        oor = divergence.out_of_vocab_ids(p, run_vocab_size(r))
-        row0 = oor[oor["row"] == 0].sort_values("step")
+        steps = p["steps"]
+        vocab = run_vocab_size(r)
+        oor = divergence.out_of_vocab_ids(p, vocab)
+        r0 = divergence.row0_without_token(p, vocab)
+        at = next((s for s in steps if r0 is not None and s["step"] == r0["step"]), None)
         fault = r.get("fault")
-        kernel = fault.get("kernel") if isinstance(fault, dict) else None
-        rows.append({"run": f"{os.path.splitext(os.path.basename(str(r['file'])))[0]}/{r['run_id']}",
-                     "gpu_session": r["gpu_session"],
-                     "ended": "deadline cut" if analysis.is_deadline_cut(r) else r["outcome"],
-                     "first step requests": int(steps[0]["num_reqs"]) if steps else None,
-                     "second step requests": int(steps[1]["num_reqs"]) if len(steps) > 1 else None,
-                     "first step set": _first_step_set(pd.DataFrame([r])),
-                     "last step": int(steps[-1]["step"]) if steps else None,
-                     "out-of-vocabulary ids": len(oor), "requests with one": int(oor["request"].nunique()),
-                     "first row-0 step": int(row0["step"].iloc[0]) if len(row0) else None,
-                     "its request": int(row0["request"].iloc[0]) if len(row0) else None,
-                     "core kernel": kernel, "trajectory": trajectory_id(oor)})
+        row.update({"first step requests": int(steps[0]["num_reqs"]) if steps else None,
+                    "second step requests": int(steps[1]["num_reqs"]) if len(steps) > 1 else None,
+                    "last step": int(steps[-1]["step"]) if steps else None,
+                    "out-of-vocabulary ids": len(oor), "requests with one": int(oor["request"].nunique()),
+                    "first row-0 step": int(r0["step"]) if r0 else None, "row-0 how": r0["how"] if r0 else None,
+                    "its request": int(at["reqs"][0]) if at and at.get("reqs") else None,
+                    "core kernel": fault.get("kernel") if isinstance(fault, dict) else None,
+                    "trajectory": trajectory_id(oor)})
+        rows.append(row)
     t = pd.DataFrame(rows, columns=TRAJECTORY_COLUMNS)
-    for c in ("first step requests", "second step requests", "last step", "first row-0 step", "its request"):
+    for c in ("first step requests", "second step requests", "last step", "out-of-vocabulary ids", "requests with one",
+              "first row-0 step", "its request"):
         t[c] = t[c].astype("Int64")
     return t
 
@@ -2104,19 +2119,22 @@ def trajectory_groups(t):
         rows.append({"trajectory": tid, "runs": len(g), "first step requests": seen("first step requests"),
                      "ended": ", ".join(f"{n} {e}" for e, n in ended.items()),
                      "last step": seen("last step"), "first row-0 step": seen("first row-0 step"),
+                     "row-0 how": ", ".join(sorted({str(v) for v in g["row-0 how"].dropna()})) or None,
                      "its request": seen("its request"),
                      "out-of-vocabulary ids": seen("out-of-vocabulary ids"),
                      "core kernels": ", ".join(sorted({k for k in g["core kernel"] if isinstance(k, str)})) or None,
                      "sessions": ", ".join(dict.fromkeys(analysis.short_session(x) for x in g["gpu_session"]))})
-    cols = ["trajectory", "runs", "first step requests", "ended", "last step", "first row-0 step", "its request",
-            "out-of-vocabulary ids", "core kernels", "sessions"]
+    cols = ["trajectory", "runs", "first step requests", "ended", "last step", "first row-0 step", "row-0 how",
+            "its request", "out-of-vocabulary ids", "core kernels", "sessions"]
     return pd.DataFrame(rows, columns=cols).sort_values("runs", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def seq_advance_table(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data"):
     """:func:`divergence.seq_advance_after_oor` for every run line of ``matrices`` whose probe log has an
-    out-of-vocabulary id: per run, how many request-steps followed such a row, the sequence-length advances seen after
-    them and the smallest and largest advance after any other step."""
+    out-of-vocabulary id: per run, how many such rows it had, how many of them the same request had a later step after,
+    the sequence-length advances to that step, and the smallest and largest advance between any other two steps of a
+    request. A runner placing tokens by the scheduler's leaked count would show 1 + k after such a row, or, one step
+    later in the async order, more than 1 + k after another step."""
     import pandas as pd
 
     from . import divergence
@@ -2124,17 +2142,23 @@ def seq_advance_table(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "dat
     runs = df[df["matrix"].isin(matrices)].sort_values("started_at", kind="stable") if len(df) else df
     rows = []
     for _, r in runs.iterrows():
-        after, other = divergence.seq_advance_after_oor(divergence.load_probe(run_ledger_probe(r, data_dir)),
-                                                        run_vocab_size(r))
-        if not after:
+        if r["outcome"] == "startup_error":
+            continue
+        p = divergence.load_probe(run_ledger_probe(r, data_dir))
+        vocab = run_vocab_size(r)
+        after, other = divergence.seq_advance_after_oor(p, vocab)
+        n = len(divergence.out_of_vocab_ids(p, vocab))
+        if not n:
             continue
         rows.append({"run": f"{os.path.splitext(os.path.basename(str(r['file'])))[0]}/{r['run_id']}",
+                     "out-of-vocabulary rows": n,
                      "request-steps after an out-of-vocabulary row": sum(after.values()),
-                     "advances after them": ", ".join(f"{k} x{n}" for k, n in sorted(after.items())),
+                     "advances after them": ", ".join(f"{k} x{c}" for k, c in sorted(after.items())),
                      "other steps' advance, min": min(other) if other else None,
                      "other steps' advance, max": max(other) if other else None})
-    return pd.DataFrame(rows, columns=["run", "request-steps after an out-of-vocabulary row", "advances after them",
-                                       "other steps' advance, min", "other steps' advance, max"])
+    return pd.DataFrame(rows, columns=["run", "out-of-vocabulary rows", "request-steps after an out-of-vocabulary row",
+                                       "advances after them", "other steps' advance, min",
+                                       "other steps' advance, max"])
 
 
 def plot_trajectories(ax, t):
@@ -2186,18 +2210,26 @@ ADMIT_C24_HELD = [16, 20, 23]   # the requests (prompt indices) the header predi
 
 def admit_c24_predictions(df, matrix_path=None, data_dir: str = "data"):
     """``probe-admit-c24-tp1`` (pre-registered in s58) against its header, one row per prediction, ``held`` True, False
-    or None (undecided: a planned run has no measured line; a deadline cut measures nothing), and the per-run table:
+    or None (undecided: a planned run has no measured line; a deadline cut measures nothing), and the per-run table
+    (:func:`c24_trajectories` of the matrix's lines, start-up errors left out, with each line's K):
     (0) each run's first step holds its K requests and its second step all 24;
-    (1)-(3) per K (:data:`ADMIT_C24_EXPECTED`): the trajectory, the ending (a crash whose last recorded step is its
-        first row-0 step; or a timeout with no step after 295) and, for a stop, a ledger spin holding requests 16, 20
-        and 23 at max_tokens - 1 by the max_tokens guard."""
+    (1)-(3) per K (:data:`ADMIT_C24_EXPECTED`): the trajectory and the ending: for K=1 and 4 a crash whose last
+        recorded step is its first row-0 step (:func:`divergence.row0_without_token`), 285 and 281; for K=2 and 3 a
+        timeout with no step recorded after 295 and a ledger spin holding exactly requests 16, 20 and 23, each at 511
+        of 512 output tokens with the max_tokens guard among its early outs.
+    Raises when the matrix has no run line (nothing to judge), or a line's run is not one the matrix file plans."""
     import pandas as pd
 
     from . import schedledger
 
+    def eq(a, b) -> bool:   # pd.NA or None on either side is not equal (never a TypeError from bool(pd.NA))
+        return a is not None and b is not None and not pd.isna(a) and not pd.isna(b) and a == b
+
     d, plan = _planned_lines(df, ADMIT_C24_MATRIX, matrix_path)
-    t = c24_trajectories(df, matrices=(ADMIT_C24_MATRIX,), data_dir=data_dir)
     lines = d.sort_values("started_at", kind="stable").reset_index(drop=True)
+    t = c24_trajectories(df, data_dir=data_dir, lines=lines)
+    if len(t) != len(lines):   # _planned_lines keeps no start-up error, so every line has its row
+        raise LabError(f"{ADMIT_C24_MATRIX}: {len(lines)} run lines but {len(t)} trajectory rows")
     t["K"] = [int(k) for k in lines["first_step_requests"]]
     t["concurrency"] = [int(c) for c in lines["concurrency"]]
     measured = t[t["ended"] != "deadline cut"]
@@ -2211,24 +2243,25 @@ def admit_c24_predictions(df, matrix_path=None, data_dir: str = "data"):
             for box in (gate, per_k.get(r["K"], ([], []))):
                 box[0].append(f"{name}: cut by the runner's deadline, not judged")
             continue
-        ok0 = r["first step requests"] == r["K"] and r["second step requests"] == r["concurrency"]
         gate[0].append(f"{name}: first step {r['first step requests']}, second {r['second step requests']}")
-        gate[1].append(bool(ok0))
+        gate[1].append(eq(r["first step requests"], r["K"]) and eq(r["second step requests"], r["concurrency"]))
         if r["K"] not in ADMIT_C24_EXPECTED:
             continue
         tid, ending, step = ADMIT_C24_EXPECTED[r["K"]]
         got = (f"{name}: trajectory {r['trajectory']}, {r['ended']}, last step {r['last step']}, first row-0 step "
-               f"{r['first row-0 step']} (request {r['its request']})"
+               f"{r['first row-0 step']} ({r['row-0 how']}, request {r['its request']})"
                + (f", core {r['core kernel']}" if isinstance(r["core kernel"], str) else ""))
-        ok = r["trajectory"] == tid and r["ended"] == ending and r["last step"] == step
+        ok = eq(r["trajectory"], tid) and r["ended"] == ending
         if ending == "crash":
-            ok = ok and r["first row-0 step"] == step
+            ok = ok and eq(r["last step"], step) and eq(r["first row-0 step"], step)
         else:
+            ok = ok and not pd.isna(r["last step"]) and int(r["last step"]) <= step
             sp = schedledger.spin_table(ledger_lines(lines.iloc[i], data_dir))
             held = sorted(int(str(x).split("-")[0]) for x in sp["request"]) if len(sp) else []
-            guard = bool(len(sp)) and (sp["output tokens"] == sp["max_tokens"] - 1).all() and \
-                (sp["early outs"] == "max_tokens guard").all()
-            got += (f"; ledger spin: requests {held}" + (" at max_tokens - 1, max_tokens guard" if guard else "")
+            guard = bool(len(sp)) and (sp["max_tokens"] == 512).all() and (sp["output tokens"] == 511).all() and \
+                all("max_tokens guard" in str(x).split(", ") for x in sp["early outs"])
+            got += (f"; ledger spin: requests {held}" + (" at 511 of 512, max_tokens guard" if guard else
+                                                         " (not all at 511 of 512 under the max_tokens guard)")
                     if len(sp) else "; no ledger spin")
             ok = ok and held == ADMIT_C24_HELD and guard
         per_k[r["K"]][0].append(got)

@@ -231,19 +231,20 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             " CUDA kernel; vLLM 0.22.1's own AsyncScheduler, run on the CPU (dflash_lab.asyncsched) with those counts"
             " and each request's last empty row on its final step, ends in the ledgers' state, request for request "
             "(output, computed tokens, placeholders), and never schedules them again; the leaked computed tokens stay"
-            " in the scheduler: after each of the 232 out-of-vocabulary rows of the 13 probed runs at 24 the "
-            "request's attention length did not move to its next step (after other steps: 1-16 tokens); 6 of its 6 "
-            "predictions held.") in text
+            " in the scheduler: of the 288 out-of-vocabulary rows of the 13 probed runs at 24, the 232 followed by a "
+            "later step of the same request left its attention length unmoved to that step, and between any other two"
+            " steps it moved 1-16 tokens (a runner placing tokens by the leaked count would move it by more than 1 + "
+            "k somewhere); 6 of its 6 predictions held.") in text
     # s58: the runs at 24 by trajectory (read afterwards) and the admission test not run yet
     assert ("Read afterwards (s58): the 13 probed runs at 24 that reached NaN logits followed 3 trajectories, each "
-            "named by the set of requests and steps whose first sampled id was out of vocabulary, and each trajectory"
-            " went with the number of requests the engine's first step admitted (left to arrival timing offline) and "
-            "with one ending: a first step of 2 or 3 requests: trajectory 49d3f971, no step after 295 (9 of 9: 6 "
-            "timeouts, 3 deadline cuts), request 16's own id in row 0 at step 281 without a fault; a first step of 1 "
-            "request: trajectory b24b6dcf, a crash at its first row-0 step, 285, with request 17's own id in row 0 (3"
-            " of 3); a first step of 4 requests: trajectory 18c2a7fd, a crash at its first row-0 step, 281, with "
-            "request 16's own id in row 0 (1 of 1). The admission gate's test of this (probe-admit-c24-tp1, "
-            "pre-registered) has not run yet.") in text
+            "named by the set of requests and steps whose first sampled id was out of vocabulary, each number of "
+            "requests the engine's first step admitted (left to arrival timing offline) went with one trajectory, and"
+            " each trajectory with one kind of ending: a first step of 2 or 3 requests: trajectory 49d3f971, no step "
+            "recorded after 295 (9 of 9: 6 timeouts, 3 deadline cuts; a cut is not a judged stop), request 16's own "
+            "id in row 0 at step 281 without a fault; a first step of 1 request: trajectory b24b6dcf, a crash at its "
+            "first row-0 step, 285, with request 17's own id in row 0 (3 of 3); a first step of 4 requests: "
+            "trajectory 18c2a7fd, a crash at its first row-0 step, 281, with request 16's own id in row 0 (1 of 1). "
+            "The admission gate's test of this (probe-admit-c24-tp1, pre-registered) has not run yet.") in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):
@@ -561,3 +562,28 @@ def test_the_server_diff_clause_is_absent_without_its_runs_and_says_when_a_reque
     bad.at[i, "requests_failed"] = 1
     line = findings._diff_server_line(bad)
     assert "not every request clean (notebook 04)" in line and "9 of 10 predictions" in line
+
+
+def test_the_trajectory_sentence_reports_the_admission_test_once_it_has_run():
+    """Once probe-admit-c24-tp1 has lines, the page gives its verdicts (here four recorded runs relabelled as if the
+    gate had set their first step, see test_verification's _admit_c24_case); before, that it has not run."""
+    import pandas as pd
+
+    from dflash_lab import analysis, findings, verification as V
+
+    df = analysis.load_runs()
+    assert findings._trajectory_sentence(df, "data").endswith(
+        "The admission gate's test of this (probe-admit-c24-tp1, pre-registered) has not run yet.")
+    df = df.copy()
+    df["first_step_requests"] = df.get("first_step_requests")
+    for part, rid, k in (("probe-hang-c24-f-tp1", "r1", 4), ("probe-hang-ledger2-c24-b-tp1", "r0", 1),
+                         ("probe-hang-ledger2-c24-c-tp1", "r0", 3), ("probe-hang-ledger2-c24-d-tp1", "r0", 2)):
+        i = df.index[df["file"].astype(str).str.contains(part) & df["run_id"].str.endswith(rid)]
+        df.loc[i, ["matrix", "run_id", "first_step_requests"]] = [V.ADMIT_C24_MATRIX, f"stock-admit-k{k}-c24/c24/r0", k]
+    text = findings._trajectory_sentence(df, "data")
+    assert text.endswith("Tested with the admission gate (probe-admit-c24-tp1, pre-registered): 5 of 5 predictions held, "
+                         "0 failed, 0 undecided.")
+    # a line of the matrix that cannot be judged (a run its file does not plan) is said, not passed over
+    bad = pd.concat([df, df[df["matrix"] == V.ADMIT_C24_MATRIX].iloc[:1].assign(run_id="stock-admit-k9-c24/c24/r0")])
+    assert "could not be judged: probe-admit-c24-tp1: run lines ['stock-admit-k9-c24/c24/r0'] are not among" in \
+        findings._trajectory_sentence(bad, "data")

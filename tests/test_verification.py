@@ -1220,7 +1220,7 @@ def test_the_recorded_hang_probe_at_24_as_pre_registered():
 def test_row0_rule_leaves_a_timeout_out_instead_of_leaving_it_undecided(tmp_path):
     """(b) in probe-hang-c24-tp1's header: "A run that times out is not judged by (b)". Before s58 a timeout made (b)
     undecided for the whole matrix, so (b) could never hold while a run timed out. Now it holds over the crashes; with
-    only timeouts there is nothing to judge (None); a crash that did not end at its row-0 step still breaks it."""
+    only timeouts there is nothing to judge (None)."""
     df = analysis.load_runs()
     t, _ = V.probe_hang_predictions(df)
     assert t["held"].iloc[1] is True   # s58's r1 crashed at its row-0 step; the five timeouts are left out
@@ -1483,7 +1483,7 @@ def test_admit_predictions_hold_on_runs_that_admitted_as_predicted():
     judge, not the lead)."""
     t, runs = V.admit_c24_predictions(_admit_c24_case(ADMIT_AS_RECORDED))
     assert list(t["held"]) == [True, True, True, True, True], t.to_string()
-    assert "ledger spin: requests [16, 20, 23] at max_tokens - 1, max_tokens guard" in t["measured"].iloc[3]
+    assert "ledger spin: requests [16, 20, 23] at 511 of 512, max_tokens guard" in t["measured"].iloc[3]
     assert "core triton_poi_fused_2" in t["measured"].iloc[4]
     assert sorted(runs["K"]) == [1, 2, 3, 4]
 
@@ -1512,14 +1512,61 @@ def test_seq_advance_after_an_out_of_vocabulary_row():
     assert dict(after) == {0: 1} and dict(other) == {2: 1, 3: 1, 16: 1}
     probe["steps"][2]["attn"]["attn0"]["seq_lens"] = [68, 79]
     assert dict(D.seq_advance_after_oor(probe, 100)[0]) == {16: 1}
+    # in the async order a shift may show one step later: then another step moves more than 1 + k
+    probe["steps"][2]["attn"]["attn0"]["seq_lens"] = [52, 79]
+    probe["steps"].append({"step": 4, "reqs": [7, 8], "attn": {"attn0": {"seq_lens": [69, 80]}}})
+    after, other = D.seq_advance_after_oor(probe, 100)
+    assert dict(after) == {0: 1} and max(other) == 17
 
 
 def test_the_runner_does_not_place_tokens_by_the_leaked_count():
-    """s58, from the recorded probes at 24: after every one of the 232 request-steps whose row was out of vocabulary
-    (13 runs), the request's target attention length did not move to its next step, where other steps moved 1-16:
-    the scheduler's +16 computed tokens after such a row (asyncsched, the ledger's 575/623) do not reach the model
-    runner's positions."""
+    """s58, from the recorded probes at 24: of the 288 out-of-vocabulary rows (13 runs), the 232 followed by a later step
+    of the same request left its target attention length unmoved to that step, and between any other two steps it moved
+    1-16, never more than 1 + k: the scheduler's +16 computed tokens after such a row (asyncsched, the ledger's 575/623)
+    do not reach the model runner's positions, neither at the next step nor one step later."""
     t = V.seq_advance_table(analysis.load_runs())
-    assert len(t) == 13 and t["request-steps after an out-of-vocabulary row"].sum() == 232
+    assert len(t) == 13 and t["out-of-vocabulary rows"].sum() == 288
+    assert t["request-steps after an out-of-vocabulary row"].sum() == 232
     assert t["advances after them"].str.fullmatch(r"0 x\d+").all()
     assert (t["other steps' advance, min"] == 1).all() and (t["other steps' advance, max"] == 16).all()
+
+
+def test_admit_predictions_fail_on_a_wrong_spin_or_a_crash_off_its_row0_step(monkeypatch):
+    """The ledger and row-0 halves are checked: a spin without request 23 breaks (2); a crash whose first row-0 step
+    came a step before its last breaks (3); each leaves the other predictions as they were."""
+    from dflash_lab import schedledger as SL
+
+    df = _admit_c24_case(ADMIT_AS_RECORDED)
+    real_spin = SL.spin_table
+    monkeypatch.setattr(SL, "spin_table", lambda lines: real_spin(lines).iloc[:2])
+    t, _ = V.admit_c24_predictions(df)
+    assert list(t["held"]) == [True, True, False, False, True]
+    monkeypatch.setattr(SL, "spin_table", real_spin)
+    real_row0 = D.row0_without_token
+
+    def early(probe, vocab, group="gdn0"):
+        got = real_row0(probe, vocab, group)
+        return {"step": 280, "how": "moved"} if got and got["step"] == 281 else got
+    monkeypatch.setattr(D, "row0_without_token", early)
+    t, runs = V.admit_c24_predictions(df)
+    assert list(t["held"]) == [True, True, True, True, False]   # (2) does not read the row-0 step
+    assert "first row-0 step 280 (moved" in t["measured"].iloc[4]
+
+
+def test_admit_predictions_leave_out_a_startup_error_and_a_cut_without_a_probe():
+    """An engine that never started ran nothing, and a deadline cut before the engine wrote its probe measured
+    nothing: neither breaks the judge; the run they stand for stays to be measured."""
+    from dflash_lab.runner import DEADLINE_CUT
+
+    df = _admit_c24_case({k: v for k, v in ADMIT_AS_RECORDED.items() if v != 2})
+    base = df[df["matrix"] == V.ADMIT_C24_MATRIX].iloc[0]
+    extra = pd.DataFrame([{**base, "run_id": "stock-admit-k2-c24/c24/r0", "first_step_requests": 2,
+                           "outcome": "startup_error", "file": "2099-01-01_h200_none-a-tp1.jsonl", "fault": None},
+                          {**base, "run_id": "stock-admit-k2-c24/c24/r0", "first_step_requests": 2, "outcome": "timeout",
+                           "error": f"{DEADLINE_CUT} after 3 s", "file": "2099-01-01_h200_none-b-tp1.jsonl",
+                           "started_at": "2099-01-01T00:00:00+00:00", "fault": None}])
+    t, runs = V.admit_c24_predictions(pd.concat([df, extra], ignore_index=True))
+    assert len(runs) == 4 and runs["ended"].iloc[-1] == "deadline cut" and pd.isna(runs["trajectory"].iloc[-1])
+    assert t["held"].iloc[2] is None and "cut by the runner's deadline, not judged" in t["measured"].iloc[2]
+    assert t["held"].iloc[0] is None and list(t["held"].iloc[[1, 3, 4]]) == [True, True, True]
+
