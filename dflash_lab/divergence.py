@@ -161,16 +161,16 @@ def out_of_vocab_ids(probe: dict, vocab_size: int):
     return pd.DataFrame(rows, columns=OOR_COLUMNS)
 
 
-def seq_advance_after_oor(probe: dict, vocab_size: int, group: str = "attn0"):
+def seq_advance_after_oor(probe: dict, vocab_size: int, group: str = "attn0", oor=None):
     """How far each request's sequence length (the target's attention metadata ``group``, as the probe recorded it per
     step and request) moved from one of its steps to its next scheduled step, split by whether its first sampled id on
     the first of the two was out of vocabulary (:func:`out_of_vocab_ids`). vLLM 0.22.1's scheduler keeps the rejected
     draft tokens of such a row in ``num_computed_tokens`` (+1 + k); if the model runner placed the request's next
     tokens by that count, the length would jump by 1 + k after such a row. Returns ``(after, other)``: Counters of the
-    advance, in tokens."""
+    advance, in tokens. ``oor``: :func:`out_of_vocab_ids` where the caller has it."""
     from collections import Counter
 
-    oor = out_of_vocab_ids(probe, vocab_size)
+    oor = out_of_vocab_ids(probe, vocab_size) if oor is None else oor
     bad = {(int(st), int(q)) for st, q in zip(oor["step"], oor["request"])}
     seq: dict = {}
     for s in probe["steps"]:

@@ -2146,8 +2146,9 @@ def seq_advance_table(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "dat
             continue
         p = divergence.load_probe(run_ledger_probe(r, data_dir))
         vocab = run_vocab_size(r)
-        after, other = divergence.seq_advance_after_oor(p, vocab)
-        n = len(divergence.out_of_vocab_ids(p, vocab))
+        oor = divergence.out_of_vocab_ids(p, vocab)
+        after, other = divergence.seq_advance_after_oor(p, vocab, oor=oor)
+        n = len(oor)
         if not n:
             continue
         rows.append({"run": f"{os.path.splitext(os.path.basename(str(r['file'])))[0]}/{r['run_id']}",
