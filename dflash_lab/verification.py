@@ -2047,6 +2047,27 @@ def trajectory_id(oor) -> str | None:
     return hashlib.sha1(repr(pairs).encode()).hexdigest()[:8] if pairs else None
 
 
+def _c24_probed(df, matrices, data_dir: str, lines=None):
+    """The run lines :func:`c24_trajectories` and :func:`seq_advance_table` read (``matrices``' lines oldest first, or
+    exactly ``lines``), start-up errors left out: ``(line, "<runs file stem>/<run_id>", probe log)``, the probe None
+    for a deadline cut that left none; any other missing probe log is an error."""
+    from . import divergence
+
+    if lines is None:
+        lines = df[df["matrix"].isin(matrices)].sort_values("started_at", kind="stable") if len(df) else df
+    for _, r in lines.iterrows():
+        if r["outcome"] == "startup_error":
+            continue
+        label = f"{os.path.splitext(os.path.basename(str(r['file'])))[0]}/{r['run_id']}"
+        try:
+            p = divergence.load_probe(run_ledger_probe(r, data_dir))
+        except LabError:
+            if not analysis.is_deadline_cut(r):
+                raise
+            p = None   # cut before the engine wrote its log: nothing measured
+        yield r, label, p
+
+
 def c24_trajectories(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data", lines=None):
     """Every run line of the probed stock matrices at 24 (``matrices``; or exactly ``lines``, in their order) with its
     probe log: how it ended ("crash", "timeout", "deadline cut"), how many requests the engine's first step admitted
@@ -2060,24 +2081,15 @@ def c24_trajectories(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data
 
     from . import divergence
 
-    if lines is None:
-        lines = df[df["matrix"].isin(matrices)].sort_values("started_at", kind="stable") if len(df) else df
     rows = []
-    for _, r in lines.iterrows():
-        if r["outcome"] == "startup_error":
-            continue
+    for r, label, p in _c24_probed(df, matrices, data_dir, lines):
         row = {c: None for c in TRAJECTORY_COLUMNS}
-        row.update({"run": f"{os.path.splitext(os.path.basename(str(r['file'])))[0]}/{r['run_id']}",
-                    "gpu_session": r["gpu_session"],
+        row.update({"run": label, "gpu_session": r["gpu_session"],
                     "ended": "deadline cut" if analysis.is_deadline_cut(r) else r["outcome"],
                     "first step set": _first_step_set(pd.DataFrame([r]))})
-        try:
-            p = divergence.load_probe(run_ledger_probe(r, data_dir))
-        except LabError:
-            if row["ended"] == "deadline cut":   # cut before the engine wrote its log: nothing measured, said so
-                rows.append(row)
-                continue
-            raise
+        if p is None:   # a deadline cut with no probe log: how it ended, nothing else
+            rows.append(row)
+            continue
         # a log may hold several runs of one engine start: this run's steps are all of them only for one run an engine
         if len(probe_runs(df, os.path.splitext(str(r["file"]))[0], f"{r['engine_id']}.a{r['attempt']}")) != 1:
             raise LabError(f"{r['file']} {r['run_id']}: its engine ran more than one run; trajectories need one per log")
@@ -2139,20 +2151,14 @@ def seq_advance_table(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "dat
 
     from . import divergence
 
-    runs = df[df["matrix"].isin(matrices)].sort_values("started_at", kind="stable") if len(df) else df
     rows = []
-    for _, r in runs.iterrows():
-        if r["outcome"] == "startup_error":
-            continue
-        p = divergence.load_probe(run_ledger_probe(r, data_dir))
+    for r, label, p in _c24_probed(df, matrices, data_dir):
         vocab = run_vocab_size(r)
-        oor = divergence.out_of_vocab_ids(p, vocab)
-        after, other = divergence.seq_advance_after_oor(p, vocab, oor=oor)
-        n = len(oor)
-        if not n:
+        oor = divergence.out_of_vocab_ids(p, vocab) if p is not None else []
+        if not len(oor):
             continue
-        rows.append({"run": f"{os.path.splitext(os.path.basename(str(r['file'])))[0]}/{r['run_id']}",
-                     "out-of-vocabulary rows": n,
+        after, other = divergence.seq_advance_after_oor(p, vocab, oor=oor)
+        rows.append({"run": label, "out-of-vocabulary rows": len(oor),
                      "request-steps after an out-of-vocabulary row": sum(after.values()),
                      "advances after them": ", ".join(f"{k} x{c}" for k, c in sorted(after.items())),
                      "other steps' advance, min": min(other) if other else None,
