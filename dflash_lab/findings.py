@@ -1125,6 +1125,8 @@ def stop_clause(df, pattern: str | None = None, data_dir: str = "data") -> str:
 def _trajectory_sentence(df, data_dir: str) -> str:
     """The probed runs at 24 by trajectory (:func:`verification.c24_trajectories`, read afterwards in s58) and, once
     ``probe-admit-c24-tp1`` has lines, its pre-registered test, as prose; empty where no run has a trajectory."""
+    import pandas as pd
+
     from . import verification
 
     try:
@@ -1171,13 +1173,21 @@ def _trajectory_sentence(df, data_dir: str) -> str:
         return text + (f" The admission gate's test of this ({verification.ADMIT_C24_MATRIX}, pre-registered) has not "
                        "run yet.")
     try:
-        at, _ = verification.admit_c24_predictions(df, data_dir=data_dir)
+        at, ar = verification.admit_c24_predictions(df, data_dir=data_dir)
     except LabError as e:   # its lines are there but cannot be judged: said, not passed over
         return text + f" The admission gate's test ({verification.ADMIT_C24_MATRIX}) could not be judged: {e}."
     held = [h for h in at["held"] if h is not None]
-    return text + (f" Tested with the admission gate ({verification.ADMIT_C24_MATRIX}, pre-registered): "
+    cuts = ar[ar["ended"] == "deadline cut"]
+    # a cut is never judged; what its probe recorded up to the cut is said as that, beside the verdict counts
+    seen = [f"K={r['K']}, cut at step {r['last step']}" + (
+        f" (first step {r['first step requests']} of {r['concurrency']} as the gate set it; its out-of-vocabulary "
+        f"ids up to there were trajectory {r['trajectory']}'s)" if isinstance(r["trajectory"], str) else "")
+        for _, r in cuts.iterrows() if not pd.isna(r["last step"])]
+    return text + (f" The admission gate's test ({verification.ADMIT_C24_MATRIX}, pre-registered): "
                    f"{sum(bool(h) for h in held)} of {len(at)} predictions held, {sum(not h for h in held)} failed, "
-                   f"{len(at) - len(held)} undecided.")
+                   f"{len(at) - len(held)} undecided"
+                   + (f"; {len(cuts)} run(s) cut by the runner's deadline, not judged"
+                      + (f": {'; '.join(seen)}" if seen else "") if len(cuts) else "") + ".")
 
 
 def _ledger_sentence(lf, runs, data_dir: str) -> str:

@@ -2246,9 +2246,14 @@ def admit_c24_predictions(df, matrix_path=None, data_dir: str = "data"):
     gate, per_k = ([], []), {k: ([], []) for k in ADMIT_C24_EXPECTED}
     for i, r in t.iterrows():
         name = f"K={r['K']}"
-        if r["ended"] == "deadline cut":
+        if r["ended"] == "deadline cut":   # recorded as far as its probe went, never judged
+            seen = ("" if pd.isna(r["last step"]) else
+                    f" at step {r['last step']} (first step {r['first step requests']}, second "
+                    f"{r['second step requests']}; its out-of-vocabulary ids up to the cut: trajectory "
+                    f"{r['trajectory']})" if isinstance(r["trajectory"], str) else
+                    f" at step {r['last step']} (first step {r['first step requests']}, before any NaN)")
             for box in (gate, per_k.get(r["K"], ([], []))):
-                box[0].append(f"{name}: cut by the runner's deadline, not judged")
+                box[0].append(f"{name}: cut by the runner's deadline{seen}, not judged")
             continue
         gate[0].append(f"{name}: first step {r['first step requests']}, second {r['second step requests']}")
         gate[1].append(eq(r["first step requests"], r["K"]) and eq(r["second step requests"], r["concurrency"]))

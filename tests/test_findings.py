@@ -572,6 +572,12 @@ def test_the_trajectory_sentence_reports_the_admission_test_once_it_has_run():
     from dflash_lab import analysis, findings, verification as V
 
     df = analysis.load_runs()
+    # as recorded (s59): one K=4 run, cut by the runner's deadline at step 281; said, never judged
+    assert findings._trajectory_sentence(df, "data").endswith(
+        "The admission gate's test (probe-admit-c24-tp1, pre-registered): 0 of 5 predictions held, 0 failed, 5 "
+        "undecided; 1 run(s) cut by the runner's deadline, not judged: K=4, cut at step 281 (first step 4 of 24 as "
+        "the gate set it; its out-of-vocabulary ids up to there were trajectory 18c2a7fd's).")
+    df = df[df["matrix"] != V.ADMIT_C24_MATRIX]
     assert findings._trajectory_sentence(df, "data").endswith(
         "The admission gate's test of this (probe-admit-c24-tp1, pre-registered) has not run yet.")
     df = df.copy()
@@ -581,7 +587,7 @@ def test_the_trajectory_sentence_reports_the_admission_test_once_it_has_run():
         i = df.index[df["file"].astype(str).str.contains(part) & df["run_id"].str.endswith(rid)]
         df.loc[i, ["matrix", "run_id", "first_step_requests"]] = [V.ADMIT_C24_MATRIX, f"stock-admit-k{k}-c24/c24/r0", k]
     text = findings._trajectory_sentence(df, "data")
-    assert text.endswith("Tested with the admission gate (probe-admit-c24-tp1, pre-registered): 5 of 5 predictions held, "
+    assert text.endswith("The admission gate's test (probe-admit-c24-tp1, pre-registered): 5 of 5 predictions held, "
                          "0 failed, 0 undecided.")
     # a line of the matrix that cannot be judged (a run its file does not plan) is said, not passed over
     bad = pd.concat([df, df[df["matrix"] == V.ADMIT_C24_MATRIX].iloc[:1].assign(run_id="stock-admit-k9-c24/c24/r0")])

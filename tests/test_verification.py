@@ -1460,9 +1460,10 @@ def test_trajectory_id_names_the_set_not_its_order():
 
 def _admit_c24_case(labels):
     """Recorded probed runs at 24 relabelled as probe-admit-c24-tp1's runs: ``labels`` maps (run file part, run_id
-    suffix) to the K it is relabelled as; the first step requests recorded are what the gate would have set."""
+    suffix) to the K it is relabelled as; the first step requests recorded are what the gate would have set. The
+    matrix's own recorded lines are left out, so the case is the relabelled runs alone."""
     df = analysis.load_runs()
-    df = df.copy()
+    df = df[df["matrix"] != V.ADMIT_C24_MATRIX].copy()
     df["first_step_requests"] = df.get("first_step_requests")
     for (part, rid), k in labels.items():
         i = df.index[df["file"].astype(str).str.contains(part) & df["run_id"].str.endswith(rid)]
@@ -1498,8 +1499,27 @@ def test_admit_predictions_fail_on_another_trajectory_and_wait_for_missing_runs(
     t, _ = V.admit_c24_predictions(_admit_c24_case(three))
     assert t["held"].iloc[0] is None and t["held"].iloc[2] is None and t["measured"].iloc[2] == "not run"
     assert t["held"].iloc[1] is True and "1 planned run(s) not measured" in t["measured"].iloc[0]
+    df = analysis.load_runs()
     with pytest.raises(LabError, match="no run lines of probe-admit-c24-tp1"):
-        V.admit_c24_predictions(analysis.load_runs())
+        V.admit_c24_predictions(df[df["matrix"] != V.ADMIT_C24_MATRIX])
+
+
+def test_admit_predictions_on_the_recorded_runs():
+    """What probe-admit-c24-tp1 has recorded (s59): one K=4 run, cut by the runner's deadline 59 s in, after a 434 s
+    cold engine start. A cut is not judged, so every prediction is undecided. Its probe is still shown as far as it
+    went: the gate set the first step to 4 of 24 and the second to all 24, and its out-of-vocabulary ids up to the cut
+    at step 281 (15 ids, 13 requests, request 16's own id in row 0 at 281) are trajectory 18c2a7fd's."""
+    t, runs = V.admit_c24_predictions(analysis.load_runs())
+    assert list(t["held"]) == [None] * 5
+    assert len(runs) == 1 and runs["K"].iloc[0] == 4 and runs["ended"].iloc[0] == "deadline cut"
+    r = runs.iloc[0]
+    assert (r["first step requests"], r["second step requests"], r["last step"]) == (4, 24, 281)
+    assert (r["trajectory"], r["out-of-vocabulary ids"], r["requests with one"]) == ("18c2a7fd", 15, 13)
+    assert (r["first row-0 step"], r["row-0 how"], r["its request"]) == (281, "sampled", 16)
+    assert t["measured"].iloc[4] == ("K=4: cut by the runner's deadline at step 281 (first step 4, second 24; its "
+                                     "out-of-vocabulary ids up to the cut: trajectory 18c2a7fd), not judged")
+    assert t["measured"].iloc[0].endswith("; 4 planned run(s) not measured")
+    assert list(t["measured"].iloc[1:4]) == ["not run"] * 3
 
 
 def test_seq_advance_after_an_out_of_vocabulary_row():
