@@ -31,7 +31,17 @@ mkdir -p "$LOGS"
 bash scripts/gpu/gpu-clocks.sh "$OUT/gpu_clocks.csv" $$ 1 >/dev/null 2>&1 &
 CLOCKS=$!
 # SKIP_DONE: runs.jsonl files of earlier calls of this matrix (carried into the checkout): continue where they stopped
+# SKIP_HOST=1: also the runs.jsonl of earlier calls of this matrix on this host (scripts/gpu/host-runs.sh), so a call
+# sent in one batch right after another continues it (a fresh host has none: nothing is left out there)
+NAME=$(basename "$MATRIX" .yaml)
+if [ "${SKIP_HOST:-}" = 1 ]; then
+  KEPT=$(bash scripts/gpu/host-runs.sh list "$NAME" | tr '\n' ' ')
+  echo "SKIP_HOST: earlier calls of $NAME on this host: ${KEPT:-none}"
+  SKIP_DONE="${SKIP_DONE:-} $KEPT"
+fi
+SKIP_DONE=$(echo ${SKIP_DONE:-})   # globs expand here, on the host; blank: no --skip-done
 python3 -m dflash_lab run "$MATRIX" --out "$OUT/runs.jsonl" --logs "$LOGS" --deadline-s $LEFT ${SKIP_DONE:+--skip-done $SKIP_DONE}
+bash scripts/gpu/host-runs.sh keep "$NAME" "$OUT/runs.jsonl" || true
 find "$LOGS" -name '*.log' -size +3M -exec sh -c 'tail -c 3000000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
 kill $CLOCKS 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$LOGS" .
