@@ -1179,10 +1179,11 @@ def _trajectory_sentence(df, data_dir: str) -> str:
     held = [h for h in at["held"] if h is not None]
     cuts = ar[ar["ended"] == "deadline cut"]
     # a cut is never judged; what its probe recorded up to the cut is said as that, beside the verdict counts
-    seen = [f"K={r['K']}, cut at step {r['last step']}" + (
-        f" (first step {r['first step requests']} of {r['concurrency']} as the gate set it; its out-of-vocabulary "
-        f"ids up to there were trajectory {r['trajectory']}'s)" if isinstance(r["trajectory"], str) else "")
-        for _, r in cuts.iterrows() if not pd.isna(r["last step"])]
+    seen = [f"K={r['K']}, before its first recorded step" if pd.isna(r["last step"]) else
+            f"K={r['K']}, last recorded step {r['last step']} (first step {r['first step requests']} of "
+            f"{r['concurrency']}" + (f"; its out-of-vocabulary ids up to there were trajectory {r['trajectory']}'s)"
+                                     if isinstance(r["trajectory"], str) else "; no out-of-vocabulary id)")
+            for _, r in cuts.iterrows()]
     return text + (f" The admission gate's test ({verification.ADMIT_C24_MATRIX}, pre-registered): "
                    f"{sum(bool(h) for h in held)} of {len(at)} predictions held, {sum(not h for h in held)} failed, "
                    f"{len(at) - len(held)} undecided"

@@ -2068,7 +2068,7 @@ def _c24_probed(df, matrices, data_dir: str, lines=None):
         yield r, label, p
 
 
-def c24_trajectories(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data", lines=None):
+def c24_trajectories(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data", lines=None, up_to_step=None):
     """Every run line of the probed stock matrices at 24 (``matrices``; or exactly ``lines``, in their order) with its
     probe log: how it ended ("crash", "timeout", "deadline cut"), how many requests the engine's first step admitted
     (and whether the admission gate set it), its last step, its out-of-vocabulary ids (how many, for how many requests,
@@ -2076,7 +2076,9 @@ def c24_trajectories(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data
     out-of-vocabulary id, "sampled", or a request with no token moved into row 0, "moved") with the request in row 0
     there, and its core's kernel. One row per run line, oldest first where ``lines`` is not given; start-up errors
     (an engine that never ran) are left out. A deadline cut without a probe log is a row with nothing but how it ended;
-    any other run line whose probe log is missing is an error (a run line without its data is not a trajectory)."""
+    any other run line whose probe log is missing is an error (a run line without its data is not a trajectory).
+    ``up_to_step``: the out-of-vocabulary columns (how many, for how many requests, the trajectory) count only the ids
+    of steps up to it, e.g. to set a run cut at that step beside the prefixes of whole trajectories."""
     import pandas as pd
 
     from . import divergence
@@ -2096,6 +2098,8 @@ def c24_trajectories(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data
         steps = p["steps"]
         vocab = run_vocab_size(r)
         oor = divergence.out_of_vocab_ids(p, vocab)
+        if up_to_step is not None:
+            oor = oor[oor["step"] <= up_to_step]
         r0 = divergence.row0_without_token(p, vocab)
         at = next((s for s in steps if r0 is not None and s["step"] == r0["step"]), None)
         fault = r.get("fault")
@@ -2247,11 +2251,14 @@ def admit_c24_predictions(df, matrix_path=None, data_dir: str = "data"):
     for i, r in t.iterrows():
         name = f"K={r['K']}"
         if r["ended"] == "deadline cut":   # recorded as far as its probe went, never judged
+            # the last recorded step, not the step the deadline came at: the runner takes the hang snapshot (a few
+            # seconds, the engine still stepping) before it kills the engine
             seen = ("" if pd.isna(r["last step"]) else
-                    f" at step {r['last step']} (first step {r['first step requests']}, second "
-                    f"{r['second step requests']}; its out-of-vocabulary ids up to the cut: trajectory "
+                    f"; last recorded step {r['last step']} (first step {r['first step requests']}, second "
+                    f"{r['second step requests']}; its out-of-vocabulary ids up to there: trajectory "
                     f"{r['trajectory']})" if isinstance(r["trajectory"], str) else
-                    f" at step {r['last step']} (first step {r['first step requests']}, before any NaN)")
+                    f"; last recorded step {r['last step']} (first step {r['first step requests']}, no "
+                    "out-of-vocabulary id)")
             for box in (gate, per_k.get(r["K"], ([], []))):
                 box[0].append(f"{name}: cut by the runner's deadline{seen}, not judged")
             continue

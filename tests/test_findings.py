@@ -572,11 +572,13 @@ def test_the_trajectory_sentence_reports_the_admission_test_once_it_has_run():
     from dflash_lab import analysis, findings, verification as V
 
     df = analysis.load_runs()
-    # as recorded (s59): one K=4 run, cut by the runner's deadline at step 281; said, never judged
-    assert findings._trajectory_sentence(df, "data").endswith(
+    # s59's call alone (later calls' lines left out): one K=4 run cut by the runner's deadline; said, never judged
+    s59 = df[(df["matrix"] != V.ADMIT_C24_MATRIX)
+             | df["file"].astype(str).str.contains("2026-12-04_h200_probe-admit-c24-a-tp1")]
+    assert findings._trajectory_sentence(s59, "data").endswith(
         "The admission gate's test (probe-admit-c24-tp1, pre-registered): 0 of 5 predictions held, 0 failed, 5 "
-        "undecided; 1 run(s) cut by the runner's deadline, not judged: K=4, cut at step 281 (first step 4 of 24 as "
-        "the gate set it; its out-of-vocabulary ids up to there were trajectory 18c2a7fd's).")
+        "undecided; 1 run(s) cut by the runner's deadline, not judged: K=4, last recorded step 281 (first step 4 of "
+        "24; its out-of-vocabulary ids up to there were trajectory 18c2a7fd's).")
     df = df[df["matrix"] != V.ADMIT_C24_MATRIX]
     assert findings._trajectory_sentence(df, "data").endswith(
         "The admission gate's test of this (probe-admit-c24-tp1, pre-registered) has not run yet.")

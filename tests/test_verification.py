@@ -1504,22 +1504,42 @@ def test_admit_predictions_fail_on_another_trajectory_and_wait_for_missing_runs(
         V.admit_c24_predictions(df[df["matrix"] != V.ADMIT_C24_MATRIX])
 
 
-def test_admit_predictions_on_the_recorded_runs():
-    """What probe-admit-c24-tp1 has recorded (s59): one K=4 run, cut by the runner's deadline 59 s in, after a 434 s
-    cold engine start. A cut is not judged, so every prediction is undecided. Its probe is still shown as far as it
-    went: the gate set the first step to 4 of 24 and the second to all 24, and its out-of-vocabulary ids up to the cut
-    at step 281 (15 ids, 13 requests, request 16's own id in row 0 at 281) are trajectory 18c2a7fd's."""
-    t, runs = V.admit_c24_predictions(analysis.load_runs())
+S59_ADMIT = "2026-12-04_h200_probe-admit-c24-a-tp1"
+
+
+def test_admit_predictions_on_s59s_cut_run():
+    """probe-admit-c24-tp1's s59 call alone (later calls' lines left out): one K=4 run, cut by the runner's deadline 59
+    s in, after a 434 s cold engine start. A cut is not judged, so every prediction is undecided. Its probe is still
+    shown as far as it went: the gate set the first step to 4 of 24 and the second to all 24, and its out-of-vocabulary
+    ids up to its last recorded step, 281 (15 ids, 13 requests, request 16's own id in row 0 at 281), are trajectory
+    18c2a7fd's. 281 is the last recorded step, not the step the deadline came at (near 272): the engine kept stepping
+    through the hang snapshot the runner takes before it kills it."""
+    df = analysis.load_runs()
+    df = df[(df["matrix"] != V.ADMIT_C24_MATRIX) | df["file"].astype(str).str.contains(S59_ADMIT)]
+    t, runs = V.admit_c24_predictions(df)
     assert list(t["held"]) == [None] * 5
     assert len(runs) == 1 and runs["K"].iloc[0] == 4 and runs["ended"].iloc[0] == "deadline cut"
     r = runs.iloc[0]
     assert (r["first step requests"], r["second step requests"], r["last step"]) == (4, 24, 281)
     assert (r["trajectory"], r["out-of-vocabulary ids"], r["requests with one"]) == ("18c2a7fd", 15, 13)
     assert (r["first row-0 step"], r["row-0 how"], r["its request"]) == (281, "sampled", 16)
-    assert t["measured"].iloc[4] == ("K=4: cut by the runner's deadline at step 281 (first step 4, second 24; its "
-                                     "out-of-vocabulary ids up to the cut: trajectory 18c2a7fd), not judged")
+    assert t["measured"].iloc[4] == ("K=4: cut by the runner's deadline; last recorded step 281 (first step 4, second "
+                                     "24; its out-of-vocabulary ids up to there: trajectory 18c2a7fd), not judged")
     assert t["measured"].iloc[0].endswith("; 4 planned run(s) not measured")
     assert list(t["measured"].iloc[1:4]) == ["not run"] * 3
+
+
+def test_trajectories_up_to_a_step_set_a_cut_run_beside_the_prefixes():
+    """up_to_step counts only the ids of steps up to it: at 281 the four-request trajectory's one run keeps its name
+    (it ended there), and the runs of the other two each share one prefix that is not 18c2a7fd's, so a run cut at 281
+    with 18c2a7fd's ids is told apart from them (s59's K=4 cut, nb03)."""
+    df = analysis.load_runs()
+    whole, pre = V.c24_trajectories(df), V.c24_trajectories(df, up_to_step=281)
+    assert (pre["run"] == whole["run"]).all()
+    pairs = set(zip(whole["trajectory"].dropna(), pre["trajectory"].dropna()))
+    assert pairs == {("18c2a7fd", "18c2a7fd"), ("49d3f971", "364794ae"), ("b24b6dcf", "84b56e58")}
+    assert (pre["out-of-vocabulary ids"].dropna() <= whole["out-of-vocabulary ids"].dropna()).all()
+    assert V.c24_trajectories(df, up_to_step=0)["trajectory"].isna().all()
 
 
 def test_seq_advance_after_an_out_of_vocabulary_row():

@@ -3,10 +3,12 @@
 # it without a round trip through this checkout (s59: the host was released in the seconds between one call's reply and
 # the next call, and the next call started a fresh host; calls sent together in one batch run back to back instead,
 # but the second cannot carry the first's runs.jsonl).
-#   host-runs.sh keep NAME FILE   after a call: copy FILE (the call's runs.jsonl) to $HOST_RUNS/NAME-<seconds>.jsonl;
+#   host-runs.sh keep NAME FILE   after a call: copy FILE (the call's runs.jsonl) to $HOST_RUNS/NAME-<ns>.jsonl;
 #                                 an empty or missing FILE is not kept (that call measured nothing)
 #   host-runs.sh list NAME        the kept files of matrix NAME on this host, one per line, oldest first (none: nothing)
-# session.sh calls both when SKIP_HOST=1. A fresh host has no kept file: its /tmp is new, so nothing is skipped there.
+# session.sh keeps every call's file, and lists them only with SKIP_HOST=1 (the first call of a batch has none to
+# continue). A fresh host has no kept file: its /tmp is new, so nothing is skipped there. A call that the outer
+# timeout kills before its end keeps nothing.
 # The runner's --skip-done never leaves out a deadline cut, so a kept cut skips nothing.
 set -euo pipefail
 DIR=${HOST_RUNS:-/tmp/host-runs}
