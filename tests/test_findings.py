@@ -177,8 +177,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "defined only in the drafter's compiled graph (vLLM compile tag eagle_head)" in text
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
     # 47 since s56's two probed runs at 24 (the fourth probe-hang-c24 attempt and the ledger run), 50 since s57's three
-    # that reached step 275 (its first call's run was cut at step 12 and is one of the 48 others), 54 since s58's four
-    assert ("From the NaN to the illegal address (s43): in every one of the 54 probed runs whose verify logits held NaN "
+    # that reached step 275 (its first call's run was cut at step 12 and is one of the 48 others), 54 since s58's four,
+    # 55 since s59's probe-admit-c24 run (cut by the runner's deadline after NaN logits from step 275 on)
+    assert ("From the NaN to the illegal address (s43): in every one of the 55 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
@@ -244,7 +245,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "id in row 0 at step 281 without a fault; a first step of 1 request: trajectory b24b6dcf, a crash at its "
             "first row-0 step, 285, with request 17's own id in row 0 (3 of 3); a first step of 4 requests: "
             "trajectory 18c2a7fd, a crash at its first row-0 step, 281, with request 16's own id in row 0 (1 of 1). "
-            "The admission gate's test of this (probe-admit-c24-tp1, pre-registered) has not run yet.") in text
+            "The admission gate's test (probe-admit-c24-tp1, pre-registered): 0 of 5 predictions held, 0 failed, 5 "
+            "undecided; 1 run(s) cut by the runner's deadline, not judged: K=4, last recorded step 281 (first step 4 "
+            "of 24; its out-of-vocabulary ids up to there were trajectory 18c2a7fd's).") in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):
