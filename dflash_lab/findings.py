@@ -1187,8 +1187,8 @@ def _trajectory_sentence(df, data_dir: str) -> str:
     return text + (f" The admission gate's test ({verification.ADMIT_C24_MATRIX}, pre-registered): "
                    f"{sum(bool(h) for h in held)} of {len(at)} predictions held, {sum(not h for h in held)} failed, "
                    f"{len(at) - len(held)} undecided"
-                   + (f"; {len(cuts)} run(s) cut by the runner's deadline, not judged"
-                      + (f": {'; '.join(seen)}" if seen else "") if len(cuts) else "") + ".")
+                   + (f"; {len(cuts)} run(s) cut by the runner's deadline, not judged: {'; '.join(seen)}"
+                      if len(cuts) else "") + ".")
 
 
 def _ledger_sentence(lf, runs, data_dir: str) -> str:
