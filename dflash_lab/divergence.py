@@ -8,6 +8,7 @@ and layer where the two passes differ, the first non-finite values, the violatio
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import math
 import os
@@ -23,8 +24,42 @@ def probe_files(pattern: str = PROBE_GLOB) -> list[str]:
     return sorted(glob.glob(pattern))
 
 
+# set while a shared_probes() block runs: (path as given, its real path, size, mtime) -> the probe read from it
+_shared: dict | None = None
+
+
+@contextlib.contextmanager
+def shared_probes():
+    """Inside this block each probe log is read once: a second :func:`load_probe` of the same path returns the same
+    dict, as long as the file's size and modification time are unchanged (a rewritten file is read again). For one
+    build that reads the same logs in several places (the findings page read 113 logs 403 times, 53 of its 77 s).
+    Callers must not change what they get. The logs stay in memory until the block ends (all of today's ~3 GB in
+    Python objects, about what notebook 03 holds at once); outside any block nothing is kept."""
+    global _shared
+    outer, _shared = _shared, ({} if _shared is None else _shared)
+    try:
+        yield
+    finally:
+        if outer is None:
+            _shared = None
+
+
 def load_probe(path: str) -> dict:
-    """{'steps': [...], 'samples': {step: line}, 'layout': line | None, 'session', 'engine', 'path'}."""
+    """{'steps': [...], 'samples': {step: line}, 'layout': line | None, 'session', 'engine', 'path'}.
+    Read once per :func:`shared_probes` block."""
+    if _shared is None:
+        return _read_probe(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return _read_probe(path)  # its own error for a missing file
+    key = (str(path), os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if key not in _shared:
+        _shared[key] = _read_probe(path)
+    return _shared[key]
+
+
+def _read_probe(path: str) -> dict:
     steps, samples, layout = [], {}, None
     for i, d in json_lines(path):
         if "step" not in d and d.get("kind") != "layout":

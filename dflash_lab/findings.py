@@ -35,6 +35,13 @@ def _rows(df, cols) -> str:
 
 
 def write_findings(root: Path, out: Path) -> Path:
+    from . import divergence
+
+    with divergence.shared_probes():  # its clauses read the same probe logs many times over
+        return _write_findings(root, out)
+
+
+def _write_findings(root: Path, out: Path) -> Path:
     from . import divergence, kvgroups, verification
 
     os.chdir(root)

@@ -47,6 +47,33 @@ def test_missing_probe_file(tmp_path):
         D.load_probe(str(tmp_path / "nope.jsonl"))
 
 
+def test_shared_probes_reads_each_log_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    p = tmp_path / "s" / "e.probe" / "probe-1.jsonl"
+    p.parent.mkdir(parents=True)
+    p.write_text('{"step": 1, "mode": "FULL"}\n')
+    reads = []
+    real = D._read_probe
+    monkeypatch.setattr(D, "_read_probe", lambda path: reads.append(path) or real(path))
+    assert D.load_probe(str(p)) is not D.load_probe(str(p)) and len(reads) == 2  # outside a block: read each time
+    with D.shared_probes():
+        a = D.load_probe(str(p))
+        with D.shared_probes():  # a block inside a block shares the outer one's logs
+            assert D.load_probe(str(p)) is a
+        assert D.load_probe(str(p)) is a and len(reads) == 3
+        p.write_text('{"step": 1, "mode": "FULL"}\n{"step": 2, "mode": "FULL"}\n')  # rewritten: size differs
+        b = D.load_probe(str(p))
+        assert len(reads) == 4 and [s["step"] for s in b["steps"]] == [1, 2] and b["path"] == str(p)
+        with pytest.raises(LabError, match="no such file"):
+            D.load_probe(str(tmp_path / "nope.jsonl"))
+    assert D._shared is None  # nothing kept once the block ends
+    with pytest.raises(RuntimeError), D.shared_probes():
+        D.load_probe(str(p))
+        raise RuntimeError("a failing build")
+    assert D._shared is None
+    D.load_probe(str(p))
+    assert len(reads) == 7  # the missing file was tried too
+
+
 def _p(session, engine, pid=1):
     return {"session": session, "engine": engine, "steps": [], "path": f"data/gpu/{session}/{engine}.probe/probe-{pid}.jsonl"}
 
