@@ -2,7 +2,8 @@
 
 ``python -m dflash_lab ingest FOLDER NAME [--matrix MATRIX.yaml] [--device-command CMD] [--gpu-session LABEL]``
 
-FOLDER is what one ``scripts/gpu/session.sh`` call wrote under ``$OUT``: ``runs.jsonl``,
+FOLDER is what one ``scripts/gpu/session.sh`` call (or the last ``scripts/gpu/detached.sh`` call of a batch, with
+its ``runner.log``) wrote under ``$OUT``: ``runs.jsonl``,
 ``logs.tgz`` (engine logs and launch-hook output), optionally ``gpu_replay.jsonl`` and
 ``capture_sizes.json``. It becomes:
 
@@ -90,6 +91,8 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
         if not gpu_session and not all(l.get("gpu_session") for l in lines):
             raise LabError("bench lines need a GPU session label (--gpu-session): ratios are taken within a session only")
     data = Path(data_dir)
+    if not data.is_dir():
+        raise LabError(f"{data_dir}: no such folder (ingest runs in the checkout's root, beside data/)")
     runs_dst = data / kind / f"{name}.jsonl"
     gpu_dst = data / "gpu" / name
     _check_new(name, runs_dst, gpu_dst)
@@ -132,7 +135,7 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
                 raise LabError(f"{logs}: not a readable tar.gz ({e})") from None
         kept, already = _drop_already_recorded(stage / "gpu", kept, data, gpu_session)
         for extra in ("gpu_replay.jsonl", "capture_sizes.json", "blocking_trace.txt", "setup.log",
-                      "repro_min.json", "repro_min.log", "gpu_clocks.csv",
+                      "repro_min.json", "repro_min.log", "gpu_clocks.csv", "runner.log",   # runner.log: detached.sh
                       *sorted(p.name for p in src.glob("sigstages*.jsonl"))):   # python -m dflash_lab sigstages
             if (src / extra).exists():
                 shutil.copy2(src / extra, stage / "gpu" / extra)

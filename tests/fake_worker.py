@@ -2,7 +2,7 @@
 
 Behaviour per run id comes from the FAKE_PLAN environment variable (JSON: run id ->
 "ok" | "crash" | "hang" | "fail" | "coredump" | "coredump-tp2" | "coredump-server"), FAKE_STARTUP ("ok" | "error" |
-"hang").
+"hang"), FAKE_RUN_S (seconds each run takes; 0).
 As the dflash_lab plugin does in every process vLLM starts, it registers its stacks file for a hang snapshot (only that
 part of the plugin: the rest would import vllm; tests/test_hang.py runs the plugin itself).
 With ``CUDA_ENABLE_USER_TRIGGERED_COREDUMP`` set it stands in for the driver's listener: a thread creates the pipe
@@ -122,6 +122,7 @@ def main():
                         _write_core(_core_path(os.getpid()), chunks, tag)
             print("[rank0]: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
             os._exit(1)
+        time.sleep(float(os.environ.get("FAKE_RUN_S", "0")))   # a run that takes this long
         ev.emit(event="run_end", run=run["id"], outcome="ok" if what == "ok" else "crash",
                 requests_completed=run["concurrency"] if what == "ok" else 0, output_tokens=10, wall_s=0.01)
     os._exit(0)

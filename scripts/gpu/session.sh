@@ -8,12 +8,13 @@ set -uo pipefail
 T0=$(date +%s)
 MATRIX=$1; DEADLINE=$2; QUICK=${3:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-bash scripts/gpu/setup.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-tail -3 "$OUT/setup.log"
-grep -h "^cache.sh:" "$OUT/setup.log" || true   # whether carried compile caches were used
-export PYTHONPATH=/tmp/vllm-site VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export DFLASH_LAB_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
+SETUP=${DFLASH_LAB_HOST_SETUP-scripts/gpu/setup.sh}   # blank: no setup (tests)
+if [ -n "$SETUP" ]; then
+  bash "$SETUP" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+  tail -3 "$OUT/setup.log"
+  grep -h "^cache.sh:" "$OUT/setup.log" || true   # whether carried compile caches were used
+fi
+source scripts/gpu/env.sh
 if [ "$QUICK" = quick ]; then
   timeout 120 python3 -m dflash_lab record-capture-sizes --out "$OUT/capture_sizes.json" 2>&1 | tail -14
   for k in stock patched; do
@@ -30,19 +31,12 @@ mkdir -p "$LOGS"
 # the GPUs' clocks, power and temperature through the call (sessions drift; dflash_lab.gpuclocks reads the file)
 bash scripts/gpu/gpu-clocks.sh "$OUT/gpu_clocks.csv" $$ 1 >/dev/null 2>&1 &
 CLOCKS=$!
-# SKIP_DONE: runs.jsonl files of earlier calls of this matrix (carried into the checkout): continue where they stopped
-# SKIP_HOST=1: also the runs.jsonl of earlier calls of this matrix on this host (scripts/gpu/host-runs.sh), so a call
-# sent in one batch right after another continues it (a fresh host has none: nothing is left out there)
+# SKIP_DONE: runs.jsonl files of earlier calls of this matrix (carried into the checkout): continue where they stopped;
+# SKIP_HOST=1 adds the earlier calls' on this host (scripts/gpu/skip-done.sh)
 NAME=$(basename "$MATRIX" .yaml)
-if [ "${SKIP_HOST:-}" = 1 ]; then
-  KEPT=$(bash scripts/gpu/host-runs.sh list "$NAME" | tr '\n' ' ')
-  echo "SKIP_HOST: earlier calls of $NAME on this host: ${KEPT:-none}"
-  SKIP_DONE="${SKIP_DONE:-} $KEPT"
-fi
-SKIP_DONE=$(echo ${SKIP_DONE:-})   # globs expand here, on the host; blank: no --skip-done
+source scripts/gpu/skip-done.sh
 python3 -m dflash_lab run "$MATRIX" --out "$OUT/runs.jsonl" --logs "$LOGS" --deadline-s $LEFT ${SKIP_DONE:+--skip-done $SKIP_DONE}
 bash scripts/gpu/host-runs.sh keep "$NAME" "$OUT/runs.jsonl" || true
-find "$LOGS" -name '*.log' -size +3M -exec sh -c 'tail -c 3000000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
 kill $CLOCKS 2>/dev/null
-tar czf "$OUT/logs.tgz" -C "$LOGS" .
+bash scripts/gpu/pack-logs.sh "$LOGS" "$OUT/logs.tgz"
 ls -la "$OUT"

@@ -1,0 +1,145 @@
+"""scripts/gpu/detached.sh: one runner for a whole matrix that outlives the device calls (a call lasts at most 10
+minutes, a cold engine start 7), with each call returning everything so far."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+import yaml
+
+from dflash_lab.errors import LabError
+from dflash_lab.ingest import ingest
+from dflash_lab.runner import read_lines
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("setsid") is None,
+                                reason="needs bash and setsid")
+
+
+def matrix(tmp_path, name="det-t"):
+    m = {"name": name, "worker": "fake_worker", "run_timeout_s": 30, "startup_timeout_s": 30,
+         "defaults": {"target": "tiny-dense"},
+         "engines": [{"id": "e1", "runs": [{"concurrency": 2, "rounds": 2}]},
+                     {"id": "e2", "runs": [{"concurrency": 4}]}]}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(m))
+    return path
+
+
+def det(root, tmp_path, out, *args, **env):
+    e = dict(os.environ, OUT=str(out), DETACHED_ROOT=str(tmp_path / "det"), DFLASH_LAB_HOST_SETUP="",
+             HOST_RUNS=str(tmp_path / "kept"), DFLASH_LAB_HOST_PYTHONPATH=f"{root}:{root / 'tests'}",
+             PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", TRITON_INTERPRET="1",
+             DFLASH_LAB_GPU_SESSION="test-session", **env)
+    return subprocess.run(["bash", str(root / "scripts" / "gpu" / "detached.sh"), *args], capture_output=True,
+                          text=True, env=e, cwd=root, timeout=180)
+
+
+def runner_pid(tmp_path, name="det-t"):
+    return int((tmp_path / "det" / name / "pid").read_text())
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_the_runner_outlives_its_call_and_the_last_call_returns_the_whole_matrix(root, tmp_path):
+    m = matrix(tmp_path)
+    try:
+        r = det(root, tmp_path, tmp_path / "o1", "start", str(m), "300", "0", FAKE_RUN_S="2")
+        assert r.returncode == 0, r.stderr + r.stdout
+        pid = runner_pid(tmp_path)
+        assert alive(pid), "the call has returned; its runner must run on"
+        assert os.getsid(pid) == pid   # in its own session: the device tool ends every other process of a call
+        assert (tmp_path / "o1" / "status").read_text().startswith("running")
+        again = det(root, tmp_path, tmp_path / "o1b", "start", str(m), "300", "0")
+        assert again.returncode == 2 and "already running" in again.stderr
+        r = det(root, tmp_path, tmp_path / "o2", "wait", str(m), "150")
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert (tmp_path / "o2" / "status").read_text().strip() == "ended rc=0"
+        lines = read_lines(tmp_path / "o2" / "runs.jsonl")
+        assert [l["run_id"] for l in lines] == ["e1/c2/r0", "e1/c2/r1", "e2/c4/r0"]
+        assert {l["outcome"] for l in lines} == {"ok"} and {l["gpu_session"] for l in lines} == {"test-session"}
+        with tarfile.open(tmp_path / "o2" / "logs.tgz") as tf:
+            assert any(n.endswith("e1.a1.log") for n in tf.getnames()), tf.getnames()
+        assert "runner deadline" in r.stdout or "line(s)" in r.stdout
+        # the last call's folder is what gets ingested, with the runner's own output
+        with pytest.raises(LabError, match="no such folder"):
+            ingest(str(tmp_path / "o2"), "det-t-a", data_dir=str(tmp_path / "data"))
+        (tmp_path / "data").mkdir()
+        meta = ingest(str(tmp_path / "o2"), "det-t-a", data_dir=str(tmp_path / "data"))
+        assert meta["lines"] == 3 and "runner.log" in meta["files"]
+        # the runner kept its runs on the host at its end: a new start with SKIP_HOST=1 leaves them all out
+        r = det(root, tmp_path, tmp_path / "o3", "start", str(m), "300", "120", SKIP_HOST="1")
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert (tmp_path / "o3" / "status").read_text().strip() == "ended rc=0"
+        assert "3 run(s) already measured" in (tmp_path / "o3" / "runner.log").read_text()
+        assert not (tmp_path / "o3" / "runs.jsonl").exists() or not read_lines(tmp_path / "o3" / "runs.jsonl")
+        assert len(list((tmp_path / "det").glob("det-t.*"))) == 1   # the first runner's folder, kept beside
+    finally:
+        for p in (tmp_path / "det").glob("*/pid"):
+            try:
+                os.killpg(int(p.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def test_a_copy_never_ends_in_half_a_line_and_a_dead_runner_says_so(root, tmp_path):
+    d = tmp_path / "det" / "det-t"
+    d.mkdir(parents=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (d / "pid").write_text(f"{gone.pid}\n")
+    (d / "t0").write_text(f"{int(time.time())}\n")
+    whole = json.dumps({"run_id": "e1/c2/r0", "outcome": "ok"}) + "\n"
+    (d / "runs.jsonl").write_text(whole + '{"run_id": "e1/c2/r1", "outc')
+    r = det(root, tmp_path, tmp_path / "o", "wait", str(tmp_path / "det-t.yaml"), "30")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "o" / "runs.jsonl").read_text() == whole
+    assert "without an exit status" in (tmp_path / "o" / "status").read_text()
+    (d / "rc").write_text("1\n")
+    det(root, tmp_path, tmp_path / "o", "wait", str(tmp_path / "det-t.yaml"), "30")
+    assert (tmp_path / "o" / "status").read_text().strip() == "ended rc=1"
+
+
+@pytest.mark.parametrize("args,msg", [(("wait", "m.yaml", "5"), "no runner of m was started"),
+                                      (("start", "nope.yaml", "300", "5"), "no such matrix"),
+                                      (("start", "m.yaml", "soon", "5"), "not a whole number"),
+                                      (("wait", "m.yaml"), "not a whole number"),
+                                      (("stop", "m.yaml"), "usage"),
+                                      (("wait", "a b.yaml", "5"), "bad matrix name")])
+def test_bad_calls_say_what_is_wrong(root, tmp_path, args, msg):
+    r = det(root, tmp_path, tmp_path / "o", *args)
+    assert r.returncode == 2 and msg in r.stderr, r.stderr
+    assert not (tmp_path / "det").exists()
+
+
+def test_session_sh_shares_the_host_steps_and_a_second_call_continues(root, tmp_path):
+    """session.sh, the one-call runner, sources the same environment and skip list and packs its logs the same way."""
+    m = matrix(tmp_path, "sess-t")
+
+    def call(out, **env):
+        e = dict(os.environ, OUT=str(out), DFLASH_LAB_HOST_SETUP="", HOST_RUNS=str(tmp_path / "kept"),
+                 DFLASH_LAB_HOST_PYTHONPATH=f"{root}:{root / 'tests'}", TRITON_INTERPRET="1",
+                 PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", **env)
+        r = subprocess.run(["bash", str(root / "scripts" / "gpu" / "session.sh"), str(m), "200"], capture_output=True,
+                           text=True, env=e, cwd=root, timeout=180)
+        assert r.returncode == 0, r.stderr + r.stdout
+        return r
+
+    call(tmp_path / "o1")
+    assert [l["run_id"] for l in read_lines(tmp_path / "o1" / "runs.jsonl")] == ["e1/c2/r0", "e1/c2/r1", "e2/c4/r0"]
+    with tarfile.open(tmp_path / "o1" / "logs.tgz") as tf:
+        assert any(n.endswith("e2.a1.log") for n in tf.getnames()), tf.getnames()
+    r = call(tmp_path / "o2", SKIP_HOST="1")
+    assert "3 run(s) already measured" in r.stdout
+    assert not (tmp_path / "o2" / "runs.jsonl").exists() or not read_lines(tmp_path / "o2" / "runs.jsonl")
