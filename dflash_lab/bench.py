@@ -657,7 +657,8 @@ GLANCE_MODES = ("DFlash FULL (fixed)", "DFlash PIECEWISE")
 def glance_table(cells_df, modes=GLANCE_MODES, base: str = "no speculation"):
     """What a user can expect, one row per (mode, acceptance, GPU session) measured beside ``base`` in one session:
     per concurrency the ratio of mean output throughputs with the slowest-over-fastest repeat range, ``*`` where the
-    DFlash engine queued requests (the cell includes the wait), ``crashed k/n`` where a side crashed. Columns: mode,
+    DFlash engine queued requests (the cell includes the wait), ``[a/b runs]`` where either side has fewer than 3
+    measured repeats (a: the mode's, b: ``base``'s), ``crashed k/n`` where a side crashed. Columns: mode,
     acceptance, session, one per concurrency. Empty when no such pair is recorded."""
     import pandas as pd
 
@@ -674,8 +675,10 @@ def glance_table(cells_df, modes=GLANCE_MODES, base: str = "no speculation"):
                 if r["ratio"] is None or r["ratio"] != r["ratio"]:
                     row[c] = r["note"]
                 else:
+                    few = min(int(k) for k in str(r["n"]).split("/")) < 3   # a side with fewer than 3 repeats
                     row[c] = (f"{r['ratio']:.2f}x ({r['low']:.2f}-{r['high']:.2f})"
-                              + ("*" if (sess, acc, mode, r["concurrency"]) in queued else ""))
+                              + ("*" if (sess, acc, mode, r["concurrency"]) in queued else "")
+                              + (f" [{r['n']} runs]" if few else ""))
             rows.append(row)
     concs = sorted({c for r in rows for c in r if isinstance(c, int)})   # the concurrencies a ratio exists for
     out = pd.DataFrame(rows, columns=["mode", "acceptance", "session"] + concs)

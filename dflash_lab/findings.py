@@ -59,7 +59,8 @@ def _write_findings(root: Path, out: Path) -> Path:
     named = ft[ft["faulting kernel"] != "no core dump"]
     # one entry per (path, configuration, kernel, exception, source), with the number of core dumps that named it
     # (the path keeps TP=2's or the server's dumps apart from the offline TP=1 ones of the same configuration)
-    each = [f"{r['path']}, {r['cell']}: {r['faulting kernel']} ({r['exception']}"
+    each = [f"{r['path']}, {r['cell']}: {r['faulting kernel']} ("
+            + (r["exception"] if isinstance(r["exception"], str) else "no core file read")   # a crash whose core never came
             + (f", {r['source']}" if isinstance(r["source"], str) else "") + ")" for _, r in named.iterrows()]
     faults = "; ".join(f"{e} x{each.count(e)} dumps" if each.count(e) > 1 else e for e in dict.fromkeys(each))
     pt = verification.probe_table(df)
@@ -216,7 +217,9 @@ def _write_findings(root: Path, out: Path) -> Path:
         "Ruled out as the cause: the report's buffer-vs-capture-size suspicion (no drafter batch pads for its "
         "configuration, notebook 01); the DFlash input kernel's unmasked last_pos load is a real out-of-bounds read "
         "(notebook 02) but it is reached only after the wrong values exist.")
-    evidence = ct[["cell", "concurrency", "acceptance", "tensor_parallel_size", "crashed / runs", "files"]]
+    # a run the runner's deadline cut measured nothing and is not among the runs: its own column says how many there were
+    evidence = ct[["cell", "concurrency", "acceptance", "tensor_parallel_size", "crashed / runs", "cut_by_deadline",
+                   "files"]].rename(columns={"cut_by_deadline": "cut by the runner's deadline (not counted)"})
     cmds = [
         (_repro_min_label(root), "python scripts/repro_min.py"),
         ("Reproduce (GPU host, after scripts/gpu/setup.sh)", "python -m dflash_lab run matrices/repro-tp1.yaml --out data/runs/NEW.jsonl"),
@@ -432,7 +435,10 @@ def bench_line(root=".", runs=_UNREAD) -> str:
     if df is None:
         return "Speed (issue 11 benchmark): not measured yet."
     c = bench.cells(df)
-    tables, missing = bench.speedup_tables(c)
+    # the ratios, as the advice below and the glance table, without the runs that compiled a Triton kernel (a spike of
+    # that engine start, not of the mode); notebook 05 shows them with and without
+    nojit = bench.cells(bench.without_jit_runs(df))
+    tables, missing = bench.speedup_tables(nojit)
     parts = []
     for name, t in tables.items():
         for (session, acc), g in t.groupby(["gpu_session", "acceptance"], sort=True):
@@ -450,9 +456,8 @@ def bench_line(root=".", runs=_UNREAD) -> str:
     plans = glob.glob(str(Path(root) / "matrices" / "bench-*.yaml"))
     planned = bench.planned_cells(str(Path(root) / "matrices" / "bench-*.yaml")) if plans else None
     advice = []
-    # chosen without the runs that compiled a Triton kernel (a spike of the engine start, not of the mode), as
-    # notebook 05's choice; the crashes are all kept (a JIT run is a completed one)
-    nojit = bench.cells(bench.without_jit_runs(df))
+    # chosen without the runs that compiled a Triton kernel too, as notebook 05's choice; the crashes are all kept (a
+    # JIT run is a completed one)
     for acc in sorted(c["acceptance"].unique()):
         for p in bench.recommend_by_session(nojit, acc, planned, crash_history=c):
             rows = p["rows"]
@@ -478,14 +483,14 @@ def bench_line(root=".", runs=_UNREAD) -> str:
             "the runner-up): "
             + ". ".join(advice)
             + _break_even_clause(c, queued)
-            + ". Every side-by-side ratio of mean output throughputs, in brackets the slowest over the fastest repeat and "
-            "the reverse: "
+            + ". Every side-by-side ratio of mean output throughputs, without those runs, in brackets the slowest over "
+            "the fastest repeat and the reverse: "
             + (". ".join(parts) if parts else "no pair of modes measured side by side yet")
             + (f". Cells whose engine queued requests, so their throughput and TTFT include queueing: {queue_text}"
                + _capacity_clause(df) if len(queued) else "")
             + (f". Crashed cells: {crash_text}" if len(crashed) else ". No benchmark run crashed")
-            + (f". {len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}); notebook 05 "
-               "recomputes the ratios without them" if len(jit) else "")
+            + (f". {len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}), left out of the "
+               "ratios and the choices above; notebook 05 shows the ratios with them too" if len(jit) else "")
             + (f". Not measured side by side yet: {'; '.join(missing)}." if missing else "."))
 
 
@@ -519,7 +524,7 @@ def glance_html(runs) -> str:
     left = int(runs.loc[jit.index, "gpu_session"].isin(set(t["session"])).sum())
     t = t.assign(acceptance=[f"{a:g}" for a in t["acceptance"]], session=[_short(x) for x in t["session"]])
     t.columns = [f"concurrency {c}" if isinstance(c, int) else c for c in t.columns]
-    return (f"<p>{html.escape('Output throughput of DFlash over no speculation (FULL_AND_PIECEWISE graphs, no draft), each ratio between cells of one GPU session: mean (slowest over fastest repeat and the reverse); below 1x no speculation is faster' + _queued_note(c) + (f'; {left} measured run(s) that compiled a Triton kernel left out (notebook 05 shows the ratios with them)' if left else '') + '. DFlash FULL (fixed) is FULL_AND_PIECEWISE with the fix (plugin); DFlash PIECEWISE is the workaround. Setup: ' + _bench_setup(runs) + '.')}</p>"
+    return (f"<p>{html.escape('Output throughput of DFlash over no speculation (FULL_AND_PIECEWISE graphs, no draft), each ratio between cells of one GPU session: mean (slowest over fastest repeat and the reverse); below 1x no speculation is faster' + _queued_note(c) + (f'; {left} measured run(s) that compiled a Triton kernel left out (notebook 05 shows the ratios with them)' if left else '') + '; [a/b runs]: fewer than 3 measured repeats on a side (a: DFlash, b: no speculation). DFlash FULL (fixed) is FULL_AND_PIECEWISE with the fix (plugin); DFlash PIECEWISE is the workaround. Setup: ' + _bench_setup(runs) + '.')}</p>"
             + _rows(t, list(t.columns)))
 
 

@@ -2172,6 +2172,24 @@ def seq_advance_table(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "dat
                                        "other steps' advance, max"])
 
 
+def stop_silences(df, matrices=C24_TRAJECTORY_MATRICES, data_dir: str = "data"):
+    """The probed stock runs at 24 that timed out (the runner's deadline cuts left out): each one's last recorded step and
+    the seconds from it to the hang snapshot's first GPU sample, taken when the run's timeout came (None: no snapshot,
+    as before s53). How long each stop had lasted when it was ended."""
+    import pandas as pd
+
+    rows = []
+    for r, label, p in _c24_probed(df, matrices, data_dir):
+        if r["outcome"] != "timeout" or analysis.is_deadline_cut(r) or p is None:
+            continue
+        h = r.get("hang") if isinstance(r.get("hang"), dict) else {}
+        samples = (h.get("gpu") or {}).get("samples") or []
+        last = p["steps"][-1] if p["steps"] else None
+        rows.append({"run": label, "last step": int(last["step"]) if last else None,
+                     "silent s": round(samples[0]["t"] - last["t"], 1) if samples and last else None})
+    return pd.DataFrame(rows, columns=["run", "last step", "silent s"])
+
+
 def plot_trajectories(ax, t):
     """Each run of :func:`c24_trajectories` with a trajectory: how many requests its first step admitted (x) against its
     last recorded step (y), one colour per trajectory, a cross where it crashed and a circle where it stopped (timeout

@@ -1542,6 +1542,16 @@ def test_trajectories_up_to_a_step_set_a_cut_run_beside_the_prefixes():
     assert V.c24_trajectories(df, up_to_step=0)["trajectory"].isna().all()
 
 
+def test_stop_silences_of_the_timed_out_runs_at_24():
+    """How long each stopped run at 24 had gone without a step when its timeout came (nb03's trajectory section):
+    six timeouts, all after step 295; s51's had no hang snapshot; the shortest, s56's ledger run, 53 s."""
+    t = V.stop_silences(analysis.load_runs())
+    assert len(t) == 6 and set(t["last step"]) == {295}
+    assert t["silent s"].isna().sum() == 1 and t["run"].iloc[0].startswith("2026-12-03_h200_probe-c24-a-tp1/")
+    assert sorted(t["silent s"].dropna()) == [52.9, 63.3, 71.1, 78.5, 93.0]
+    assert t.loc[t["silent s"].idxmin(), "run"].startswith("2026-12-04_h200_probe-hang-ledger-c24-a-tp1/")
+
+
 def test_seq_advance_after_an_out_of_vocabulary_row():
     """The rule on a made-up probe: request 7's row at step 2 is out of vocabulary; its length stays (0) to its next
     step, where a runner placing tokens by the scheduler's count would move it by 1 + k. Request 8 moves 3 and 16."""
