@@ -183,13 +183,17 @@ def _pid_of(core: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+MIN_GDB_S = 10.0   # what a core's reading gets at least, even past the runner's deadline
+
+
 def collect(core_dir, pgid: int | None, log_path: str | os.PathLike | None, wait_s: float = 240.0,
             gdb_timeout_s: float = 180.0, engine_log: str | os.PathLike | None = None,
-            since: float | None = None) -> dict:
+            since: float | None = None, deadline: float | None = None) -> dict:
     """Wait for the cores, read each (at most ``MAX_CORES``), return the ``fault`` object: the fields of the core
     finished first, and with more than one (tensor parallelism: each faulting rank dumps its own) a ``cores`` list,
     each core with its pid and the vLLM process that wrote it (from ``engine_log``). The cuda-gdb text goes to
-    ``log_path``."""
+    ``log_path``. ``deadline`` (epoch seconds, the runner's): each reading gets at most the time left before it, and
+    at least ``MIN_GDB_S``, so that reading cores does not carry a runner far past its deadline."""
     t0 = time.time()
     fresh = set(cores(core_dir, since))
     stale = [str(p) for p in cores(core_dir) if p not in fresh]
@@ -203,7 +207,8 @@ def collect(core_dir, pgid: int | None, log_path: str | os.PathLike | None, wait
     names = processes(engine_log)
     texts, readings = [], []
     for core in found[:MAX_CORES]:
-        text, err = read_core(core, gdb_timeout_s)
+        left = gdb_timeout_s if deadline is None else deadline - time.time()
+        text, err = read_core(core, max(MIN_GDB_S, min(gdb_timeout_s, left)))
         f = parse_cuda_gdb(text)
         pid = _pid_of(core)
         f.update(core_file=str(core), core_bytes=core.stat().st_size, pid=pid, process=names.get(pid))

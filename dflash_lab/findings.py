@@ -524,7 +524,7 @@ def glance_html(runs) -> str:
     left = int(runs.loc[jit.index, "gpu_session"].isin(set(t["session"])).sum())
     t = t.assign(acceptance=[f"{a:g}" for a in t["acceptance"]], session=[_short(x) for x in t["session"]])
     t.columns = [f"concurrency {c}" if isinstance(c, int) else c for c in t.columns]
-    return (f"<p>{html.escape('Output throughput of DFlash over no speculation (FULL_AND_PIECEWISE graphs, no draft), each ratio between cells of one GPU session: mean (slowest over fastest repeat and the reverse); below 1x no speculation is faster' + _queued_note(c) + (f'; {left} measured run(s) that compiled a Triton kernel left out (notebook 05 shows the ratios with them)' if left else '') + '; [a/b runs]: fewer than 3 measured repeats on a side (a: DFlash, b: no speculation). DFlash FULL (fixed) is FULL_AND_PIECEWISE with the fix (plugin); DFlash PIECEWISE is the workaround. Setup: ' + _bench_setup(runs) + '.')}</p>"
+    return (f"<p>{html.escape('Output throughput of DFlash over no speculation (FULL_AND_PIECEWISE graphs, no draft), each ratio between cells of one GPU session: mean (slowest over fastest repeat and the reverse); below 1x no speculation is faster' + _queued_note(c) + (f'; {left} measured run(s) of these sessions that compiled a Triton kernel left out (notebook 05 shows the ratios with them)' if left else '') + '; [a/b runs]: fewer than 3 measured repeats on a side (a: DFlash, b: no speculation). DFlash FULL (fixed) is FULL_AND_PIECEWISE with the fix (plugin); DFlash PIECEWISE is the workaround. Setup: ' + _bench_setup(runs) + '.')}</p>"
             + _rows(t, list(t.columns)))
 
 

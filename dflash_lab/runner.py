@@ -602,7 +602,7 @@ class Runner:
                 return {}
             wait = max(0.0, min(self.m["coredump_wait_s"], self.time_left() - 30))
             f = coredump.collect(core_dir, proc.pid, self.logdir / f"{tag}.coredump.log", wait_s=wait,
-                                 engine_log=log_path, since=t0)
+                                 engine_log=log_path, since=t0, deadline=self.deadline)
             self.log(f"{tag}: fault {f.get('kernel')} ({f.get('exception')}, {f.get('source')})"
                      + (f" in {f['process']}" if f.get("process") else "")
                      + (f"; {len(f['cores'])} cores: " + ", ".join(f"{c.get('process') or c.get('pid')}: {c.get('kernel')}"

@@ -218,3 +218,20 @@ def test_a_missing_core_says_whether_the_driver_had_started_one(tmp_path):
     assert g["dump_started"] is False and "started a dump" not in g["error"]
     h = coredump.collect(d, None, tmp_path / "gdb.log", wait_s=2)
     assert "dump_started" not in h
+
+
+def test_reading_cores_is_bounded_by_the_runners_deadline(tmp_path, monkeypatch):
+    """A crash near the runner's deadline: each cuda-gdb reading gets the time left (at least MIN_GDB_S), not 180 s
+    per core, so a runner that outlives the device calls (scripts/gpu/detached.sh) ends near its deadline."""
+    import time
+
+    from dflash_lab import coredump
+    d = tmp_path / "cores"
+    d.mkdir()
+    (d / "core.1").write_text("x")
+    got = []
+    monkeypatch.setattr(coredump, "read_core", lambda core, timeout_s: got.append(timeout_s) or ("", None))
+    coredump.collect(d, None, None, wait_s=1)
+    coredump.collect(d, None, None, wait_s=1, deadline=time.time() - 100)
+    coredump.collect(d, None, None, wait_s=1, deadline=time.time() + 50)
+    assert got[0] == 180.0 and got[1] == coredump.MIN_GDB_S and 45 < got[2] <= 50

@@ -86,11 +86,7 @@ def test_the_runner_outlives_its_call_and_the_last_call_returns_the_whole_matrix
         assert not (tmp_path / "o3" / "runs.jsonl").exists() or not read_lines(tmp_path / "o3" / "runs.jsonl")
         assert len(list((tmp_path / "det").glob("det-t.*"))) == 1   # the first runner's folder, kept beside
     finally:
-        for p in (tmp_path / "det").glob("*/pid"):
-            try:
-                os.killpg(int(p.read_text()), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _kill_runners(tmp_path)
 
 
 def test_a_copy_never_ends_in_half_a_line_and_a_dead_runner_says_so(root, tmp_path):
@@ -143,3 +139,74 @@ def test_session_sh_shares_the_host_steps_and_a_second_call_continues(root, tmp_
     r = call(tmp_path / "o2", SKIP_HOST="1")
     assert "3 run(s) already measured" in r.stdout
     assert not (tmp_path / "o2" / "runs.jsonl").exists() or not read_lines(tmp_path / "o2" / "runs.jsonl")
+
+
+def _kill_runners(tmp_path):
+    for p in (tmp_path / "det").glob("*/pid"):
+        try:
+            os.killpg(int(p.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, ValueError):
+            pass
+
+
+def _ppid(pid):
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_start_returns_by_its_wait_with_setup_counted_and_the_runner_outside_its_tree(root, tmp_path):
+    setup = tmp_path / "setup.sh"
+    setup.write_text("sleep 5\necho set up\n")
+    m = matrix(tmp_path)
+    try:
+        e = dict(os.environ, OUT=str(tmp_path / "o1"), DETACHED_ROOT=str(tmp_path / "det"),
+                 DFLASH_LAB_HOST_SETUP=str(setup), HOST_RUNS=str(tmp_path / "kept"),
+                 DFLASH_LAB_HOST_PYTHONPATH=f"{root}:{root / 'tests'}", TRITON_INTERPRET="1", FAKE_RUN_S="15",
+                 PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+        t0 = time.time()
+        call = subprocess.Popen(["bash", str(root / "scripts" / "gpu" / "detached.sh"), "start", str(m), "300", "6"],
+                                env=e, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pid_file = tmp_path / "det" / "det-t" / "pid"
+        while not pid_file.exists() and time.time() - t0 < 30:
+            time.sleep(0.1)
+        pid = runner_pid(tmp_path)
+        assert call.poll() is None and _ppid(pid) != call.pid   # the call still waits; the runner is not its child
+        out, err = call.communicate(timeout=60)
+        took = time.time() - t0
+        assert call.returncode == 0, err + out
+        assert took < 6 + 3.5, f"WAIT counts from the call's start, setup (5 s) included: took {took:.1f} s"
+        assert alive(pid) and "running" in (tmp_path / "o1" / "status").read_text()
+        assert (tmp_path / "o1" / "setup.log").read_text().strip() == "set up"
+        # one GPU, one runner: another matrix's start and session.sh both refuse while it runs
+        other = det(root, tmp_path, tmp_path / "o2", "start", str(matrix(tmp_path, "det-u")), "300", "5")
+        assert other.returncode == 2 and "already running on this host" in other.stderr
+        r = subprocess.run(["bash", str(root / "scripts" / "gpu" / "session.sh"), str(m), "100"], capture_output=True,
+                           text=True, cwd=root, timeout=60, env=dict(e, OUT=str(tmp_path / "o3"), DFLASH_LAB_HOST_SETUP=""))
+        assert r.returncode == 2 and "a runner is running on this host" in r.stderr
+        assert not (tmp_path / "o3" / "runs.jsonl").exists()
+    finally:
+        _kill_runners(tmp_path)
+
+
+def test_a_wait_cut_at_its_limit_still_returned_what_it_had(root, tmp_path):
+    """The device tool cuts a call at its time limit and returns $OUT as it is: the wait call's periodic snapshot has
+    the runs measured so far there, each file whole."""
+    m = matrix(tmp_path)
+    try:
+        assert det(root, tmp_path, tmp_path / "o1", "start", str(m), "300", "0", FAKE_RUN_S="4").returncode == 0
+        e = dict(os.environ, OUT=str(tmp_path / "o2"), DETACHED_ROOT=str(tmp_path / "det"), DETACHED_SNAPSHOT_S="1",
+                 PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+        call = subprocess.Popen(["bash", str(root / "scripts" / "gpu" / "detached.sh"), "wait", str(m), "300"], env=e,
+                                cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        runs = tmp_path / "o2" / "runs.jsonl"
+        t0 = time.time()
+        while time.time() - t0 < 60 and not (runs.exists() and runs.read_text().count("\n") >= 1):
+            time.sleep(0.2)
+        assert alive(runner_pid(tmp_path)), "the snapshot must come while the runner still runs"
+        os.killpg(call.pid, signal.SIGKILL)   # as a call cut at its limit
+        call.wait()
+        lines = read_lines(runs)
+        assert lines and lines[0]["run_id"] == "e1/c2/r0" and runs.read_text().endswith("\n")
+        assert (tmp_path / "o2" / "status").read_text().startswith(("running", "ended"))
+    finally:
+        _kill_runners(tmp_path)

@@ -8,6 +8,7 @@ set -uo pipefail
 T0=$(date +%s)
 MATRIX=$1; DEADLINE=$2; QUICK=${3:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+bash scripts/gpu/detached.sh busy || exit 2   # a detached runner holds the GPU (scripts/gpu/detached.sh)
 SETUP=${DFLASH_LAB_HOST_SETUP-scripts/gpu/setup.sh}   # blank: no setup (tests)
 if [ -n "$SETUP" ]; then
   bash "$SETUP" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
