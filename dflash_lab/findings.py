@@ -470,9 +470,10 @@ def bench_line(root=".", runs=_UNREAD) -> str:
                           + (f"; left out as crash-prone: {prone}" if prone != "-" else "") + f"): {picks}")
     queued = bench.queued_cells(c)
     queue_text = "; ".join(
-        f"{m} at concurrency {int(k)} in {_short(sess)} (at most {int(run)} running, {int(w)} waiting, KV cache {kv:.1f}% full)"
-        for sess, m, k, run, w, kv in zip(queued["gpu_session"], queued["mode"], queued["concurrency"],
-                                          queued["peak_running"], queued["peak_waiting"], queued["peak_kv_cache_pct"]))
+        f"{m} at concurrency {int(k)}, synthetic acceptance {a:g}, in {_short(sess)} (at most {int(run)} running, "
+        f"{int(w)} waiting, KV cache {kv:.1f}% full)"
+        for sess, m, k, a, run, w, kv in zip(queued["gpu_session"], queued["mode"], queued["concurrency"], queued["acceptance"],
+                                             queued["peak_running"], queued["peak_waiting"], queued["peak_kv_cache_pct"]))
     # one cell per session (s30 and s31 each crashed stock at 32): the session tells the two apart
     crash_text = "; ".join(f"{m} at concurrency {int(k)}, synthetic acceptance {a:g}, in {_short(sess)} ({x})"
                            for m, k, a, sess, x in zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"],
@@ -482,7 +483,7 @@ def bench_line(root=".", runs=_UNREAD) -> str:
             "without the runs that compiled a Triton kernel (notebook 05; margin: ratio of mean output throughputs over "
             "the runner-up): "
             + ". ".join(advice)
-            + _break_even_clause(c, queued)
+            + _break_even_clause(nojit, bench.queued_cells(nojit))
             + ". Every side-by-side ratio of mean output throughputs, without those runs, in brackets the slowest over "
             "the fastest repeat and the reverse: "
             + (". ".join(parts) if parts else "no pair of modes measured side by side yet")
@@ -520,11 +521,15 @@ def glance_html(runs) -> str:
     t = bench.glance_table(c)
     if t.empty:
         return "<p>Speed: no DFlash mode measured beside no speculation in one GPU session yet.</p>"
+    # the left-out runs of the cells the table shows: its sessions' and acceptances', its modes' and no speculation's
     jit = bench.jit_runs(runs)
-    left = int(runs.loc[jit.index, "gpu_session"].isin(set(t["session"])).sum())
+    shown = {(s, a) for s, a in zip(t["session"], t["acceptance"])}
+    j = runs.loc[jit.index]
+    left = sum(1 for s, a, m in zip(j["gpu_session"], j["acceptance"], j["mode"])
+               if (s, a) in shown and (m in bench.GLANCE_MODES or m == "no speculation"))
     t = t.assign(acceptance=[f"{a:g}" for a in t["acceptance"]], session=[_short(x) for x in t["session"]])
     t.columns = [f"concurrency {c}" if isinstance(c, int) else c for c in t.columns]
-    return (f"<p>{html.escape('Output throughput of DFlash over no speculation (FULL_AND_PIECEWISE graphs, no draft), each ratio between cells of one GPU session: mean (slowest over fastest repeat and the reverse); below 1x no speculation is faster' + _queued_note(c) + (f'; {left} measured run(s) of these sessions that compiled a Triton kernel left out (notebook 05 shows the ratios with them)' if left else '') + '; [a/b runs]: fewer than 3 measured repeats on a side (a: DFlash, b: no speculation). DFlash FULL (fixed) is FULL_AND_PIECEWISE with the fix (plugin); DFlash PIECEWISE is the workaround. Setup: ' + _bench_setup(runs) + '.')}</p>"
+    return (f"<p>{html.escape('Output throughput of DFlash over no speculation (FULL_AND_PIECEWISE graphs, no draft), each ratio between cells of one GPU session: mean (slowest over fastest repeat and the reverse); below 1x no speculation is faster' + _queued_note(c) + (f'; {left} measured run(s) of these cells that compiled a Triton kernel left out (notebook 05 shows the ratios with them)' if left else '') + '; [a/b runs]: fewer than 3 measured repeats on a side (a: DFlash, b: no speculation). DFlash FULL (fixed) is FULL_AND_PIECEWISE with the fix (plugin); DFlash PIECEWISE is the workaround. Setup: ' + _bench_setup(runs) + '.')}</p>"
             + _rows(t, list(t.columns)))
 
 
