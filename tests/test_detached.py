@@ -31,13 +31,18 @@ def matrix(tmp_path, name="det-t"):
     return path
 
 
+def host_env(root, tmp_path, out, **env):
+    """A GPU host's environment for the scripts, in tmp_path: no setup, the fake engine on the checkout's path, the
+    runner folders and kept runs under tmp_path, this interpreter as python3."""
+    return {**os.environ, "OUT": str(out), "DETACHED_ROOT": str(tmp_path / "det"), "DFLASH_LAB_HOST_SETUP": "",
+            "HOST_RUNS": str(tmp_path / "kept"), "DFLASH_LAB_HOST_PYTHONPATH": f"{root}:{root / 'tests'}",
+            "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "TRITON_INTERPRET": "1", **env}
+
+
 def det(root, tmp_path, out, *args, **env):
-    e = dict(os.environ, OUT=str(out), DETACHED_ROOT=str(tmp_path / "det"), DFLASH_LAB_HOST_SETUP="",
-             HOST_RUNS=str(tmp_path / "kept"), DFLASH_LAB_HOST_PYTHONPATH=f"{root}:{root / 'tests'}",
-             PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", TRITON_INTERPRET="1",
-             DFLASH_LAB_GPU_SESSION="test-session", **env)
     return subprocess.run(["bash", str(root / "scripts" / "gpu" / "detached.sh"), *args], capture_output=True,
-                          text=True, env=e, cwd=root, timeout=180)
+                          text=True, env=host_env(root, tmp_path, out, DFLASH_LAB_GPU_SESSION="test-session", **env),
+                          cwd=root, timeout=180)
 
 
 def runner_pid(tmp_path, name="det-t"):
@@ -124,9 +129,7 @@ def test_session_sh_shares_the_host_steps_and_a_second_call_continues(root, tmp_
     m = matrix(tmp_path, "sess-t")
 
     def call(out, **env):
-        e = dict(os.environ, OUT=str(out), DFLASH_LAB_HOST_SETUP="", HOST_RUNS=str(tmp_path / "kept"),
-                 DFLASH_LAB_HOST_PYTHONPATH=f"{root}:{root / 'tests'}", TRITON_INTERPRET="1",
-                 PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", **env)
+        e = host_env(root, tmp_path, out, **env)
         r = subprocess.run(["bash", str(root / "scripts" / "gpu" / "session.sh"), str(m), "200"], capture_output=True,
                            text=True, env=e, cwd=root, timeout=180)
         assert r.returncode == 0, r.stderr + r.stdout
@@ -159,10 +162,7 @@ def test_start_returns_by_its_wait_with_setup_counted_and_the_runner_outside_its
     setup.write_text("sleep 5\necho set up\n")
     m = matrix(tmp_path)
     try:
-        e = dict(os.environ, OUT=str(tmp_path / "o1"), DETACHED_ROOT=str(tmp_path / "det"),
-                 DFLASH_LAB_HOST_SETUP=str(setup), HOST_RUNS=str(tmp_path / "kept"),
-                 DFLASH_LAB_HOST_PYTHONPATH=f"{root}:{root / 'tests'}", TRITON_INTERPRET="1", FAKE_RUN_S="15",
-                 PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+        e = host_env(root, tmp_path, tmp_path / "o1", DFLASH_LAB_HOST_SETUP=str(setup), FAKE_RUN_S="15")
         t0 = time.time()
         call = subprocess.Popen(["bash", str(root / "scripts" / "gpu" / "detached.sh"), "start", str(m), "300", "6"],
                                 env=e, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -194,8 +194,7 @@ def test_a_wait_cut_at_its_limit_still_returned_what_it_had(root, tmp_path):
     m = matrix(tmp_path)
     try:
         assert det(root, tmp_path, tmp_path / "o1", "start", str(m), "300", "0", FAKE_RUN_S="4").returncode == 0
-        e = dict(os.environ, OUT=str(tmp_path / "o2"), DETACHED_ROOT=str(tmp_path / "det"), DETACHED_SNAPSHOT_S="1",
-                 PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+        e = host_env(root, tmp_path, tmp_path / "o2", DETACHED_SNAPSHOT_S="1")
         call = subprocess.Popen(["bash", str(root / "scripts" / "gpu" / "detached.sh"), "wait", str(m), "300"], env=e,
                                 cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         runs = tmp_path / "o2" / "runs.jsonl"
