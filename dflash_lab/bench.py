@@ -595,11 +595,22 @@ def session_for(cells_df, acceptance, session=None, modes=()) -> str:
 
 
 def one_session(cells_df, session=None, modes=()):
-    """Per acceptance, the cells of one session (see :func:`session_for`)."""
+    """Per acceptance, the cells of one session (see :func:`session_for`). With ``session`` given, only the
+    acceptances that session measured (s30 ran 1.86, 3.6 and 6.0, s24 1.86 only), and a :class:`LabError` naming the
+    recorded sessions when it measured none; a caller that asked for given acceptances checks that each is still there
+    (notebook 05 does)."""
     import pandas as pd
 
+    accs = sorted(cells_df["acceptance"].unique())
+    if session is not None:
+        from .analysis import session_key
+
+        have = sorted(set(cells_df["gpu_session"]), key=session_key)
+        if session not in have:
+            raise LabError(f"GPU session {session!r} has no bench cells here (sessions: {have})")
+        accs = sorted(cells_df.loc[cells_df["gpu_session"] == session, "acceptance"].unique())
     parts = [cells_df[(cells_df["acceptance"] == a) & (cells_df["gpu_session"] == session_for(cells_df, a, session, modes))]
-             for a in sorted(cells_df["acceptance"].unique())]
+             for a in accs]
     return pd.concat(parts, ignore_index=True)
 
 

@@ -780,6 +780,21 @@ def test_session_for_prefers_the_latest_session_that_measured_the_compared_modes
     assert set(bench.one_session(c, modes=("DFlash FULL (fixed)", "no speculation"))["gpu_session"]) == {"2026-12-01-s25"}
 
 
+def test_one_session_with_a_session_keeps_the_acceptances_it_measured():
+    """A notebook's ``session`` parameter alone (s24 measured 1.86 only, s30 three acceptances) shows that session's
+    acceptances, not an error at the first acceptance it lacks; a session with no cells is one clear error."""
+    import pandas as pd
+
+    c = pd.DataFrame([{"acceptance": a, "gpu_session": s, "mode": "DFlash FULL (fixed)", "ok": 3} for s, a in (
+        ("2026-12-01-s24", 1.86), ("2026-12-01-s28", 3.6), ("2026-12-01-s30", 1.86), ("2026-12-01-s30", 6.0))])
+    assert sorted(bench.one_session(c, "2026-12-01-s24")["acceptance"]) == [1.86]
+    got = bench.one_session(c, "2026-12-01-s30")
+    assert sorted(got["acceptance"]) == [1.86, 6.0] and set(got["gpu_session"]) == {"2026-12-01-s30"}
+    assert sorted(bench.one_session(c)["acceptance"]) == [1.86, 3.6, 6.0]   # no session: every acceptance
+    with pytest.raises(LabError, match=r"GPU session '2026-12-01-s99' has no bench cells here \(sessions: "):
+        bench.one_session(c, "2026-12-01-s99")
+
+
 def test_notebook_06_renders_on_the_recorded_data():
     # the latest session (s26) has no fixed FULL; notebook 06 takes the latest that has it beside no speculation
     assert bench.tradeoffs_missing() is None

@@ -78,6 +78,18 @@ def test_notebook05_on_fixture_lines(tmp_path):
     assert d["speedups_not_measured"] == []
 
 
+def test_notebook05_session_alone_shows_the_acceptances_it_measured(tmp_path):
+    """``-p session X`` alone: X's acceptances only (the fixture's sessions each measured one), not an error at the
+    first acceptance X lacks; asking for an acceptance X did not measure is one clear parameter error."""
+    d = _bench_nb("05_benchmark", tmp_path, session="fixture-b")
+    assert d["sessions"] == ["fixture-b"] and list(d["recommendations"]) == ["3.6"]
+    for params, message in (({"acceptances": [1.86, 3.6]}, "session='fixture-b': no cells at acceptance [1.86]; it measured [3.6]"),
+                            ({"acceptances": [1.86]}, "session='fixture-b': no cells at the acceptances shown")):
+        with pytest.raises(pm.PapermillExecutionError) as e:
+            _bench_nb("05_benchmark", tmp_path, session="fixture-b", **params)
+        assert e.value.ename == "ParameterError" and message in e.value.evalue
+
+
 def _partial_slice(tmp_path):
     """s24's shape: fixed FULL and PIECEWISE at acceptance 1.86 only, one PIECEWISE run cut by the deadline."""
     from bench_fixture import write_fixture
