@@ -170,12 +170,28 @@ KEYED_ENV = ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLAS
 ENGINE_ENV = KEYED_ENV + ("DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF")
 
 
+# a matrix's top-level keys (docs/matrices.md): anything else is refused, so a misspelt limit (run_timeout: 600) is
+# an error and not a silent default
+MATRIX_KEYS = ("name", "models_dir", "defaults", "engines", "run_timeout_s", "startup_timeout_s", "max_restarts",
+               "startup_estimate_s", "warmup_estimate_s", "prompt", "worker", "coredump_root", "coredump_wait_s")
+
+
 def validate_matrix(m, where="matrix") -> dict:
     _check(isinstance(m, dict), f"{where}: the matrix must be a mapping")
+    unknown = sorted(set(m) - set(MATRIX_KEYS), key=str)
+    _check(not unknown, f"{where}: unknown top-level key(s) {unknown}; known: {', '.join(MATRIX_KEYS)}")
     _check(isinstance(m.get("engines"), list) and m["engines"], f"{where}: 'engines' must be a non-empty list")
+    _check(isinstance(m.get("defaults", {}), dict), f"{where}: 'defaults' must be a mapping")
     for key in ("startup_estimate_s", "warmup_estimate_s"):
         v = m.get(key, 0)
         _check(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, f"{where}: {key} must be a number >= 0")
+    for key in ("run_timeout_s", "startup_timeout_s", "coredump_wait_s"):
+        v = m.get(key, 1)
+        _check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f"{where}: {key} must be a number > 0")
+    v = m.get("max_restarts", 0)
+    _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{where}: max_restarts must be a whole number >= 0")
+    for key in ("name", "models_dir", "prompt", "worker", "coredump_root"):
+        _check(key not in m or (isinstance(m[key], str) and m[key]), f"{where}: {key} must be a non-empty string")
     defaults = dict(ENGINE_DEFAULTS)
     extra = set(m.get("defaults", {})) - set(ENGINE_DEFAULTS) - {"runs"}
     _check(not extra, f"{where}: unknown default(s): {sorted(extra)}")

@@ -107,6 +107,13 @@ def test_existing_lines_survive_a_later_crash(tmp_path):
     ({"engines": [{"id": "a", "fix_parts": ["fa3_schedule_refresh"], "runs": [{}]}]}, "fix_parts needs fix"),
     ({"engines": [{"id": "a", "fa_splits": "draft:1", "runs": [{}]}]}, "fa_splits: DFLASH_LAB_FA_SPLITS='draft:1'"),
     ({"engines": [{"id": "a", "fa_splits": "drafter:0", "runs": [{}]}]}, "N must be an integer >= 1"),
+    # a misspelt top-level limit was a silent default (run_timeout_s 420) before
+    ({"run_timeout": 900, "engines": [{"id": "a", "runs": [{}]}]}, r"unknown top-level key\(s\) \['run_timeout'\]"),
+    ({"run_timeout_s": "900", "engines": [{"id": "a", "runs": [{}]}]}, "run_timeout_s must be a number > 0"),
+    ({"startup_timeout_s": 0, "engines": [{"id": "a", "runs": [{}]}]}, "startup_timeout_s must be a number > 0"),
+    ({"max_restarts": -1, "engines": [{"id": "a", "runs": [{}]}]}, "max_restarts must be a whole number >= 0"),
+    ({"defaults": [1], "engines": [{"id": "a", "runs": [{}]}]}, "'defaults' must be a mapping"),
+    ({"models_dir": "", "engines": [{"id": "a", "runs": [{}]}]}, "models_dir must be a non-empty string"),
 ])
 def test_bad_matrix(bad, msg):
     with pytest.raises(LabError, match=msg):
@@ -435,3 +442,26 @@ def test_a_restarted_engine_runs_the_warm_ups_that_completed_first(tmp_path):
                    (3, "e1/c1/w0", "ok"), (3, "e1/c4/w0", "ok"), (3, "e1/c1/r2", "ok")]
     assert all(l["warmup"] == ("/w" in l["run_id"]) for l in lines)
     assert "not run before the deadline" not in r.stdout
+
+
+def test_docs_matrices_names_every_key_the_runner_has_and_no_other():
+    """docs/matrices.md is the matrix reference: each of its three tables lists exactly the runner's keys of that
+    level (a key added to the runner without its line, or a line left for a removed key, fails here), and its
+    example is a matrix the runner accepts."""
+    from pathlib import Path
+
+    from dflash_lab.runner import ENGINE_DEFAULTS, MATRIX_KEYS, RUN_DEFAULTS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "matrices.md").read_text()
+    tables = {}
+    for part in re.split(r"^## ", text, flags=re.M)[1:]:
+        title = part.splitlines()[0].strip()
+        tables[title] = re.findall(r"^\| `([a-z_]+)` \|", part, flags=re.M)
+    assert sorted(tables) == ["Engine keys", "Run keys", "Top-level keys"]
+    for title, keys in (("Top-level keys", MATRIX_KEYS), ("Engine keys", ENGINE_DEFAULTS), ("Run keys", RUN_DEFAULTS)):
+        got = tables[title]
+        assert len(got) == len(set(got)), f"{title}: a key listed twice"
+        assert set(got) == set(keys), f"{title}: missing {sorted(set(keys) - set(got))}, extra {sorted(set(got) - set(keys))}"
+    example = re.search(r"```yaml\n(.*?)```", text, flags=re.S).group(1)
+    m = validate_matrix(yaml.safe_load(example), "docs/matrices.md")
+    assert m["engines"][0]["engine"]["first_step_requests"] == 4
