@@ -1,0 +1,63 @@
+"""The README's summary states crash counts in words; these tests hold them to the records in data/runs, so a new
+GPU run that changes a count fails here until the README says it (the rendered notebooks check theirs as claims)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dflash_lab import analysis, crashstates
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def rates():
+    return crashstates.path_rates(analysis.load_runs()).set_index("path")
+
+
+def _sentence(start: str) -> str:
+    i = README.index(start)
+    return " ".join(README[i:README.index(".", i)].split())
+
+
+def _recorded(row) -> dict:
+    """concurrency -> (crashed, runs) for the cells of one path that ran."""
+    out = {}
+    for c, v in row.items():
+        if isinstance(c, int) and v != "not run":
+            m = re.match(r"(\d+)/(\d+)", v)
+            out[c] = (int(m.group(1)), int(m.group(2)))
+    return out
+
+
+def test_offline_tp1_threshold_sentence_matches_the_records(rates):
+    s = _sentence("Stock FULL_AND_PIECEWISE crashed every run at")
+    crashed_part, completed_part = s.split(", and completed every run at")
+    said = {int(c): (int(a), int(b)) for c, a, b in re.findall(r"(\d+) \((\d+)(?: of |/)(\d+)\)", crashed_part)}
+    completed = [int(c) for c in re.findall(r"\d+", completed_part.split("(")[0])]
+    rec = _recorded(rates.loc["offline, TP=1"])
+    assert said and all(a == b for a, b in said.values()), s
+    assert {c: rec.get(c) for c in said} == said
+    assert all(rec[c][0] == 0 for c in completed), {c: rec[c] for c in completed}
+    # every concurrency the records hold is in the sentence, one way or the other
+    assert set(said) | set(completed) == set(rec)
+    # "16: N of N offline, M of M on the server": runs that completed, of those recorded
+    ok_off, n_off, ok_srv, n_srv = map(int, re.search(r"16: (\d+) of (\d+) offline, (\d+) of (\d+) on the server",
+                                                      completed_part).groups())
+    assert ok_off == n_off and rec[16] == (0, n_off)
+    assert ok_srv == n_srv and _recorded(rates.loc["server, TP=1"])[16] == (0, n_srv)
+
+
+def test_workaround_and_report_path_counts_match_the_records(rates):
+    off = _recorded(rates.loc["offline, TP=1"])
+    server = _recorded(rates.loc["server, TP=1"])
+    tp2 = _recorded(rates.loc["offline, TP=2"])
+    w = _sentence("- **Workaround today")
+    m = re.search(r"default FULL_AND_PIECEWISE crashed (\d+) of (\d+) offline runs and (\d+) of (\d+)\s+on the OpenAI server", w)
+    assert m, w
+    assert off[32] == (int(m.group(1)), int(m.group(2))) and server[32] == (int(m.group(3)), int(m.group(4)))
+    t = _sentence("With TP=2 on two H200s")
+    m = re.search(r"at 16 too \((\d+) of (\d+),.*at 32 in (\d+) of (\d+) runs", t)
+    assert m, t
+    assert tp2[16] == (int(m.group(1)), int(m.group(2))) and tp2[32] == (int(m.group(3)), int(m.group(4)))
