@@ -57,7 +57,7 @@ def test_workaround_and_report_path_counts_match_the_records(rates):
     m = re.search(r"default FULL_AND_PIECEWISE crashed (\d+) of (\d+) offline runs and (\d+) of (\d+)\s+on the OpenAI server", w)
     assert m, w
     assert off[32] == (int(m.group(1)), int(m.group(2))) and server[32] == (int(m.group(3)), int(m.group(4)))
-    t = _sentence("With TP=2 on two H200s")
+    t = _sentence("Offline with TP=2 on two H200s")
     m = re.search(r"at 16 too \((\d+) of (\d+),.*at 32 in (\d+) of (\d+) runs", t)
     assert m, t
     assert tp2[16] == (int(m.group(1)), int(m.group(2))) and tp2[32] == (int(m.group(3)), int(m.group(4)))
