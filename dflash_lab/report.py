@@ -12,8 +12,8 @@ not rendered with that reason. Named with ``--only``, a notebook runs whatever t
 fails with its own error.
 
 Each notebook in ``notebooks/`` runs in a fresh kernel with the repository root as working
-directory; the executed copy is rendered to ``reports/<name>.html`` and ``reports/index.html``
-links them. A notebook that fails (a bad parameter, a missing data file) is reported in one
+directory; the executed copy is rendered to ``reports/<name>.html``, with a contents list of its
+section headings under its title (:func:`with_contents`), and ``reports/index.html`` links them. A notebook that fails (a bad parameter, a missing data file) is reported in one
 line naming the notebook and the error, its old HTML (if any) is left untouched, and the
 command exits non-zero after trying the others.
 """
@@ -27,6 +27,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -99,6 +100,34 @@ def _error_line(exc) -> str:
     return f"{ename}: {evalue}".strip()
 
 
+_HEADING = re.compile(r'<h([23]) id="([^"]+)"[^>]*>(.*?)</h\1>', re.S)
+_ANCHOR = re.compile(r'<a class="anchor-link"[^>]*>.*?</a>', re.S)
+
+
+def with_contents(body: str) -> str:
+    """``body`` (nbconvert's HTML of one notebook) with a contents list of its ``h2``/``h3`` section headings, each a
+    link to nbconvert's heading id, put right after the first ``h1`` (notebook 03 renders to ~4 MB in 37 sections).
+    A page with fewer than 3 such headings, or no ``h1``, is returned unchanged."""
+    heads = [(int(level), hid, " ".join(re.sub(r"<[^>]+>", "", _ANCHOR.sub("", text)).split()))
+             for level, hid, text in _HEADING.findall(body)]
+    end = body.find("</h1>")
+    if len(heads) < 3 or end < 0:
+        return body
+    items, open_sub = [], False
+    for level, hid, text in heads:
+        link = f'<a href="#{hid}">{text}</a>'   # text and id are nbconvert's, already escaped
+        if level == 3 and items:   # an h3 before any h2 is listed as one
+            items.append(("" if open_sub else "<ul>") + f"<li>{link}</li>")
+            open_sub = True
+        else:
+            items.append(("</ul></li>" if open_sub else "</li>" if items else "") + f"<li>{link}")
+            open_sub = False
+    items.append("</ul></li>" if open_sub else "</li>")
+    nav = ('<details class="dflash-lab-contents" open><summary><b>Contents</b></summary><ul>'
+           + "".join(items) + "</ul></details>")
+    return body[:end + len("</h1>")] + nav + body[end + len("</h1>"):]
+
+
 def run_one(nb: Path, out_dir: Path, params: dict, kernel: str | None = None) -> tuple[bool, str]:
     import nbformat
     import papermill as pm
@@ -113,6 +142,7 @@ def run_one(nb: Path, out_dir: Path, params: dict, kernel: str | None = None) ->
         except Exception as e:  # noqa: BLE001 - papermill wraps the cell's exception
             return False, _error_line(e)
         body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
+        body = with_contents(body)
         target = out_dir / f"{nb.stem}.html"
         fd, tmp_html = tempfile.mkstemp(dir=out_dir, suffix=".html.tmp")
         with os.fdopen(fd, "w") as f:

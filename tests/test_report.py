@@ -105,3 +105,27 @@ def test_report_without_data_and_with_a_broken_readiness_check(tmp_path, stubbed
     assert "not a server-mode run" in err[0]
     assert [n for n, _ in stubbed] == ["05_benchmark"]  # the others still run (05 would fail on that line itself)
     assert "(failed: readiness check: LabError:" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_a_rendered_notebook_opens_with_a_contents_list_of_its_sections():
+    """nbconvert's headings (ids, anchor links) become a nested contents list under the title: h3 inside the h2 before
+    it, the anchor's pilcrow and any markup left out of the text; a page with fewer than 3 sections is left as it is."""
+    import re
+
+    def h(level, hid, text):
+        return f'<h{level} id="{hid}">{text}<a class="anchor-link" href="#{hid}">&#182;</a></h{level}>'
+
+    body = ("<html><body>" + h(1, "t", "03 · Title") + "<p>intro</p>" + h(3, "early", "Before any h2")
+            + h(2, "a", "Matrix: <code>crashed</code> runs") + h(3, "a1", "At 8") + h(3, "a2", "At 20 &amp; 28")
+            + h(2, "b", "Status") + "</body></html>")
+    out = report.with_contents(body)
+    nav = re.search(r'<details class="dflash-lab-contents" open>(.*?)</details>', out, re.S).group(1)
+    assert out.index("</h1>") < out.index("<details") < out.index("<p>intro</p>")
+    assert re.findall(r'href="#([^"]+)">([^<]*)<', nav) == [
+        ("early", "Before any h2"), ("a", "Matrix: crashed runs"), ("a1", "At 8"), ("a2", "At 20 &amp; 28"),
+        ("b", "Status")]
+    assert nav.count("<ul>") == nav.count("</ul>") == 2 and nav.count("<li>") == nav.count("</li>") == 5
+    assert "&#182;" not in nav
+    assert out.replace(re.search(r"<details.*?</details>", out, re.S).group(0), "") == body
+    few = "<h1>t</h1>" + h(2, "a", "A") + h(2, "b", "B")
+    assert report.with_contents(few) == few and report.with_contents(h(2, "a", "A") * 4) == h(2, "a", "A") * 4
