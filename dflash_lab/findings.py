@@ -138,7 +138,6 @@ def _write_findings(root: Path, out: Path) -> Path:
            if rope else "")
         + ".",
     ]
-    summary.insert(1, bench_line(root, bench_runs))
     if fd:
         summary.append(
             f"First wrong value (step probe, one run at concurrency {sp.iloc[-1]['reached']}, every "
@@ -217,6 +216,10 @@ def _write_findings(root: Path, out: Path) -> Path:
         "Ruled out as the cause: the report's buffer-vs-capture-size suspicion (no drafter batch pads for its "
         "configuration, notebook 01); the DFlash input kernel's unmasked last_pos load is a real out-of-bounds read "
         "(notebook 02) but it is reached only after the wrong values exist.")
+    summary.append(bench_line(root, bench_runs))
+    # the thread reads top down: the crash and its cause first, the detail after, the benchmark's per-session
+    # recommendations (the longest item; the glance table above holds its numbers) last
+    summary = summary[:1] + sorted(summary[1:], key=_summary_rank)
     # a run the runner's deadline cut measured nothing and is not among the runs: its own column says how many there were
     evidence = ct[["cell", "concurrency", "acceptance", "tensor_parallel_size", "crashed / runs", "cut_by_deadline",
                    "files"]].rename(columns={"cut_by_deadline": "cut by the runner's deadline (not counted)"})
@@ -867,6 +870,15 @@ def _splits1_probe_clause(pt) -> str:
             f"diverged from the no-graph pass, first at {', '.join(sorted(set(rows['first layer written differently'].dropna())))}, "
             + ("with NaN" if nan else "none with NaN")
             + ": one split leaves the stale schedule's outputs wrong, not right.")
+
+
+SUMMARY_ORDER = ("Reproduced", "Root cause", "First wrong value", "Fix", "Faulting kernels", "The OpenAI server",
+                 "Discriminating runs", "Ruled out", "Speed")
+
+
+def _summary_rank(item: str) -> int:
+    """An item's place in the findings page's summary (:data:`SUMMARY_ORDER`, by how it begins); any other last."""
+    return next((i for i, lead in enumerate(SUMMARY_ORDER) if item.startswith(lead)), len(SUMMARY_ORDER))
 
 
 def _probe_loader():

@@ -390,6 +390,10 @@ def test_the_page_opens_with_the_workaround_and_the_speed_table(root, tmp_path, 
     six = next(r for r in rows if "|DFlash FULL (fixed)||6||s29|" in r)
     assert "|1.94x (1.84-2.11)|" in six and "|0.85x (0.73-1.05)*|" in six
     assert "it ran at most 49 at once" in head and "Workaround today" not in page[page.index("<h2>Summary</h2>"):]
+    # the summary reads top down: the crash and its cause first, the benchmark's per-session detail last
+    items = re.findall(r"<li>(.*?)</li>", page[page.index("<h2>Summary</h2>"):page.index("<h2>Evidence")], re.S)
+    leads = [next(lead for lead in findings.SUMMARY_ORDER if html.unescape(i).startswith(lead)) for i in items]
+    assert leads == list(findings.SUMMARY_ORDER)
 
 
 def test_the_stock_clause_reads_the_counters_of_the_crashed_runs(root, monkeypatch):
