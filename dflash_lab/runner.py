@@ -185,9 +185,11 @@ def validate_matrix(m, where="matrix") -> dict:
     for key in ("startup_estimate_s", "warmup_estimate_s"):
         v = m.get(key, 0)
         _check(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, f"{where}: {key} must be a number >= 0")
-    for key in ("run_timeout_s", "startup_timeout_s", "coredump_wait_s"):
+    for key in ("run_timeout_s", "startup_timeout_s"):
         v = m.get(key, 1)
         _check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f"{where}: {key} must be a number > 0")
+    v = m.get("coredump_wait_s", 0)   # 0: do not wait for a core file
+    _check(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, f"{where}: coredump_wait_s must be a number >= 0")
     v = m.get("max_restarts", 0)
     _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{where}: max_restarts must be a whole number >= 0")
     for key in ("name", "models_dir", "prompt", "worker", "coredump_root"):
@@ -223,6 +225,26 @@ def validate_matrix(m, where="matrix") -> dict:
                           "(fix, fix_parts, hook, hook_sync, probe, canary, probe_taps, probe_fill_layers, probe_ledger, "
                           "probe_oor, sched_snapshot, sched_ledger, fa_splits, first_step_requests, vllm_diff, "
                           "hang_snapshot): use the key")
+        # kinds: a quoted "false" is truthy and would switch the fix (or the hook, the probe...) on
+        for key in ("enforce_eager", "drafter_enforce_eager", "fix", "hook", "hook_sync", "control", "probe", "canary"):
+            _check(isinstance(eng[key], bool), f"{where}: engine {e['id']}: {key} must be true or false")
+        for key in ("async_scheduling", "prefix_caching"):
+            _check(eng[key] is None or isinstance(eng[key], bool),
+                   f"{where}: engine {e['id']}: {key} must be true or false (or left out: vLLM's default)")
+        for key in ("num_speculative_tokens", "tensor_parallel_size", "max_num_seqs", "max_model_len",
+                    "max_num_batched_tokens"):
+            _check(isinstance(eng[key], int) and not isinstance(eng[key], bool) and eng[key] >= 1,
+                   f"{where}: engine {e['id']}: {key} must be a whole number >= 1")
+        g = eng["gpu_memory_utilization"]
+        _check(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 < g <= 1,
+               f"{where}: engine {e['id']}: gpu_memory_utilization must be a number in (0, 1]")
+        for key in ("cudagraph_mode", "moe_backend"):
+            _check(eng[key] is None or (isinstance(eng[key], str) and eng[key]),
+                   f"{where}: engine {e['id']}: {key} must be a name (or left out)")
+        cs = eng["cudagraph_capture_sizes"]
+        _check(cs is None or (isinstance(cs, list) and cs and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                    and x >= 1 for x in cs)),
+               f"{where}: engine {e['id']}: cudagraph_capture_sizes must be a non-empty list of whole numbers >= 1")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
         _check(eng["probe_taps"] in (None, "1", "sentinel", "nan", "zero"),
@@ -275,7 +297,12 @@ def validate_matrix(m, where="matrix") -> dict:
             _check(isinstance(w["concurrency"], int) and w["concurrency"] >= 1,
                    f"{where}: engine {e['id']}: concurrency must be a positive integer")
             _check(isinstance(w["rounds"], int) and w["rounds"] >= 1, f"{where}: engine {e['id']}: rounds must be >= 1")
-            _check(isinstance(w["warmup"], bool), f"{where}: engine {e['id']}: warmup must be true or false")
+            for key in ("warmup", "ignore_eos", "stream", "record_outputs"):
+                _check(isinstance(w[key], bool), f"{where}: engine {e['id']}: {key} must be true or false")
+            _check(isinstance(w["max_tokens"], int) and not isinstance(w["max_tokens"], bool) and w["max_tokens"] >= 1,
+                   f"{where}: engine {e['id']}: max_tokens must be a whole number >= 1")
+            _check(isinstance(w["temperature"], (int, float)) and not isinstance(w["temperature"], bool)
+                   and w["temperature"] >= 0, f"{where}: engine {e['id']}: temperature must be a number >= 0")
             # every engine start runs the warm-ups first (restarts included): a warm-up after a measured entry
             # would run there too, not where the matrix puts it
             _check(not (w["warmup"] and any(not r.warmup for r in runs)),

@@ -114,6 +114,17 @@ def test_existing_lines_survive_a_later_crash(tmp_path):
     ({"max_restarts": -1, "engines": [{"id": "a", "runs": [{}]}]}, "max_restarts must be a whole number >= 0"),
     ({"defaults": [1], "engines": [{"id": "a", "runs": [{}]}]}, "'defaults' must be a mapping"),
     ({"models_dir": "", "engines": [{"id": "a", "runs": [{}]}]}, "models_dir must be a non-empty string"),
+    ({"coredump_wait_s": -1, "engines": [{"id": "a", "runs": [{}]}]}, "coredump_wait_s must be a number >= 0"),
+    # a quoted "false" is truthy: it switched the fix on before
+    ({"engines": [{"id": "a", "fix": "false", "runs": [{}]}]}, "engine a: fix must be true or false"),
+    ({"defaults": {"probe": 1}, "engines": [{"id": "a", "runs": [{}]}]}, "engine a: probe must be true or false"),
+    ({"engines": [{"id": "a", "tensor_parallel_size": "2", "runs": [{}]}]}, "tensor_parallel_size must be a whole number"),
+    ({"engines": [{"id": "a", "gpu_memory_utilization": 90, "runs": [{}]}]}, r"gpu_memory_utilization must be a number in \(0, 1\]"),
+    ({"engines": [{"id": "a", "cudagraph_capture_sizes": [16, 0], "runs": [{}]}]}, "cudagraph_capture_sizes must be"),
+    ({"engines": [{"id": "a", "async_scheduling": "yes", "runs": [{}]}]}, "async_scheduling must be true or false"),
+    ({"engines": [{"id": "a", "runs": [{"max_tokens": 0}]}]}, "max_tokens must be a whole number >= 1"),
+    ({"engines": [{"id": "a", "runs": [{"temperature": "0.7"}]}]}, "temperature must be a number >= 0"),
+    ({"engines": [{"id": "a", "runs": [{"stream": "true"}]}]}, "stream must be true or false"),
 ])
 def test_bad_matrix(bad, msg):
     with pytest.raises(LabError, match=msg):
@@ -462,6 +473,14 @@ def test_docs_matrices_names_every_key_the_runner_has_and_no_other():
         got = tables[title]
         assert len(got) == len(set(got)), f"{title}: a key listed twice"
         assert set(got) == set(keys), f"{title}: missing {sorted(set(keys) - set(got))}, extra {sorted(set(got) - set(keys))}"
+    # a scalar default is written as the runner has it (true/false, the number, the name)
+    for title, defaults in (("Engine keys", ENGINE_DEFAULTS), ("Run keys", RUN_DEFAULTS)):
+        part = text[text.index(f"## {title}"):]
+        cells = dict(re.findall(r"^\| `([a-z_]+)` \| ([^|]+) \|", part, flags=re.M))
+        for key, v in defaults.items():
+            if isinstance(v, (bool, int, float, str)):
+                want = str(v).lower() if isinstance(v, bool) else str(v)
+                assert cells[key].strip().strip("`") == want, f"{title}: {key}: docs say {cells[key]!r}, runner {v!r}"
     example = re.search(r"```yaml\n(.*?)```", text, flags=re.S).group(1)
     m = validate_matrix(yaml.safe_load(example), "docs/matrices.md")
     assert m["engines"][0]["engine"]["first_step_requests"] == 4
