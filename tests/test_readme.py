@@ -1,5 +1,6 @@
-"""The README's summary states crash counts in words; these tests hold them to the records in data/runs, so a new
-GPU run that changes a count fails here until the README says it (the rendered notebooks check theirs as claims)."""
+"""The README's summary states crash counts in words: stock FULL_AND_PIECEWISE's per concurrency and path, the
+workaround's (PIECEWISE) and --enforce-eager's at 32. These tests hold them to the records in data/runs, so a new GPU run
+that changes one of these counts fails here until the README says it (the rendered notebooks check theirs as claims)."""
 
 import re
 from pathlib import Path
@@ -50,6 +51,10 @@ def test_offline_tp1_threshold_sentence_matches_the_records(rates):
 
 
 def test_workaround_and_report_path_counts_match_the_records(rates):
+    df = analysis.load_runs()
+    ct = analysis.crash_table(df)
+    pw = ct[ct["cell"].str.contains("dflash k=15, PIECEWISE", regex=False) & (ct["concurrency"] == 32)]
+    eager = df[(df["spec_method"] == "dflash") & (df["enforce_eager"] == True)]   # noqa: E712 (a column)
     off = _recorded(rates.loc["offline, TP=1"])
     server = _recorded(rates.loc["server, TP=1"])
     tp2 = _recorded(rates.loc["offline, TP=2"])
@@ -57,6 +62,22 @@ def test_workaround_and_report_path_counts_match_the_records(rates):
     m = re.search(r"default FULL_AND_PIECEWISE crashed (\d+) of (\d+) offline runs and (\d+) of (\d+)\s+on the OpenAI server", w)
     assert m, w
     assert off[32] == (int(m.group(1)), int(m.group(2))) and server[32] == (int(m.group(3)), int(m.group(4)))
+    m = re.search(r"(\d+) of (\d+) runs crashed at concurrency 32, where", w)
+    assert m and (int(pw["crashed"].sum()), int(pw["runs"].sum())) == (int(m.group(1)), int(m.group(2))), w
+    m = re.search(r"`--enforce-eager` completed (\d+) of (\d+)", README)
+    assert m and set(eager["concurrency"]) == {32} and eager["crashed"].sum() == 0 and len(eager) == int(m.group(2)) \
+        == int(m.group(1))
+    s = _sentence("The OpenAI server with the report's client shape")
+    m = re.search(r"\((\d+) of (\d+) at 32, (\d+) of (\d+) at 16; s48", s)
+    assert m, s
+    # s19's and s21's server runs; s48's are counted apart in the same sentence ("s48: 1 of 1 at 32, 8 and 20")
+    srv = analysis.stock_full(df)
+    srv = srv[(srv["mode"] == "server") & (srv["tensor_parallel_size"] == 1)]
+    early, s48 = srv[~srv["gpu_session"].str.endswith("-s48")], srv[srv["gpu_session"].str.endswith("-s48")]
+    count = lambda d, c: (int(d.loc[d["concurrency"] == c, "crashed"].sum()), int((d["concurrency"] == c).sum()))  # noqa: E731
+    assert count(early, 32) == (int(m.group(1)), int(m.group(2))) and count(early, 16) == (int(m.group(3)), int(m.group(4)))
+    assert "s48: 1 of 1 at 32, 8 and 20" in s
+    assert set(s48["concurrency"]) == {32, 8, 20} and all(count(s48, c) == (1, 1) for c in (32, 8, 20))
     t = _sentence("Offline with TP=2 on two H200s")
     m = re.search(r"at 16 too \((\d+) of (\d+),.*at 32 in (\d+) of (\d+) runs", t)
     assert m, t
