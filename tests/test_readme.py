@@ -1,5 +1,5 @@
 """The README's summary states crash counts in words: stock FULL_AND_PIECEWISE's per concurrency and path, the
-workaround's (PIECEWISE) and --enforce-eager's at 32. These tests hold them to the records in data/runs, so a new GPU run
+workaround's (PIECEWISE) and --enforce-eager's at 32, and the speed ranges. These tests hold them to the records in data/runs, so a new GPU run
 that changes one of these counts fails here until the README says it (the rendered notebooks check theirs as claims)."""
 
 import re
@@ -82,3 +82,23 @@ def test_workaround_and_report_path_counts_match_the_records(rates):
     m = re.search(r"at 16 too \((\d+) of (\d+),.*at 32 in (\d+) of (\d+) runs", t)
     assert m, t
     assert tp2[16] == (int(m.group(1)), int(m.group(2))) and tp2[32] == (int(m.group(3)), int(m.group(4)))
+
+
+def test_speed_ranges_match_the_glance_table():
+    """The summary's fixed-FULL-over-no-speculation ranges are the findings page's glance table (runs that compiled a
+    Triton kernel left out): each session's smallest and largest mean at concurrency 1-32 with that session named in
+    the same bullet, and the range at 64 over every session."""
+    from dflash_lab import bench
+
+    t = bench.glance_table(bench.cells(bench.without_jit_runs(bench.load_bench("data/bench/*.jsonl"))))
+    fixed = t[t["mode"] == "DFlash FULL (fixed)"]
+    i = README.index("- **Speed**")
+    bullet = " ".join(README[i:README.index("- **Open.**", i)].split())
+    mean = lambda v: float(v.split("x")[0]) if isinstance(v, str) and v != "-" else None  # noqa: E731
+    assert len(fixed) >= 2
+    for _, r in fixed.iterrows():
+        vals = [m for c in (1, 4, 8, 16, 32) if (m := mean(r[c])) is not None]
+        sess = "s" + r["session"].rsplit("-s", 1)[1]
+        assert f"{min(vals):.2f}-{max(vals):.2f}x" in bullet and re.search(rf"\b{sess}\b", bullet), (sess, vals)
+    at64 = [m for v in fixed[64] if (m := mean(v)) is not None]
+    assert f"({min(at64):.2f}-{max(at64):.2f}x)" in bullet
