@@ -1,6 +1,7 @@
-"""The README's summary states crash counts in words: stock FULL_AND_PIECEWISE's per concurrency and path, the
-workaround's (PIECEWISE) and --enforce-eager's at 32, and the speed ranges. These tests hold them to the records in data/runs, so a new GPU run
-that changes one of these counts fails here until the README says it (the rendered notebooks check theirs as claims)."""
+"""The README's summary states numbers in words: stock FULL_AND_PIECEWISE's crash counts per concurrency and path,
+the workaround's (PIECEWISE) and --enforce-eager's at 32, and the fixed FULL engine's speed ranges. These tests hold
+them to the records in data/runs and data/bench, so a new GPU run that changes one of them fails here until the README
+says it (the rendered notebooks check theirs as claims)."""
 
 import re
 from pathlib import Path
