@@ -146,6 +146,15 @@ def _check(cond, msg):
         raise LabError(msg)
 
 
+def _number(v) -> bool:
+    """An int or a float as YAML gives it: not a bool (true is an int in Python), not a quoted string."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def load_matrix(path: str) -> dict:
     import yaml
 
@@ -184,14 +193,14 @@ def validate_matrix(m, where="matrix") -> dict:
     _check(isinstance(m.get("defaults", {}), dict), f"{where}: 'defaults' must be a mapping")
     for key in ("startup_estimate_s", "warmup_estimate_s"):
         v = m.get(key, 0)
-        _check(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, f"{where}: {key} must be a number >= 0")
+        _check(_number(v) and v >= 0, f"{where}: {key} must be a number >= 0")
     for key in ("run_timeout_s", "startup_timeout_s"):
         v = m.get(key, 1)
-        _check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f"{where}: {key} must be a number > 0")
+        _check(_number(v) and v > 0, f"{where}: {key} must be a number > 0")
     v = m.get("coredump_wait_s", 0)   # 0: do not wait for a core file
-    _check(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, f"{where}: coredump_wait_s must be a number >= 0")
+    _check(_number(v) and v >= 0, f"{where}: coredump_wait_s must be a number >= 0")
     v = m.get("max_restarts", 0)
-    _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{where}: max_restarts must be a whole number >= 0")
+    _check(_whole(v) and v >= 0, f"{where}: max_restarts must be a whole number >= 0")
     for key in ("name", "models_dir", "prompt", "worker", "coredump_root"):
         _check(key not in m or (isinstance(m[key], str) and m[key]), f"{where}: {key} must be a non-empty string")
     defaults = dict(ENGINE_DEFAULTS)
@@ -226,24 +235,24 @@ def validate_matrix(m, where="matrix") -> dict:
                           "probe_oor, sched_snapshot, sched_ledger, fa_splits, first_step_requests, vllm_diff, "
                           "hang_snapshot): use the key")
         # kinds: a quoted "false" is truthy and would switch the fix (or the hook, the probe...) on
-        for key in ("enforce_eager", "drafter_enforce_eager", "fix", "hook", "hook_sync", "control", "probe", "canary"):
+        for key in ("enforce_eager", "drafter_enforce_eager", "fix", "hook", "hook_sync", "control", "probe", "canary",
+                    "sched_snapshot", "sched_ledger", "hang_snapshot"):
             _check(isinstance(eng[key], bool), f"{where}: engine {e['id']}: {key} must be true or false")
         for key in ("async_scheduling", "prefix_caching"):
             _check(eng[key] is None or isinstance(eng[key], bool),
                    f"{where}: engine {e['id']}: {key} must be true or false (or left out: vLLM's default)")
         for key in ("num_speculative_tokens", "tensor_parallel_size", "max_num_seqs", "max_model_len",
                     "max_num_batched_tokens"):
-            _check(isinstance(eng[key], int) and not isinstance(eng[key], bool) and eng[key] >= 1,
+            _check(_whole(eng[key]) and eng[key] >= 1,
                    f"{where}: engine {e['id']}: {key} must be a whole number >= 1")
         g = eng["gpu_memory_utilization"]
-        _check(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 < g <= 1,
+        _check(_number(g) and 0 < g <= 1,
                f"{where}: engine {e['id']}: gpu_memory_utilization must be a number in (0, 1]")
         for key in ("cudagraph_mode", "moe_backend"):
             _check(eng[key] is None or (isinstance(eng[key], str) and eng[key]),
                    f"{where}: engine {e['id']}: {key} must be a name (or left out)")
         cs = eng["cudagraph_capture_sizes"]
-        _check(cs is None or (isinstance(cs, list) and cs and all(isinstance(x, int) and not isinstance(x, bool)
-                                                                    and x >= 1 for x in cs)),
+        _check(cs is None or (isinstance(cs, list) and cs and all(_whole(x) and x >= 1 for x in cs)),
                f"{where}: engine {e['id']}: cudagraph_capture_sizes must be a non-empty list of whole numbers >= 1")
         _check(isinstance(eng["engine_args"], dict),
                f"{where}: engine {e['id']}: engine_args must be a mapping of vLLM engine arguments")
@@ -263,12 +272,6 @@ def validate_matrix(m, where="matrix") -> dict:
                f"{where}: engine {e['id']}: probe_oor must be true, false, 'row0' or 'others'")
         _check(not eng["probe_oor"] or eng["probe"],
                f"{where}: engine {e['id']}: probe_oor needs probe: true (the probe's sampler wrapper replaces the ids)")
-        _check(isinstance(eng["sched_snapshot"], bool),
-               f"{where}: engine {e['id']}: sched_snapshot must be true or false")
-        _check(isinstance(eng["sched_ledger"], bool),
-               f"{where}: engine {e['id']}: sched_ledger must be true or false")
-        _check(isinstance(eng["hang_snapshot"], bool),
-               f"{where}: engine {e['id']}: hang_snapshot must be true or false")
         _check(eng["probe_taps"] is None or eng["probe"],
                f"{where}: engine {e['id']}: probe_taps needs probe: true (the taps are compared in its reference pass)")
         fp = eng["fix_parts"]
@@ -280,8 +283,8 @@ def validate_matrix(m, where="matrix") -> dict:
                 splits.parse(eng["fa_splits"])
             except LabError as err:
                 _check(False, f"{where}: engine {e['id']}: fa_splits: {err}")
-        _check(isinstance(eng["run_estimate_s"], (int, float)) and not isinstance(eng["run_estimate_s"], bool)
-               and eng["run_estimate_s"] >= 0, f"{where}: engine {e['id']}: run_estimate_s must be a number >= 0")
+        _check(_number(eng["run_estimate_s"]) and eng["run_estimate_s"] >= 0,
+               f"{where}: engine {e['id']}: run_estimate_s must be a number >= 0")
         acc = eng["acceptance"]
         _check(acc == "natural" or isinstance(acc, (int, float)) or
                (isinstance(acc, list) and all(isinstance(x, (int, float)) for x in acc)),
@@ -299,10 +302,10 @@ def validate_matrix(m, where="matrix") -> dict:
             _check(isinstance(w["rounds"], int) and w["rounds"] >= 1, f"{where}: engine {e['id']}: rounds must be >= 1")
             for key in ("warmup", "ignore_eos", "stream", "record_outputs"):
                 _check(isinstance(w[key], bool), f"{where}: engine {e['id']}: {key} must be true or false")
-            _check(isinstance(w["max_tokens"], int) and not isinstance(w["max_tokens"], bool) and w["max_tokens"] >= 1,
+            _check(_whole(w["max_tokens"]) and w["max_tokens"] >= 1,
                    f"{where}: engine {e['id']}: max_tokens must be a whole number >= 1")
-            _check(isinstance(w["temperature"], (int, float)) and not isinstance(w["temperature"], bool)
-                   and w["temperature"] >= 0, f"{where}: engine {e['id']}: temperature must be a number >= 0")
+            _check(_number(w["temperature"]) and w["temperature"] >= 0,
+                   f"{where}: engine {e['id']}: temperature must be a number >= 0")
             # every engine start runs the warm-ups first (restarts included): a warm-up after a measured entry
             # would run there too, not where the matrix puts it
             _check(not (w["warmup"] and any(not r.warmup for r in runs)),
@@ -331,7 +334,7 @@ def validate_matrix(m, where="matrix") -> dict:
                    f"{where}: engine {e['id']}: vllm_diff sets PYTHONPATH itself; leave it out of env")
         k = eng["first_step_requests"]
         if k is not None:
-            _check(isinstance(k, int) and not isinstance(k, bool) and k >= 1,
+            _check(_whole(k) and k >= 1,
                    f"{where}: engine {e['id']}: first_step_requests must be a whole number >= 1 (or left out)")
             # the gate acts once per engine process, on its first N requests: one run, whose concurrency is N
             _check(len(runs) == 1 and not runs[0].warmup,
