@@ -13,9 +13,10 @@ fails with its own error.
 
 Each notebook in ``notebooks/`` runs in a fresh kernel with the repository root as working
 directory; the executed copy is rendered to ``reports/<name>.html``, with a contents list of its
-section headings under its title (:func:`with_contents`), and ``reports/index.html`` links them. A notebook that fails (a bad parameter, a missing data file) is reported in one
-line naming the notebook and the error, its old HTML (if any) is left untouched, and the
-command exits non-zero after trying the others.
+section headings under its title (:func:`with_contents`), and ``reports/index.html`` links them.
+A notebook that fails (a bad parameter, a missing data file) is reported in one line naming the
+notebook and the error, its old HTML (if any) is left untouched, and the command exits non-zero
+after trying the others.
 """
 
 from __future__ import annotations
