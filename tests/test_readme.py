@@ -14,8 +14,13 @@ README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 
 @pytest.fixture(scope="module")
-def rates():
-    return crashstates.path_rates(analysis.load_runs()).set_index("path")
+def runs():
+    return analysis.load_runs()
+
+
+@pytest.fixture(scope="module")
+def rates(runs):
+    return crashstates.path_rates(runs).set_index("path")
 
 
 def _sentence(start: str) -> str:
@@ -51,8 +56,8 @@ def test_offline_tp1_threshold_sentence_matches_the_records(rates):
     assert ok_srv == n_srv and _recorded(rates.loc["server, TP=1"])[16] == (0, n_srv)
 
 
-def test_workaround_and_report_path_counts_match_the_records(rates):
-    df = analysis.load_runs()
+def test_workaround_and_report_path_counts_match_the_records(runs, rates):
+    df = runs
     ct = analysis.crash_table(df)
     pw = ct[ct["cell"].str.contains("dflash k=15, PIECEWISE", regex=False) & (ct["concurrency"] == 32)]
     eager = df[(df["spec_method"] == "dflash") & (df["enforce_eager"] == True)]   # noqa: E712 (a column)
