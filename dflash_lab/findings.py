@@ -12,6 +12,7 @@ import html
 import json
 import numbers
 import os
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -658,8 +659,6 @@ def _without_asserts(keep, rope) -> str:
 
 def _numbers_in(text: str) -> list[int]:
     """Sort key: the whole numbers in ``text``, in order ("200 x8" before "200 x20")."""
-    import re
-
     return [int(x) for x in re.findall(r"\d+", text)]
 
 
@@ -1213,9 +1212,19 @@ def _trajectory_sentence(df, data_dir: str) -> str:
             f"{r['concurrency']}" + (f"; its out-of-vocabulary ids up to there were trajectory {r['trajectory']}'s)"
                                      if isinstance(r["trajectory"], str) else "; no out-of-vocabulary id)")
             for _, r in cuts.iterrows()]
+    # which prediction is which, by its number and K ("(2) K=3", "(0) every run"); a failed one with what was measured
+    tag = [p.split(":", 1)[0] if re.match(r"\(\d\) K=\d+:", p) else p.split(" ", 1)[0] + " every run"
+           for p in at["predicted"]]
+    held_tags = [t for t, h in zip(tag, at["held"]) if h is True]
+    failed = [f"{t}, measured {m}" for t, h, m in zip(tag, at["held"], at["measured"]) if h is False]
+    open_ = [t + (" (not run)" if m == "not run" else "") for t, h, m in zip(tag, at["held"], at["measured"])
+             if h is None]
+    which = "; ".join(x for x in (("held: " + ", ".join(held_tags)) if held_tags else "",
+                                  ("failed: " + "; ".join(failed)) if failed else "",
+                                  ("undecided: " + ", ".join(open_)) if open_ else "") if x)
     return text + (f" The admission gate's test ({verification.ADMIT_C24_MATRIX}, pre-registered): "
                    f"{sum(bool(h) for h in held)} of {len(at)} predictions held, {sum(not h for h in held)} failed, "
-                   f"{len(at) - len(held)} undecided"
+                   f"{len(at) - len(held)} undecided ({which})"
                    + (f"; {len(cuts)} run(s) cut by the runner's deadline, not judged: {'; '.join(seen)}"
                       if len(cuts) else "") + ".")
 

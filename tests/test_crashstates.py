@@ -114,12 +114,18 @@ def test_keep_running_core_dumps_print_the_device_asserts():
     controls again, and stock-c24-core's repeat at 24): 4 and 0, every one with a core (3 the DFlash input kernel, the
     repeat at 24 the RoPE kernel). s51 (the repeat's second run at 24): 1 and 0, its core the DFlash input kernel.
     s57 (probe-hang-ledger2-c24-tp1's crash at 24, under the step probe and the ledger): 1 and 0, the RoPE kernel.
-    s58 (that matrix's r1, and probe-hang-c24-tp1's r1, both at 24 under the step probe): 2 and 0, the RoPE kernel."""
+    s58 (that matrix's r1, and probe-hang-c24-tp1's r1, both at 24 under the step probe): 2 and 0, the RoPE kernel.
+    s62 (probe-admit-c24-tp1's K=4 and K=1 crashes at 24, under the step probe, the ledger and the admission gate): 2
+    and 0, the RoPE kernel."""
     ft = analysis.fault_table(analysis.load_runs())
     keep = ft[ft["cell"].str.contains("keep running")]
     # s47: the stock controls beside the upstream diff at 32, 20 and 8; s49 and s50: at 64, 24, 28; s51: 24; s57: 24;
-    # s58: 24 twice
-    assert len(keep) == 23
+    # s58: 24 twice; s62: 24 twice
+    assert len(keep) == 25
+    s62 = keep[keep["file"] == "2026-12-05_h200_probe-admit-c24-b-tp1.jsonl"]
+    assert sorted(s62["run"]) == ["stock-admit-k1-c24/c24/r0", "stock-admit-k4-c24/c24/r0"]
+    assert list(s62["faulting kernel"]) == ["triton_poi_fused_2"] * 2 and (s62["cores"] == 1).all()
+    assert set(s62["error line"]) == {"CUDA error: unspecified launch failure"}
     s58 = keep[keep["file"].isin(["2026-12-04_h200_probe-hang-c24-f-tp1.jsonl",
                                   "2026-12-04_h200_probe-hang-ledger2-c24-e-tp1.jsonl"])]
     assert list(s58["faulting kernel"]) == ["triton_poi_fused_2"] * 2 and (s58["cores"] == 1).all()

@@ -157,8 +157,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s22: the c8 control's core names the target's GDN kernel and its log has no RoPE assert; s40's two at 8 and s47's
     # control (beside the upstream diff) the same; s47's controls at 32 and 20 printed both; s49's at 64, 24 (no core
     # file) and 28 printed both, and so did s50's controls and both runs of the repeat at 24 (s50, s51), and s57's
-    # crash at 24 under the ledger, and s58's two crashes at 24 (probe-hang-c24's r1, probe-hang-ledger2's r1)
-    assert ("in 19 of 23 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
+    # crash at 24 under the ledger, and s58's two crashes at 24 (probe-hang-c24's r1, probe-hang-ledger2's r1), and
+    # s62's two under the admission gate (K=4, K=1)
+    assert ("in 21 of 25 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
     assert "; the 4 at concurrency 8 whose cores name fused_sigmoid_gating_delta_rule_update_kernel printed none" in text
     assert text.count("whose core names fused_sigmoid_gating") + text.count("whose cores name fused_sigmoid_gating") == 1
     assert "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: concurrency 16: 0/3 crashed" in text
@@ -178,8 +179,9 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s43: the sampler's out-of-vocabulary ids, probe-oor-tp1 and the row-0 rule
     # 47 since s56's two probed runs at 24 (the fourth probe-hang-c24 attempt and the ledger run), 50 since s57's three
     # that reached step 275 (its first call's run was cut at step 12 and is one of the 48 others), 54 since s58's four,
-    # 55 since s59's probe-admit-c24 run (cut by the runner's deadline after NaN logits from step 275 on)
-    assert ("From the NaN to the illegal address (s43): in every one of the 55 probed runs whose verify logits held NaN "
+    # 55 since s59's probe-admit-c24 run (cut by the runner's deadline after NaN logits from step 275 on), 58 since s62's
+    # three runs of it
+    assert ("From the NaN to the illegal address (s43): in every one of the 58 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
@@ -208,10 +210,12 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s51: a probed run at 24 went past its first row-0 step without a fault (probe-c24-tp1), and the page says so
     # s53, s54 and s56 (twice: the fourth probe-hang-c24 attempt and the ledger run) repeated s51's run: said once; s57's
     # ledger2 runs added two more that passed and one crash at its row-0 step (285)
-    # s58: two more such runs (probe-hang-c24's r0 and r2); sessions in number order
-    assert ("Not every row-0 step faults: in s51, s53, s54, s56 (2 runs), s57 (2 runs) and s58 (2 runs) 9 probed runs"
+    # s58: two more such runs (probe-hang-c24's r0 and r2); sessions in number order; s62: the gate's K=3 run, and its
+    # K=4 and K=1 runs two more crashing logs
+    assert ("Not every row-0 step faults: in s51, s53, s54, s56 (2 runs), s57 (2 runs), s58 (2 runs) and s62 10 probed "
+            "runs"
             " at 24 (neither crashed nor completed) each had their first row-0 step at 281 (their own "
-            "out-of-vocabulary id) and recorded 14 more steps without a fault. 50 of the 51 crashing probe logs ended"
+            "out-of-vocabulary id) and recorded 14 more steps without a fault. 52 of the 53 crashing probe logs ended"
             " at their first row-0 step and 1 one step before it (a GDN-kernel core stopped the process before the "
             "probe wrote the step; its replica shows the move), but not every row-0 step crashed.") in text
     # s56-s58: why they stop, from the hang snapshot's judged runs (s58: all three planned runs) and the scheduler ledger
@@ -236,7 +240,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "later step of the same request left its attention length unmoved to that step, and between any other two"
             " steps it moved 1-16 tokens (a runner placing tokens by the leaked count would move it by more than 1 + "
             "k somewhere); 6 of its 6 predictions held.") in text
-    # s58: the runs at 24 by trajectory (read afterwards) and the admission test not run yet
+    # s58: the runs at 24 by trajectory (read afterwards); s62: the admission test's K=4, K=1 and K=3 runs held
     assert ("Read afterwards (s58): the 13 probed runs at 24 that reached NaN logits followed 3 trajectories, each "
             "named by the set of requests and steps whose first sampled id was out of vocabulary, each number of "
             "requests the engine's first step admitted (left to arrival timing offline) went with one trajectory, and"
@@ -245,9 +249,10 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "id in row 0 at step 281 without a fault; a first step of 1 request: trajectory b24b6dcf, a crash at its "
             "first row-0 step, 285, with request 17's own id in row 0 (3 of 3); a first step of 4 requests: "
             "trajectory 18c2a7fd, a crash at its first row-0 step, 281, with request 16's own id in row 0 (1 of 1). "
-            "The admission gate's test (probe-admit-c24-tp1, pre-registered): 0 of 5 predictions held, 0 failed, 5 "
-            "undecided; 1 run(s) cut by the runner's deadline, not judged: K=4, last recorded step 281 (first step 4 "
-            "of 24; its out-of-vocabulary ids up to there were trajectory 18c2a7fd's).") in text
+            "The admission gate's test (probe-admit-c24-tp1, pre-registered): 3 of 5 predictions held, 0 failed, 2 "
+            "undecided (held: (1) K=1, (2) K=3, (3) K=4; undecided: (0) every run, (2) K=2 (not run)); 1 run(s) cut by "
+            "the runner's deadline, not judged: K=4, last recorded step 281 (first step 4 of 24; its out-of-vocabulary "
+            "ids up to there were trajectory 18c2a7fd's).") in text
 
 
 def test_findings_page_without_probe_logs(root, tmp_path, monkeypatch):
@@ -584,20 +589,33 @@ def test_the_trajectory_sentence_reports_the_admission_test_once_it_has_run():
              | df["file"].astype(str).str.contains("2026-12-04_h200_probe-admit-c24-a-tp1")]
     assert findings._trajectory_sentence(s59, "data").endswith(
         "The admission gate's test (probe-admit-c24-tp1, pre-registered): 0 of 5 predictions held, 0 failed, 5 "
-        "undecided; 1 run(s) cut by the runner's deadline, not judged: K=4, last recorded step 281 (first step 4 of "
-        "24; its out-of-vocabulary ids up to there were trajectory 18c2a7fd's).")
+        "undecided (undecided: (0) every run, (1) K=1 (not run), (2) K=2 (not run), (2) K=3 (not run), (3) K=4); 1 "
+        "run(s) cut by the runner's deadline, not judged: K=4, last recorded step 281 (first step 4 of 24; its "
+        "out-of-vocabulary ids up to there were trajectory 18c2a7fd's).")
     df = df[df["matrix"] != V.ADMIT_C24_MATRIX]
     assert findings._trajectory_sentence(df, "data").endswith(
         "The admission gate's test of this (probe-admit-c24-tp1, pre-registered) has not run yet.")
-    df = df.copy()
-    df["first_step_requests"] = df.get("first_step_requests")
-    for part, rid, k in (("probe-hang-c24-f-tp1", "r1", 4), ("probe-hang-ledger2-c24-b-tp1", "r0", 1),
-                         ("probe-hang-ledger2-c24-c-tp1", "r0", 3), ("probe-hang-ledger2-c24-d-tp1", "r0", 2)):
-        i = df.index[df["file"].astype(str).str.contains(part) & df["run_id"].str.endswith(rid)]
-        df.loc[i, ["matrix", "run_id", "first_step_requests"]] = [V.ADMIT_C24_MATRIX, f"stock-admit-k{k}-c24/c24/r0", k]
+    base = df.copy()
+    base["first_step_requests"] = base.get("first_step_requests")
+
+    def relabelled(ks):
+        d = base.copy()
+        for (part, rid), k in zip((("probe-hang-c24-f-tp1", "r1"), ("probe-hang-ledger2-c24-b-tp1", "r0"),
+                                   ("probe-hang-ledger2-c24-c-tp1", "r0"), ("probe-hang-ledger2-c24-d-tp1", "r0")), ks):
+            i = d.index[d["file"].astype(str).str.contains(part) & d["run_id"].str.endswith(rid)]
+            d.loc[i, ["matrix", "run_id", "first_step_requests"]] = [V.ADMIT_C24_MATRIX, f"stock-admit-k{k}-c24/c24/r0", k]
+        return d
+
+    df = relabelled((4, 1, 3, 2))
     text = findings._trajectory_sentence(df, "data")
     assert text.endswith("The admission gate's test (probe-admit-c24-tp1, pre-registered): 5 of 5 predictions held, "
-                         "0 failed, 0 undecided.")
+                         "0 failed, 0 undecided (held: (0) every run, (1) K=1, (2) K=2, (2) K=3, (3) K=4).")
+    # K=1 and K=4 swapped: the gate's check (0) fails, and so do (1) and (3), each named with what was measured
+    text = findings._trajectory_sentence(relabelled((1, 4, 3, 2)), "data")
+    assert "0 of 5 predictions held" not in text and "2 of 5 predictions held, 3 failed, 0 undecided (held: (2) K=2, " \
+        "(2) K=3; failed: (0) every run, measured " in text
+    assert "; (1) K=1, measured K=1: trajectory 18c2a7fd, crash, last step 281" in text
+    assert "; (3) K=4, measured K=4: trajectory b24b6dcf, crash, last step 285" in text
     # a line of the matrix that cannot be judged (a run its file does not plan) is said, not passed over
     bad = pd.concat([df, df[df["matrix"] == V.ADMIT_C24_MATRIX].iloc[:1].assign(run_id="stock-admit-k9-c24/c24/r0")])
     assert "could not be judged: probe-admit-c24-tp1: run lines ['stock-admit-k9-c24/c24/r0'] are not among" in \
