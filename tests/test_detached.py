@@ -162,9 +162,11 @@ def test_start_returns_by_its_wait_with_setup_counted_and_the_runner_outside_its
     setup.write_text("sleep 5\necho set up\n")
     m = matrix(tmp_path)
     try:
-        e = host_env(root, tmp_path, tmp_path / "o1", DFLASH_LAB_HOST_SETUP=str(setup), FAKE_RUN_S="15")
+        # WAIT 12 s: the runner starts ~5 s in (after setup), so a loaded machine still finds the call waiting when
+        # the runner's pid appears (with 6 s, a 2-core machine busy elsewhere saw the call return first)
+        e = host_env(root, tmp_path, tmp_path / "o1", DFLASH_LAB_HOST_SETUP=str(setup), FAKE_RUN_S="25")
         t0 = time.time()
-        call = subprocess.Popen(["bash", str(root / "scripts" / "gpu" / "detached.sh"), "start", str(m), "300", "6"],
+        call = subprocess.Popen(["bash", str(root / "scripts" / "gpu" / "detached.sh"), "start", str(m), "300", "12"],
                                 env=e, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         pid_file = tmp_path / "det" / "det-t" / "pid"
         while not pid_file.exists() and time.time() - t0 < 30:
@@ -174,7 +176,7 @@ def test_start_returns_by_its_wait_with_setup_counted_and_the_runner_outside_its
         out, err = call.communicate(timeout=60)
         took = time.time() - t0
         assert call.returncode == 0, err + out
-        assert took < 6 + 3.5, f"WAIT counts from the call's start, setup (5 s) included: took {took:.1f} s"
+        assert took < 12 + 3.5, f"WAIT counts from the call's start, setup (5 s) included: took {took:.1f} s"
         assert alive(pid) and "running" in (tmp_path / "o1" / "status").read_text()
         assert (tmp_path / "o1" / "setup.log").read_text().strip() == "set up"
         # one GPU, one runner: another matrix's start and session.sh both refuse while it runs
