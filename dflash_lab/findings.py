@@ -1204,7 +1204,6 @@ def _trajectory_sentence(df, data_dir: str) -> str:
         at, ar = verification.admit_c24_predictions(df, data_dir=data_dir)
     except LabError as e:   # its lines are there but cannot be judged: said, not passed over
         return text + f" The admission gate's test ({verification.ADMIT_C24_MATRIX}) could not be judged: {e}."
-    held = [h for h in at["held"] if h is not None]
     cuts = ar[ar["ended"] == "deadline cut"]
     # a cut is never judged; what its probe recorded up to the cut is said as that, beside the verdict counts
     seen = [f"K={r['K']}, before its first recorded step" if pd.isna(r["last step"]) else
@@ -1213,18 +1212,19 @@ def _trajectory_sentence(df, data_dir: str) -> str:
                                      if isinstance(r["trajectory"], str) else "; no out-of-vocabulary id)")
             for _, r in cuts.iterrows()]
     # which prediction is which, by its number and K ("(2) K=3", "(0) every run"); a failed one with what was measured
-    tag = [p.split(":", 1)[0] if re.match(r"\(\d\) K=\d+:", p) else p.split(" ", 1)[0] + " every run"
-           for p in at["predicted"]]
-    held_tags = [t for t, h in zip(tag, at["held"]) if h is True]
-    failed = [f"{t}, measured {m}" for t, h, m in zip(tag, at["held"], at["measured"]) if h is False]
-    open_ = [t + (" (not run)" if m == "not run" else "") for t, h, m in zip(tag, at["held"], at["measured"])
-             if h is None]
-    which = "; ".join(x for x in (("held: " + ", ".join(held_tags)) if held_tags else "",
-                                  ("failed: " + "; ".join(failed)) if failed else "",
-                                  ("undecided: " + ", ".join(open_)) if open_ else "") if x)
+    held, failed, open_ = [], [], []
+    for p, h, m in zip(at["predicted"], at["held"], at["measured"]):
+        t = p.split(":", 1)[0] if re.match(r"\(\d\) K=\d+:", p) else p.split(" ", 1)[0] + " every run"
+        if h is None:
+            open_.append(t + (" (not run)" if m == "not run" else ""))
+        elif h:
+            held.append(t)
+        else:
+            failed.append(f"{t}, measured {m}")
+    which = "; ".join(f"{name}: {sep.join(xs)}" for name, sep, xs in
+                      (("held", ", ", held), ("failed", "; ", failed), ("undecided", ", ", open_)) if xs)
     return text + (f" The admission gate's test ({verification.ADMIT_C24_MATRIX}, pre-registered): "
-                   f"{sum(bool(h) for h in held)} of {len(at)} predictions held, {sum(not h for h in held)} failed, "
-                   f"{len(at) - len(held)} undecided ({which})"
+                   f"{len(held)} of {len(at)} predictions held, {len(failed)} failed, {len(open_)} undecided ({which})"
                    + (f"; {len(cuts)} run(s) cut by the runner's deadline, not judged: {'; '.join(seen)}"
                       if len(cuts) else "") + ".")
 
