@@ -152,6 +152,7 @@ def _number(v) -> bool:
 
 
 def _whole(v) -> bool:
+    """An int as YAML gives it, not a bool."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -259,8 +260,7 @@ def validate_matrix(m, where="matrix") -> dict:
         _check(eng["probe_taps"] in (None, "1", "sentinel", "nan", "zero"),
                f"{where}: engine {e['id']}: probe_taps must be '1', 'sentinel', 'nan' or 'zero' (or left out)")
         fl = eng["probe_fill_layers"]
-        _check(fl is None or (isinstance(fl, list) and fl and all(isinstance(x, int) and not isinstance(x, bool)
-                                                                   and x >= 0 for x in fl)),
+        _check(fl is None or (isinstance(fl, list) and fl and all(_whole(x) and x >= 0 for x in fl)),
                f"{where}: engine {e['id']}: probe_fill_layers must be a non-empty list of layer numbers")
         _check(fl is None or eng["probe_taps"] in ("sentinel", "nan", "zero"),
                f"{where}: engine {e['id']}: probe_fill_layers needs a pre-fill (probe_taps sentinel, nan or zero)")
