@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .errors import LabError
+from .kinds import whole
 
 #: the files of vLLM 0.22.1 whose code this module runs and reports on (checked against RECORD before the import)
 SCHED_FILES = ("vllm/v1/core/sched/async_scheduler.py", "vllm/v1/core/sched/scheduler.py", "vllm/v1/request.py",
@@ -133,7 +134,7 @@ class Spec:
         for name, v, lo in (("requests", self.requests, 1), ("prompt", self.prompt, 1),
                             ("max_tokens", self.max_tokens, 2), ("k", self.k, 1), ("accept", self.accept, 0),
                             ("steps", self.steps, 1)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            if not whole(v) or v < lo:
                 raise LabError(f"{name} must be an integer >= {lo}, got {v!r}")
         if self.prompt + self.max_tokens > MAX_MODEL_LEN // 2:
             raise LabError(f"prompt + max_tokens must stay within {MAX_MODEL_LEN // 2} tokens (the rest is room for "
@@ -144,7 +145,7 @@ class Spec:
         for rid, counts in self.empty.items():
             if rid not in ids:
                 raise LabError(f"empty rows for {rid!r}, which is not one of the run's requests ({sorted(ids)})")
-            if any(not isinstance(c, int) or c < 0 or c >= self.max_tokens for c in counts):
+            if any(not whole(c) or c < 0 or c >= self.max_tokens for c in counts):
                 raise LabError(f"empty-row output counts of {rid} must lie in 0..{self.max_tokens - 1}: {counts!r}")
 
 

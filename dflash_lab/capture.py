@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .errors import LabError
+from .kinds import whole
 
 MODES = ("FULL_AND_PIECEWISE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "NONE")
 
@@ -47,20 +48,20 @@ class Knobs:
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not whole(v) or v < 1:
                 raise LabError(f"{name} must be a positive integer, got {v!r}")
         k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        if not whole(k) or k < 0:
             raise LabError(f"num_speculative_tokens must be an integer >= 0, got {k!r}")
         if self.cudagraph_mode not in MODES:
             raise LabError(f"cudagraph_mode must be one of {', '.join(MODES)}, got {self.cudagraph_mode!r}")
         if self.cudagraph_capture_sizes is not None:
             sizes = self.cudagraph_capture_sizes
-            if not sizes or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in sizes):
+            if not sizes or any(not whole(s) or s < 1 for s in sizes):
                 raise LabError(f"cudagraph_capture_sizes must be a non-empty list of positive integers, got {sizes!r}")
             object.__setattr__(self, "cudagraph_capture_sizes", tuple(sizes))
         m = self.max_cudagraph_capture_size
-        if m is not None and (not isinstance(m, int) or m < 1):
+        if m is not None and (not whole(m) or m < 1):
             raise LabError(f"max_cudagraph_capture_size must be a positive integer, got {m!r}")
 
     @property

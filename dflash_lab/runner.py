@@ -49,6 +49,7 @@ from pathlib import Path
 
 from . import admit, coredump, hang, provenance, splits, vllmdiff
 from .errors import LabError
+from .kinds import number as _number, whole as _whole
 from .models import REPORT_PROMPT, describe
 from .patch import FIX_PARTS
 
@@ -144,16 +145,6 @@ class Run:
 def _check(cond, msg):
     if not cond:
         raise LabError(msg)
-
-
-def _number(v) -> bool:
-    """An int or a float as YAML gives it: not a bool (true is an int in Python), not a quoted string."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _whole(v) -> bool:
-    """An int as YAML gives it, not a bool."""
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def load_matrix(path: str) -> dict:
@@ -286,8 +277,7 @@ def validate_matrix(m, where="matrix") -> dict:
         _check(_number(eng["run_estimate_s"]) and eng["run_estimate_s"] >= 0,
                f"{where}: engine {e['id']}: run_estimate_s must be a number >= 0")
         acc = eng["acceptance"]
-        _check(acc == "natural" or isinstance(acc, (int, float)) or
-               (isinstance(acc, list) and all(isinstance(x, (int, float)) for x in acc)),
+        _check(acc == "natural" or _number(acc) or (isinstance(acc, list) and acc and all(_number(x) for x in acc)),
                f"{where}: engine {e['id']}: acceptance must be 'natural', a number or a list of rates")
         runs_spec = e.get("runs", m.get("defaults", {}).get("runs"))
         _check(isinstance(runs_spec, list) and runs_spec, f"{where}: engine {e['id']}: 'runs' must be a non-empty list")
@@ -297,9 +287,10 @@ def validate_matrix(m, where="matrix") -> dict:
             bad = set(w) - set(RUN_DEFAULTS)
             _check(not bad, f"{where}: engine {e['id']}: unknown run key(s) {sorted(bad)}")
             w = dict(RUN_DEFAULTS, **w)
-            _check(isinstance(w["concurrency"], int) and w["concurrency"] >= 1,
+            _check(_whole(w["concurrency"]) and w["concurrency"] >= 1,
                    f"{where}: engine {e['id']}: concurrency must be a positive integer")
-            _check(isinstance(w["rounds"], int) and w["rounds"] >= 1, f"{where}: engine {e['id']}: rounds must be >= 1")
+            _check(_whole(w["rounds"]) and w["rounds"] >= 1,
+                   f"{where}: engine {e['id']}: rounds must be a whole number >= 1")
             for key in ("warmup", "ignore_eos", "stream", "record_outputs"):
                 _check(isinstance(w[key], bool), f"{where}: engine {e['id']}: {key} must be true or false")
             _check(_whole(w["max_tokens"]) and w["max_tokens"] >= 1,

@@ -98,6 +98,8 @@ def test_a_replay_whose_counts_differ_from_the_ledger_does_not_match():
     ({"empty": {"r0": [12]}, "max_tokens": 12}, "must lie in 0..11"),
     ({"accept": 16}, "accept 16 > k 15"),
     ({"requests": 0}, "requests must be an integer >= 1"),
+    ({"requests": True}, "requests must be an integer >= 1"),
+    ({"empty": {"r0": [True]}}, "must lie in 0..511"),
     ({"max_tokens": 5000}, "must stay within"),
 ])
 def test_a_wrong_spec_is_one_clear_error(kw, msg):

@@ -43,6 +43,9 @@ def test_piecewise_keeps_unrounded_sizes():
     (dict(num_speculative_tokens=-1), "num_speculative_tokens"),
     (dict(cudagraph_mode="FULLISH"), "cudagraph_mode"),
     (dict(cudagraph_capture_sizes=[]), "cudagraph_capture_sizes"),
+    # true is an int in Python: a capture bound of True passed as 1 before
+    (dict(max_cudagraph_capture_size=True), "max_cudagraph_capture_size must be a positive integer"),
+    (dict(max_num_seqs=True), "max_num_seqs must be a positive integer"),
 ])
 def test_bad_knobs(kw, msg):
     with pytest.raises(LabError, match=msg):

@@ -125,6 +125,12 @@ def test_existing_lines_survive_a_later_crash(tmp_path):
     ({"engines": [{"id": "a", "runs": [{"max_tokens": 0}]}]}, "max_tokens must be a whole number >= 1"),
     ({"engines": [{"id": "a", "runs": [{"temperature": "0.7"}]}]}, "temperature must be a number >= 0"),
     ({"engines": [{"id": "a", "runs": [{"stream": "true"}]}]}, "stream must be true or false"),
+    # true is an int in Python: these ran as concurrency 1, one round, acceptance 1.0 before
+    ({"engines": [{"id": "a", "runs": [{"concurrency": True}]}]}, "concurrency must be a positive integer"),
+    ({"engines": [{"id": "a", "runs": [{"rounds": True}]}]}, "rounds must be a whole number >= 1"),
+    ({"engines": [{"id": "a", "acceptance": True, "runs": [{}]}]}, "acceptance must be 'natural', a number"),
+    ({"engines": [{"id": "a", "acceptance": [0.9, True], "runs": [{}]}]}, "acceptance must be 'natural', a number"),
+    ({"engines": [{"id": "a", "acceptance": [], "runs": [{}]}]}, "acceptance must be 'natural', a number"),
 ])
 def test_bad_matrix(bad, msg):
     with pytest.raises(LabError, match=msg):
