@@ -56,8 +56,14 @@ def _import_vllm() -> str:
     tree = vllm_sources.source_tree()
     for f in SCHED_FILES:
         vllm_sources.read_source(f)   # raises unless the file is the distribution's
-    if tree.origin != "installed" and str(tree.root) not in sys.path:
-        sys.path.insert(0, str(tree.root))
+    if tree.origin != "installed":
+        if str(tree.root) not in sys.path:
+            sys.path.insert(0, str(tree.root))
+        # vLLM inspects a model class in a subprocess of its own (registry._run_in_subprocess) unless its modelinfo
+        # cache (~/.cache/vllm/modelinfos) already has it: on a fresh machine that subprocess must find the sources too
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(tree.root) not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([str(tree.root)] + paths)
     try:
         import vllm  # noqa: F401
     except ImportError as e:

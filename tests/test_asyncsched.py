@@ -21,6 +21,17 @@ def test_without_an_empty_row_every_request_finishes():
     assert summary["vllm"].startswith(("wheel: ", "installed: ")) and not events["empty row"].any()
 
 
+def test_a_fresh_machine_without_vllms_modelinfo_cache(tmp_path, monkeypatch):
+    """vLLM inspects the model class in a subprocess of its own when ``VLLM_CACHE_ROOT`` holds no modelinfo for it
+    (a fresh machine, a fresh CI runner): that subprocess must import the same verified sources. Before the child put
+    them on ``PYTHONPATH`` it failed there ("No module named 'vllm'"), hidden wherever an earlier run left the cache."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    _, final, summary, _ = _run(requests=1, prompt=8, max_tokens=4)
+    assert summary["unfinished"] == 0 and (final["output"] == 4).all()
+    assert summary["vllm"].startswith("installed: ") or list((tmp_path / "vllm-cache").rglob("*.json"))
+
+
 def test_an_empty_row_leaves_its_step_in_the_placeholders():
     """The step's 1 + k placeholders stay: at once (the update that returned nothing) and to the end."""
     events, final, summary, _ = _run(requests=3, max_tokens=12, empty={"r1": [3]})
