@@ -50,9 +50,9 @@ import datetime
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 
+from . import atomic
 from .coredump import parse_cuda_gdb, processes
 from .errors import LabError
 from .runner import read_lines, read_recorded, recorded_path, run_end_fields
@@ -254,7 +254,7 @@ def amend(name: str, data_dir: str = "data") -> dict:
             raw[i] = json.dumps(line)   # only amended lines are written anew; the others stay byte for byte
     result = {"name": name, "amended": [{"run_id": r, "rule": k} for r, k in changed]}
     if changed:
-        _write_atomic(path, "".join(r + "\n" for r in raw))
+        atomic.write_text(path, "".join(r + "\n" for r in raw))
     # the meta lists every amendment the lines carry: this run's, and any an interrupted run left unlisted
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     listed = {(c["run_id"], c["rule"]) for a in meta.get("amendments", []) for c in a.get("changes", [])}
@@ -265,20 +265,5 @@ def amend(name: str, data_dir: str = "data") -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "command": f"python -m dflash_lab amend {name}", "changes": missing,
             "why": "see dflash_lab/amend.py: each rule, and each line's 'amended' entry with the values it replaced"})
-        _write_atomic(meta_path, json.dumps(meta, indent=1) + "\n")
+        atomic.write_text(meta_path, json.dumps(meta, indent=1) + "\n")
     return result
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` in one rename, with the file's permissions (a read-only record stays read-only)."""
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from . import analysis
+from . import analysis, atomic
 from .errors import LabError
 
 
@@ -257,12 +257,7 @@ target: {html.escape(str(prov['target']['architecture']))}; weights: dummy (vLLM
 draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
 <p>Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from data/ by <code>make report</code>.</p>
 </body></html>"""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "findings.html"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(page)
-    os.replace(tmp, path)
-    return path
+    return atomic.write_text(out / "findings.html", page)
 
 
 def _bench_runs(root):

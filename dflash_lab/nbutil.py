@@ -79,11 +79,10 @@ def check(name: str, value, *, kind=None, min=None, max=None, choices=None, none
 
 
 def save_fig(fig, notebook: str, name: str, figures_dir: str = "figures") -> str:
-    Path(figures_dir).mkdir(parents=True, exist_ok=True)
+    from . import atomic
+
     path = os.path.join(figures_dir, f"{notebook}-{name}.png")
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    atomic.replace_with(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"), suffix=".png")
     return path
 
 

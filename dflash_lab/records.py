@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
+from . import atomic
 from .errors import LabError
 
 POINTER_DTYPES = {
@@ -153,16 +152,7 @@ def to_npz_dict(rec: Record) -> dict:
 
 def save_npz_atomic(path: str | os.PathLike, arrays: dict) -> None:
     """Write an .npz so that ``path`` is either the old file or the complete new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-    os.close(fd)
-    try:
-        np.savez_compressed(tmp, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.replace_with(path, lambda tmp: np.savez_compressed(tmp, **arrays), suffix=".npz")
 
 
 def save_record(path: str | os.PathLike, rec: Record) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import atomic
 from .errors import LabError
 from .records import OUTPUTS, POINTER_DTYPES, Record
 
@@ -120,15 +121,11 @@ def _cache_load(path, rec: Record, kernel: str):
 def _cache_save(path, res: ReplayResult) -> None:
     import dataclasses
     import json
-    import tempfile
 
     info = {"violations": [dataclasses.asdict(v) for v in res.violations], "overflowed": res.overflowed,
             "guard_writes": res.guard_writes}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
-    os.close(fd)
-    np.savez(tmp, info=np.array(json.dumps(info)), **{f"out:{k}": v for k, v in res.outputs.items()})
-    os.replace(tmp, path)
+    atomic.replace_with(path, lambda tmp: np.savez(tmp, info=np.array(json.dumps(info)),
+                                                   **{f"out:{k}": v for k, v in res.outputs.items()}), suffix=".npz")
 
 
 def replay(rec: Record, kernel: str = "stock", device: str = "cpu") -> ReplayResult:

@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import atomic
 from .nbutil import repo_root
 
 
@@ -144,11 +145,7 @@ def run_one(nb: Path, out_dir: Path, params: dict, kernel: str | None = None) ->
             return False, _error_line(e)
         body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
         body = with_contents(body)
-        target = out_dir / f"{nb.stem}.html"
-        fd, tmp_html = tempfile.mkstemp(dir=out_dir, suffix=".html.tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
-        os.replace(tmp_html, target)
+        target = atomic.write_text(out_dir / f"{nb.stem}.html", body)
     return True, str(target)
 
 

@@ -134,7 +134,7 @@ def test_permissions_kept_and_an_interrupted_amend_is_listed_next_time(data, mon
 
     p, meta = data / "runs" / f"{I}.jsonl", data / "runs" / f"{I}.meta.json"
     os.chmod(p, 0o444)
-    real = A._write_atomic
+    real = A.atomic.write_text
     calls = []
 
     def die_before_meta(path, text):
@@ -143,12 +143,12 @@ def test_permissions_kept_and_an_interrupted_amend_is_listed_next_time(data, mon
             raise KeyboardInterrupt   # stopped between the two writes
         real(path, text)
 
-    monkeypatch.setattr(A, "_write_atomic", die_before_meta)
+    monkeypatch.setattr(A.atomic, "write_text", die_before_meta)
     with pytest.raises(KeyboardInterrupt):
         amend(I, data_dir=str(data))
     assert oct(os.stat(p).st_mode & 0o777) == "0o444"            # a read-only record stays read-only
     assert "amendments" not in json.loads(meta.read_text())
-    monkeypatch.setattr(A, "_write_atomic", real)
+    monkeypatch.setattr(A.atomic, "write_text", real)
     assert amend(I, data_dir=str(data))["amended"] == []           # the lines are done ...
     listed = json.loads(meta.read_text())["amendments"][0]["changes"]   # ... and the meta catches up
     assert {c["run_id"] for c in listed} == {"stock-c24-c28/c24/r2", "stock-c24-c28/c28/r0"}
