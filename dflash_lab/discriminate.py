@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import ast
 import math
-import os
 import re
 
 from . import analysis, kvgroups

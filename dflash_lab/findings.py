@@ -53,7 +53,6 @@ def _write_findings(root: Path, out: Path) -> Path:
         sel = ct[(ct["cell"] == label if exact else ct["cell"].str.contains(label, regex=False)) & (ct["concurrency"] == conc)]
         return f"{int(sel['crashed'].sum())}/{int(sel['runs'].sum())}" if len(sel) and sel["runs"].sum() else "not run"
 
-    full = "dflash k=15, FULL_AND_PIECEWISE"
     prov = df.iloc[0]
     sig = analysis.crash_signatures(df)
     ft = analysis.fault_table(df)
