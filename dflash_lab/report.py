@@ -14,7 +14,9 @@ fails with its own error.
 Each notebook in ``notebooks/`` runs in a fresh kernel with the repository root as working
 directory; the executed copy is rendered to ``reports/<name>.html``, with a contents list of its
 section headings under its title (:func:`with_contents`), and ``reports/index.html`` links them.
-A notebook that fails (a bad parameter, a missing data file) is reported in one line naming the
+Each notebook gets the ``-p`` names its parameters cell declares; a name that no notebook run declares (a typo,
+which papermill itself only warns about before running the defaults) stops the command with one line before
+anything runs. A notebook that fails (a bad parameter, a missing data file) is reported in one line naming the
 notebook and the error, its old HTML (if any) is left untouched, and the command exits non-zero
 after trying the others.
 """
@@ -179,6 +181,26 @@ def parse_value(v: str):
         return v
 
 
+def declared_parameters(nb: Path) -> list[str]:
+    """The names a notebook's ``parameters`` cell assigns, as papermill reads them (no kernel is started)."""
+    import papermill as pm
+
+    return list(pm.inspect_notebook(str(nb)))
+
+
+def check_parameters(nbs: list[Path], params: dict) -> dict[Path, dict]:
+    """Each notebook's share of ``params``: the names its parameters cell declares. A name that none of ``nbs``
+    declares is a typo (papermill only warns "Passed unknown parameter" and runs the defaults): one line, non-zero exit,
+    before any notebook runs or any rendered page is replaced."""
+    declared = {nb: declared_parameters(nb) for nb in nbs}
+    unknown = sorted(set(params) - {name for names in declared.values() for name in names})
+    if unknown:
+        having = "; ".join(f"{nb.stem}: {', '.join(names) or 'none'}" for nb, names in declared.items())
+        raise SystemExit(f"dflash-lab: error: no notebook run here has a parameter named {', '.join(unknown)} "
+                         f"(their parameters: {having})")
+    return {nb: {k: v for k, v in params.items() if k in names} for nb, names in declared.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dflash_lab.report")
     ap.add_argument("--out", default="reports")
@@ -187,11 +209,13 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel", default=None)
     a = ap.parse_args(argv)
     root = repo_root()
+    params = {k: parse_value(v) for k, v in a.parameter}
+    nbs = notebooks(root, a.only)
+    share = check_parameters(nbs, params)
     out = (root / a.out) if not os.path.isabs(a.out) else Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    params = {k: parse_value(v) for k, v in a.parameter}
     entries, failed = [], 0
-    for nb in notebooks(root, a.only):
+    for nb in nbs:
         t0 = time.time()
         missing = missing_inputs(nb, root)
         if missing and not a.only:  # asked for by name, it runs and fails with its own clear error
@@ -200,7 +224,7 @@ def main(argv=None) -> int:
             continue
         if not a.only:
             try:
-                reason = not_ready(nb, root, params)
+                reason = not_ready(nb, root, share[nb])
             except Exception as e:  # noqa: BLE001 - a broken readiness check fails this notebook, not the report
                 failed += 1
                 entries.append((nb, False, f"readiness check: {_error_line(e)}"))
@@ -211,7 +235,7 @@ def main(argv=None) -> int:
                 entries.append((nb, False, f"not rendered: {reason}"))
                 print(f"{nb.stem}: not rendered: {reason}", flush=True)
                 continue
-        ok, info = run_one(nb, out, params, a.kernel)
+        ok, info = run_one(nb, out, share[nb], a.kernel)
         entries.append((nb, ok, info))
         if ok:
             print(f"{nb.stem}: rendered to {info} ({time.time() - t0:.0f} s)", flush=True)

@@ -90,6 +90,30 @@ def test_report_runs_a_notebook_named_with_only_whatever_its_data(tmp_path, stub
     assert stubbed == [("06_tradeoffs", {"held_out": 1.86})]
 
 
+def test_a_parameter_no_notebook_declares_is_refused_before_anything_runs(tmp_path, stubbed, capsys):
+    """A typo (-p max_num_seq 33) ran the defaults before, with papermill's warning only: now one line, a non-zero
+    exit, nothing run and no page written."""
+    root = _root(tmp_path, "05_benchmark", "06_tradeoffs")
+    _s24_shape(root)
+    with pytest.raises(SystemExit) as e:
+        report.main(["--out", str(tmp_path / "out"), "--only", "06_tradeoffs", "-p", "held_ot", "1.86"])
+    msg = str(e.value.code)
+    assert msg.startswith("dflash-lab: error: no notebook run here has a parameter named held_ot (their parameters: "
+                          "06_tradeoffs: ") and "held_out" in msg and "\n" not in msg
+    assert stubbed == [] and not (tmp_path / "out").exists()
+
+
+def test_each_notebook_gets_the_parameters_it_declares(tmp_path, stubbed):
+    """-p session applies to 05 and 06, which declare it; held_out to 06 alone, not injected into 05."""
+    root = _root(tmp_path, "05_benchmark", "06_tradeoffs")
+    _s24_shape(root)
+    assert {"session", "held_out"} <= set(report.declared_parameters(root / "notebooks" / "06_tradeoffs.ipynb"))
+    assert "held_out" not in report.declared_parameters(root / "notebooks" / "05_benchmark.ipynb")
+    assert report.main(["--out", str(tmp_path / "out"), "--only", "05_benchmark", "06_tradeoffs",
+                        "-p", "held_out", "1.86", "-p", "session", "x"]) == 0
+    assert stubbed == [("05_benchmark", {"session": "x"}), ("06_tradeoffs", {"held_out": 1.86, "session": "x"})]
+
+
 def test_report_without_data_and_with_a_broken_readiness_check(tmp_path, stubbed, capsys):
     root = _root(tmp_path, "05_benchmark", "06_tradeoffs")
     assert report.main(["--out", str(tmp_path / "out")]) == 0  # no data/bench: both listed, neither run
