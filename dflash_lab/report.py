@@ -171,7 +171,7 @@ def write_index(out_dir: Path, entries: list[tuple[Path, bool, str]]) -> None:
 {extra}<ol>{''.join(items)}</ol>
 <p>Rendered {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by <code>make report</code>.
 GPU results are read from <code>data/</code>, each with its provenance.</p></body></html>"""
-    (out_dir / "index.html").write_text(page)
+    atomic.write_text(out_dir / "index.html", page)
 
 
 def parse_value(v: str):
@@ -182,10 +182,27 @@ def parse_value(v: str):
 
 
 def declared_parameters(nb: Path) -> list[str]:
-    """The names a notebook's ``parameters`` cell assigns, as papermill reads them (no kernel is started)."""
-    import papermill as pm
+    """The names a notebook's ``parameters`` cell assigns, in order, read with Python's own parser (no kernel is
+    started). Not papermill's ``inspect_notebook``: its line parser drops a line with a second ``=`` (notebook 02's
+    ``discard_prob``, whose comment has one), which would refuse a real parameter."""
+    import ast
 
-    return list(pm.inspect_notebook(str(nb)))
+    import nbformat
+
+    cells = [c for c in nbformat.read(str(nb), as_version=4).cells
+             if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+    names: list[str] = []
+    for cell in cells:
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError as e:
+            raise SystemExit(f"dflash-lab: error: {nb.name}: its parameters cell is not valid Python ({e.msg}, "
+                             f"line {e.lineno})") from None
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign) else []
+            names += [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and n.id not in names]
+    return names
 
 
 def check_parameters(nbs: list[Path], params: dict) -> dict[Path, dict]:

@@ -114,6 +114,23 @@ def test_each_notebook_gets_the_parameters_it_declares(tmp_path, stubbed):
     assert stubbed == [("05_benchmark", {"session": "x"}), ("06_tradeoffs", {"held_out": 1.86, "session": "x"})]
 
 
+def test_declared_parameters_are_read_by_pythons_parser(tmp_path):
+    """Papermill's line parser drops a line with a second '=' (notebook 02's discard_prob has one in its comment):
+    the names come from the cell's syntax tree, so such a parameter is not refused as unknown."""
+    import nbformat
+
+    assert "discard_prob" in report.declared_parameters(ROOT / "notebooks" / "02_kernel_bounds.ipynb")
+    cell = nbformat.v4.new_code_cell("a = dict(x=1)  # x == 1\nb: int = 2\nc, d = 3, 4\nprint(a)\n")
+    cell.metadata["tags"] = ["parameters"]
+    nb = tmp_path / "t.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), str(nb))
+    assert report.declared_parameters(nb) == ["a", "b", "c", "d"]
+    cell.source = "a = (\n"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), str(nb))
+    with pytest.raises(SystemExit, match="t.ipynb: its parameters cell is not valid Python"):
+        report.declared_parameters(nb)
+
+
 def test_report_without_data_and_with_a_broken_readiness_check(tmp_path, stubbed, capsys):
     root = _root(tmp_path, "05_benchmark", "06_tradeoffs")
     assert report.main(["--out", str(tmp_path / "out")]) == 0  # no data/bench: both listed, neither run
