@@ -13,10 +13,24 @@ import tempfile
 from pathlib import Path
 
 
-def _plain_mode() -> int:
-    umask = os.umask(0)
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (``/proc/self/status``): ``os.umask`` can only
+    read it by setting it, and a file another thread creates in between (the launch hook writes records inside vLLM's
+    engine process) would get the wrong mode."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
+
+
+def _plain_mode() -> int:
+    return 0o666 & ~_umask()
 
 
 def replace_with(path, write, suffix: str = "") -> Path:

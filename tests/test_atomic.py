@@ -81,3 +81,12 @@ def test_a_rendered_notebook_is_readable_by_others(tmp_path, umask022):
     assert ok, where
     assert "42" in open(where).read() and _mode(where) == umask022
     assert sorted(x.name for x in out.iterdir()) == ["t.html"]
+
+
+def test_the_umask_is_read_not_assumed(tmp_path):
+    old = os.umask(0o027)
+    try:
+        p = atomic.write_text(tmp_path / "a.html", "x")
+        assert _mode(p) == 0o640 and atomic._umask() == 0o027
+    finally:
+        os.umask(old)
