@@ -1,7 +1,8 @@
-"""Kind checks for values a user writes: matrix YAML, notebook parameters, dataclass fields.
+"""Kind checks for values a user writes: matrix YAML and the library's configuration objects.
 
-In Python ``True`` is an ``int``, so ``isinstance(v, int)`` lets ``concurrency: true`` through as 1. Every validator
-in the library asks these two instead (``runner.validate_matrix``, ``capture.CaptureConfig``, ``asyncsched.Scenario``).
+In Python ``True`` is an ``int``, so ``isinstance(v, int)`` lets ``concurrency: true`` through as 1. The validators of
+matrices and of the library's configuration objects ask these two instead (``runner.validate_matrix``,
+``capture.Knobs``, ``asyncsched.Spec``); notebook parameters have their own typed check (``nbutil.check``).
 """
 from __future__ import annotations
 

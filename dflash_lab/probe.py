@@ -195,7 +195,6 @@ def check_gdn(rows: dict, num_slots: int, k: int, group: str) -> list[dict]:
 def check_attn_slots(slots, block_table, seq_lens, query_start_loc, num_slots: int, kernel_block: int,
                      group: str) -> list[dict]:
     """Every live token's K/V slot lies in the cache and in a block of its own request's row."""
-
     out = []
     n = len(seq_lens)
     for r in range(n):

@@ -25,11 +25,15 @@ def test_a_fresh_machine_without_vllms_modelinfo_cache(tmp_path, monkeypatch):
     """vLLM inspects the model class in a subprocess of its own when ``VLLM_CACHE_ROOT`` holds no modelinfo for it
     (a fresh machine, a fresh CI runner): that subprocess must import the same verified sources. Before the child put
     them on ``PYTHONPATH`` it failed there ("No module named 'vllm'"), hidden wherever an earlier run left the cache."""
+    from dflash_lab import vllm_sources
+
+    if vllm_sources.source_tree().origin == "installed":
+        pytest.skip("vLLM is installed here: its own subprocess finds it without PYTHONPATH")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
     monkeypatch.delenv("PYTHONPATH", raising=False)
     _, final, summary, _ = _run(requests=1, prompt=8, max_tokens=4)
     assert summary["unfinished"] == 0 and (final["output"] == 4).all()
-    assert summary["vllm"].startswith("installed: ") or list((tmp_path / "vllm-cache").rglob("*.json"))
+    assert list((tmp_path / "vllm-cache").rglob("*.json"))   # vLLM's subprocess ran and wrote its modelinfo
 
 
 def test_an_empty_row_leaves_its_step_in_the_placeholders():
