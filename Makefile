@@ -1,4 +1,4 @@
-# dflash-lab: two commands on a fresh machine with only Python 3.10+:
+# dflash-lab: two commands on a fresh machine with only Python 3.11+:
 #   make report   build the CPU environment, execute every notebook with papermill, render HTML to reports/
 #   make test     build the CPU environment and run the tests
 PY ?= python3
@@ -10,6 +10,7 @@ export TRITON_INTERPRET := 1
 .PHONY: env test report lab records clean
 
 $(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dflash-lab needs Python 3.11+ (pyproject.toml pins the cpu extra at versions with no 3.10 release); $(PY) is " + sys.version.split()[0] + ": make ... PY=python3.11")'
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[cpu]'
 	touch $(STAMP)

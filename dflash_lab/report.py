@@ -59,17 +59,6 @@ def missing_inputs(nb_path: Path, root: Path) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _cwd(path: Path):
-    """contextlib.chdir (Python 3.11+) for 3.10."""
-    old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
-
-
 def not_ready(nb_path: Path, root: Path, params: dict | None = None) -> str | None:
     """The reason a notebook's readiness function (metadata ``dflash_lab.ready``: ``"module:function"``)
     gives why the recorded data cannot render it yet, or None (ready, or no such function). The function
@@ -83,7 +72,7 @@ def not_ready(nb_path: Path, root: Path, params: dict | None = None) -> str | No
     fn = getattr(importlib.import_module(mod), name)
     accepted = inspect.signature(fn).parameters
     kwargs = {k: v for k, v in (params or {}).items() if k in accepted}
-    with _cwd(root):
+    with contextlib.chdir(root):
         reason = fn(**kwargs)
     return " ".join(str(reason).split()) if reason else None
 
