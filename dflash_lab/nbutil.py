@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import atomic
 from .errors import LabError
 
 
@@ -79,8 +80,6 @@ def check(name: str, value, *, kind=None, min=None, max=None, choices=None, none
 
 
 def save_fig(fig, notebook: str, name: str, figures_dir: str = "figures") -> str:
-    from . import atomic
-
     path = os.path.join(figures_dir, f"{notebook}-{name}.png")
     atomic.replace_with(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"), suffix=".png")
     return path
