@@ -87,6 +87,8 @@ def load_record(path: str | os.PathLike) -> Record:
     path = str(path)
     if not os.path.isfile(path):
         raise _bad(path, "no such file")
+    if not zipfile.is_zipfile(path):   # np.load would try it as a pickle and blame "pickled (object) data"
+        raise _bad(path, "not a readable .npz launch record (not a zip archive: truncated, or another kind of file)")
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}

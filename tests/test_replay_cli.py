@@ -45,6 +45,14 @@ def test_bad_inputs_get_one_line_and_exit_2(tmp_path, root):
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"\x00garbage" * 100)
     assert "not a readable .npz" in one_line_error(run_cli("dflash_lab", "replay", str(junk)))
+    # a text file or a record cut short: named as such, not as numpy's "pickled (object) data"
+    text = tmp_path / "text.npz"
+    text.write_text("garbage\n")
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes((root / REC).read_bytes()[:200])
+    for p in (text, cut):
+        err = one_line_error(run_cli("dflash_lab", "replay", str(p)))
+        assert "not a zip archive" in err and "pickle" not in err
     with np.load(root / REC) as z:
         d = {k: z[k] for k in z.files}
     miss = dict(d)
