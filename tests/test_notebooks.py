@@ -219,3 +219,19 @@ def test_report_lists_a_notebook_without_its_data_as_not_rendered(tmp_path):
     (tmp_path / "data" / "bench").mkdir(parents=True)
     (tmp_path / "data" / "bench" / "s.jsonl").write_text("{}\n")
     assert missing_inputs(nb, tmp_path) is None
+
+
+# The report's own render, in CI: every notebook on the committed records, its claims enforced (check_claims'
+# default), through the path `make report` takes (papermill, then HTML). Without this a change could leave CI green
+# while `make report` fails on a sentence the data no longer supports, or on a notebook that no longer runs.
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_renders_on_the_recorded_data_with_its_claims_enforced(nb, tmp_path):
+    from dflash_lab import report
+
+    assert report.not_ready(nb, ROOT) is None, f"{nb.stem}: the committed data no longer renders it"
+    ok, info = report.run_one(nb, tmp_path, {})
+    assert ok, f"{nb.stem}: {info}"
+    page = (tmp_path / f"{nb.stem}.html").read_text()
+    assert "NOT supported by this data" not in page
+    if "check_claims" in report.declared_parameters(nb):
+        assert "supported by the data: " in page, f"{nb.stem}: no claim was checked"
