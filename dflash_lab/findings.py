@@ -20,6 +20,43 @@ from pathlib import Path
 from . import analysis, atomic
 from .errors import LabError
 
+# A paragraph break inside a summary item. A clause that opens a new topic (a matrix's test, a path, a session) begins
+# with it; the page renders each paragraph on its own, the topic that opens it in bold (:func:`item_html`).
+PARA = "\n\n"
+
+
+def topic_of(para: str) -> str | None:
+    """The topic that opens a paragraph, to print in bold: the words before its first ':' or '?' (the '?' kept), or
+    before a parenthesis whose close is followed by ':' ("Who wrote it (matrix, session): ..."); None when there is
+    no such short opening (at most 70 characters before it)."""
+    m = re.match(r"[^:?(;]{1,70}?(?=:|\?| \()", para)
+    if not m:
+        return None
+    head, rest = m.group(0), para[m.end():]
+    if rest[0] == ":":
+        return head
+    if rest[0] == "?":
+        return head + "?"
+    depth = 0
+    for i, ch in enumerate(rest):
+        depth += (ch == "(") - (ch == ")")
+        if ch == ")" and depth == 0:
+            return head if rest[i + 1:i + 2] == ":" else None
+    return None
+
+
+def item_html(text: str) -> str:
+    """One summary item as HTML paragraphs: split at :data:`PARA`, each paragraph escaped, its opening topic
+    (:func:`topic_of`) in bold."""
+    out = []
+    for para in (p.strip() for p in text.split(PARA)):
+        if not para:
+            continue
+        head = topic_of(para)
+        out.append(f"<p><b>{html.escape(head)}</b>{html.escape(para[len(head):])}</p>" if head
+                   else f"<p>{html.escape(para)}</p>")
+    return "".join(out)
+
 
 def _img(path: Path) -> str:
     if not path.exists():
@@ -62,7 +99,9 @@ def _write_findings(root: Path, out: Path) -> Path:
     each = [f"{r['path']}, {r['cell']}: {r['faulting kernel']} ("
             + (r["exception"] if isinstance(r["exception"], str) else "no core file read")   # a crash whose core never came
             + (f", {r['source']}" if isinstance(r["source"], str) else "") + ")" for _, r in named.iterrows()]
-    faults = "; ".join(f"{e} x{each.count(e)} dumps" if each.count(e) > 1 else e for e in dict.fromkeys(each))
+    # a paragraph per entry: the page lists them
+    faults = "".join(f"{PARA}{e} x{each.count(e)} dumps." if each.count(e) > 1 else f"{PARA}{e}."
+                     for e in dict.fromkeys(each))
     pt = verification.probe_table(df)
     # stock's own configuration under the probe; the log that reached the most requests per FULL step (the
     # concurrency-32 run that ends in NaN) is described, the others (fewer requests per FULL step) are summed up beside it
@@ -116,17 +155,17 @@ def _write_findings(root: Path, out: Path) -> Path:
         + (f"; at other concurrencies, {others} (repeats of the seeded workload are close replicas, not independent samples)"
            if others else "")
         + f"; --enforce-eager {int(eager['crashed'].sum())}/{len(eager)} at 32."
-        + (f" Not monotonic in concurrency in the runs so far: {_with_sessions(stock, low_crash)} crashed where "
+        + (PARA + f"Not monotonic in concurrency in the runs so far: {_with_sessions(stock, low_crash)} crashed where "
            f"{_with_sessions(stock, mid_ok)} completed"
            + (f" (each of these concurrencies also ran in GPU session {', '.join(_short(x) for x in common)})" if (common := _common_sessions(
                stock, low_crash + mid_ok)) else " (never in one GPU session)") + "."
            if low_crash and mid_ok else "")
-        + (f" At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: "
+        + (PARA + f"At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: "
            + "; ".join(f"concurrency {c}: {analysis.breakdown(acc88[acc88.concurrency == c])}" for c in sorted(set(acc88["concurrency"])))
            + _first_position(acc88) + "." if len(acc88) else ""),
         server_line,
-        f"Faulting kernels, named from CUDA core dumps: {faults or 'none recorded'}. All are consumers of values that "
-        "were already wrong"
+        f"Faulting kernels, from CUDA core dumps, per path and configuration:{faults or ' none recorded.'}"
+        f"{PARA}All are consumers of values that were already wrong"
         + (f"; triton_poi_fused_2 is defined only in the drafter's compiled graph (vLLM compile tag "
            f"{', '.join(rope['defined_in'])}): its fused q/k norm + RoPE, whose device asserts bound the position index "
            "(the drafter's positions are written by the DFlash input kernel, so this is consistent with the same chain "
@@ -149,7 +188,7 @@ def _write_findings(root: Path, out: Path) -> Path:
             f"{divergence.short(fd['first_layer_written_differently'])}: the output of attention layer 7 diverged."
             + (f" The first {nan['num_tokens']}-token replay (step {nan['step']}, {nan['num_reqs']} requests) is NaN in "
                f"{nan['rows_nonfinite_graph']} rows, the reference pass in {nan['rows_nonfinite_reference']}." if nan else "")
-            + (f" Stock probed with fewer requests per FULL step too ({len(low)} probe log(s), concurrency "
+            + (PARA + f"Stock probed with fewer requests per FULL step too ({len(low)} probe log(s), concurrency "
                f"{_concurrencies(low)}): {int(low['FULL steps diverging'].sum())} "
                f"of {int(low['FULL steps'].sum())} FULL steps diverge"
                + (f" (the other {int(low['FULL steps ended by an error'].sum())}: a crash step, whose pass ended in a CUDA "
@@ -182,7 +221,7 @@ def _write_findings(root: Path, out: Path) -> Path:
         cs = verification.counts_session(df)
         v = verification.verdict(verification.session_table(df, cs))
         fp = verification.untapped(pt[pt["fix"].str.startswith("fix 2")])
-        fix_line += (f" GPU session {cs}, through the plugin: stock control crashed {v['stock_crashed']}/{v['stock_runs']}; "
+        fix_line += (PARA + f"GPU session {cs}, through the plugin: stock control crashed {v['stock_crashed']}/{v['stock_runs']}; "
                      "with the fix "
                      + ", ".join(f"concurrency {c}: {v['fix_runs'][c] - v['fix_not_ok'][c]}/{v['fix_runs'][c]} completed"
                                  for c in (32, 16, 64))
@@ -192,7 +231,7 @@ def _write_findings(root: Path, out: Path) -> Path:
                         f"same metadata ({int(fp['FULL steps diverging'].sum())} differ)" if len(fp) else "") + ".")
         p1 = verification.untapped(pt[pt["fix"] == "part 1 only: FA3 schedule refresh"])
         if len(p1):
-            fix_line += (f" Part 1 alone (the schedule copy, no kernel edits, no k+1) under the step probe ({len(p1)} engine(s), "
+            fix_line += (PARA + f"Part 1 alone (the schedule copy, no kernel edits, no k+1) under the step probe ({len(p1)} engine(s), "
                          f"up to {int(p1['max requests in a FULL step'].max())} requests per step): "
                          f"{int(p1['FULL steps'].sum()) - int(p1['FULL steps diverging'].sum())} of {int(p1['FULL steps'].sum())} "
                          "FULL-graph steps identical to the no-graph pass.")
@@ -200,14 +239,14 @@ def _write_findings(root: Path, out: Path) -> Path:
         f2 = wsc[wsc["fix"] == "fix 2 (all parts)"]
         ev, no_ev = f2[f2["stock there"] == "crashes"], f2[f2["stock there"] == "completes"]
         never = sorted(set(crash_everywhere) - set(f2["concurrency"]))
-        fix_line += (" Where offline TP=1 stock crashes every run, the fix (TP=1) completed "
+        fix_line += (PARA + "Where offline TP=1 stock crashes every run, the fix (TP=1) completed "
                      + ", ".join(f"{x} at concurrency {c}" for c, x in zip(ev["concurrency"], ev["fix completed / runs"]))
                      + (f"; at {', '.join(map(str, no_ev['concurrency']))} TP=1 stock completes too, so the fix's runs there are no "
                         "evidence about the crash" if len(no_ev) else "")
                      + (f"; the fix has not run at {', '.join(map(str, never))}, where stock crashes" if never else "") + "."
                      + _part1_line(wsc))
         fix_line += _diff_line(df, pt) + _diff_rest_line(df, pt) + _diff_server_line(df)
-        fix_line += " " + _end_to_end_line(df)
+        fix_line += PARA + _end_to_end_line(df)
     else:
         fix_line += f" GPU runs with it: {len(fix2)}."
     summary.append(fix_line)
@@ -238,9 +277,9 @@ def _write_findings(root: Path, out: Path) -> Path:
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>dflash-lab findings</title></head>
 <body style="font-family:sans-serif;max-width:70em;margin:2em auto">
 <h1>DFlash + CUDA graphs: cudaErrorIllegalAddress in vLLM 0.22.1 - findings</h1>
-<h2>Workaround, and the speed to expect</h2><p>{html.escape(summary[0])}</p>
+<h2>Workaround, and the speed to expect</h2>{item_html(summary[0])}
 {glance_html(bench_runs)}
-<h2>Summary</h2><ol>{''.join(f'<li>{html.escape(s)}</li>' for s in summary[1:])}</ol>
+<h2>Summary</h2><ol>{''.join(f'<li>{item_html(s)}</li>' for s in summary[1:])}</ol>
 <h2>Evidence: crashed runs / runs</h2>{_rows(evidence, list(evidence.columns))}
 <p>Crash signature: {html.escape(sig[0]['error']) if sig else 'none'}</p>
 <h2>Figures</h2>
@@ -289,7 +328,7 @@ def _tp2_clause(df, stock_all, ranks, tp1_offline) -> str:
                    + ", ".join(f"{p}'s {n} times" for p, n in sorted(r2["dump finished first"].value_counts().items()))
                    + (" (triton_poi_fused_3: the drafter's RoPE kernel, TP=1's triton_poi_fused_2, compiled for one "
                       "rank; notebook 03)" if r2["kernels"].str.contains("triton_poi_fused_3", regex=False).any() else ""))
-    return (f" Offline at TP=2 ({gpus + '; ' if gpus else ''}NVLink multicast off, as the runner sets it for every engine; "
+    return (PARA + f"Offline at TP=2 ({gpus + '; ' if gpus else ''}NVLink multicast off, as the runner sets it for every engine; "
             f"{', '.join(sorted(set(tp2['gpu_session'].dropna())))}): {per_c}{crashes}. " + _tp2_controls(df, stock_all))
 
 
@@ -345,7 +384,7 @@ def _bench_stock_clause(root, runs=_UNREAD) -> str:
             + (f"; core dumps name {row['faulting kernel (core dump)']}" if row["faulting kernel (core dump)"]
                not in ("-", "no crash", "no core dump") else "; no core dump" if g["crashed"].any() else "")
             + _counted_clause(g) + _lost_clause(g))
-    return (" In the benchmark's stock FULL server engine (issue 11; warm-ups included), "
+    return (PARA + "In the benchmark's stock FULL server engine (issue 11; warm-ups included), "
             + "; ".join(parts) + ".")
 
 
@@ -476,21 +515,23 @@ def bench_line(root=".", runs=_UNREAD) -> str:
     crash_text = "; ".join(f"{m} at concurrency {int(k)}, synthetic acceptance {a:g}, in {_short(sess)} ({x})"
                            for m, k, a, sess, x in zip(crashed["mode"], crashed["concurrency"], crashed["acceptance"],
                                                        crashed["gpu_session"], crashed["crashed / runs"]))
-    return (f"Speed (issue 11 benchmark: {_bench_setup(df)}). The fastest mode that never crashed, per concurrency range, in each GPU "
-            "session at each synthetic acceptance, chosen among that session's modes since ratios never pair sessions, "
-            "without the runs that compiled a Triton kernel (notebook 05; margin: ratio of mean output throughputs over "
-            "the runner-up): "
-            + ". ".join(advice)
-            + _break_even_clause(nojit, bench.queued_cells(nojit))
-            + ". Every side-by-side ratio of mean output throughputs, without those runs, in brackets the slowest over "
-            "the fastest repeat and the reverse: "
-            + (". ".join(parts) if parts else "no pair of modes measured side by side yet")
-            + (f". Cells whose engine queued requests, so their throughput and TTFT include queueing: {queue_text}"
-               + _capacity_clause(df) if len(queued) else "")
-            + (f". Crashed cells: {crash_text}" if len(crashed) else ". No benchmark run crashed")
-            + (f". {len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}), left out of the "
-               "ratios and the choices above; notebook 05 shows the ratios with them too" if len(jit) else "")
-            + (f". Not measured side by side yet: {'; '.join(missing)}." if missing else "."))
+    # a paragraph per session's choice and per pair of modes: the thread reads it as a list, not one sentence
+    be = _break_even_clause(nojit, bench.queued_cells(nojit))
+    return (f"Speed (issue 11 benchmark: {_bench_setup(df)}). The fastest mode that never crashed, per concurrency range, in "
+            "each GPU session at each synthetic acceptance, chosen among that session's modes since ratios never pair "
+            "sessions, without the runs that compiled a Triton kernel (notebook 05; margin: ratio of mean output "
+            "throughputs over the runner-up):"
+            + "".join(f"{PARA}At {a}." for a in advice)
+            + (f"{PARA}{be}." if be else "")
+            + f"{PARA}Every side-by-side ratio of mean output throughputs, without those runs, in brackets the slowest over "
+            "the fastest repeat and the reverse:"
+            + ("".join(f"{PARA}{x}." for x in parts) if parts else " no pair of modes measured side by side yet.")
+            + (f"{PARA}Cells whose engine queued requests, so their throughput and TTFT include queueing: {queue_text}"
+               + _capacity_clause(df) + "." if len(queued) else "")
+            + (f"{PARA}Crashed cells: {crash_text}." if len(crashed) else f"{PARA}No benchmark run crashed.")
+            + (f"{PARA}{len(jit)} measured run(s) included a Triton JIT compile ({'; '.join(jit_text)}), left out of the "
+               "ratios and the choices above; notebook 05 shows the ratios with them too." if len(jit) else "")
+            + (f"{PARA}Not measured side by side yet: {'; '.join(missing)}." if missing else ""))
 
 
 def _bench_setup(df) -> str:
@@ -573,7 +614,7 @@ def _break_even_clause(cells_df, queued, mode: str = "DFlash FULL (fixed)") -> s
                      + ", ".join(f"{r['break-even acceptance length']:.2f} at concurrency {int(r['concurrency'])}"
                                  + (" (DFlash queued there)" if (session, acc, int(r["concurrency"])) in waited else "")
                                  for _, r in g.iterrows()))
-    return (f". The acceptance length at which {mode} would match no speculation (measured acceptance length over "
+    return (f"The acceptance length at which {mode} would match no speculation (measured acceptance length over "
             "measured speedup, assuming the DFlash step time does not depend on the acceptance; notebook 06), "
             + "; ".join(parts) + _holdout_clause(cells_df, mode))
 
@@ -664,7 +705,7 @@ def _diff_line(df, pt) -> str:
     from .patch import upstream_diff
 
     if "matrix" not in df or not (df["matrix"] == verification.DIFF_MATRIX).any():
-        return " The upstream diff itself has not run on the GPU (only through the plugin)."
+        return PARA + "The upstream diff itself has not run on the GPU (only through the plugin)."
     dp = verification.diff_predictions(df, pt, upstream_diff())
     d = df[df["matrix"].isin([verification.DIFF_MATRIX, verification.DIFF_CONTROLS_MATRIX])]
     stock = d[d["fix"] != True].sort_values("concurrency", ascending=False)  # noqa: E712
@@ -672,7 +713,7 @@ def _diff_line(df, pt) -> str:
     by_c = ", ".join(f"{int((g['outcome'] == 'ok').sum())}/{len(g)} at {int(c)}"
                      for c, g in runs.groupby("concurrency", sort=False))   # in the order the runs ran
     probe = dp[dp["predicted"].str.startswith("(c)")]
-    return (f" The upstream diff applied as a diff (GPU session {', '.join(sorted(set(d['gpu_session'])))}, no plugin fix; "
+    return (PARA + f"The upstream diff applied as a diff (GPU session {', '.join(sorted(set(d['gpu_session'])))}, no plugin fix; "
             f"{_held_of(dp, 'pre-registered')} predictions written before the runs held, and "
             f"{_held_of(dp, 'integrity check')} checks that each engine process ran the committed diff's code): stock controls crashed "
             f"{int(stock['crashed'].sum())}/{len(stock)} (at {', '.join(str(int(c)) for c in stock['concurrency'])}); with the "
@@ -715,7 +756,7 @@ def _diff_rest_line(df, pt) -> str:
     sess = ", ".join(sorted(set(d["gpu_session"].dropna()), key=analysis.session_key))
     probe = dp[dp["predicted"].str.startswith("(c)") & dp["held"].map(lambda h: h is not None)]
     psess = d.loc[(d["fix_via"] == "upstream diff") & (d["probe"] == True), "gpu_session"]  # noqa: E712
-    return (f" Offline at 64, 24 and 28, where stock crashes every run (GPU sessions {sess}; each session ran its "
+    return (PARA + f"Offline at 64, 24 and 28, where stock crashes every run (GPU sessions {sess}; each session ran its "
             f"stock controls first): stock controls crashed {int(stock['crashed'].sum())}/{len(stock)} (at "
             f"{'; at '.join(named)}); with the diff {by_c} completed (one engine start, in that order, "
             f"{', '.join(sorted(set(diff['gpu_session'].dropna())))}), "
@@ -747,7 +788,7 @@ def _diff_server_line(df) -> str:
     counted = lambda who: ", ".join(at(who, 6.0)["counted acceptance"])
     clean = bool(dp.loc[dp["predicted"].str.startswith("(b) the diff's server at"), "held"].all())
     sess = ", ".join(sorted(set(df.loc[df["matrix"] == verification.DIFF_SERVER_MATRIX, "gpu_session"].dropna())))
-    return (f" On the OpenAI server, the report's path (GPU session {sess}; {_held_of(dp, 'pre-registered')} predictions "
+    return (PARA + f"On the OpenAI server, the report's path (GPU session {sess}; {_held_of(dp, 'pre-registered')} predictions "
             f"written before the runs held, and {_held_of(dp, 'integrity check')} integrity checks): stock servers crashed "
             f"{int((stock['outcome'] == 'crash').sum())}/{len(stock)} (at "
             + ", ".join(f"{c}: {k}" for c, k in zip(stock["concurrency"], stock["core: faulting kernel"]))
@@ -858,7 +899,7 @@ def _splits1_probe_clause(pt) -> str:
         return ""
     full, div = int(rows["FULL steps"].sum()), int(rows["FULL steps diverging"].sum())
     nan = rows["first NaN step"].notna().any()
-    return (f" Under the step probe, FA3 splits 1 on both sides completed ({len(rows)} run(s) at concurrency "
+    return (PARA + f"Under the step probe, FA3 splits 1 on both sides completed ({len(rows)} run(s) at concurrency "
             f"{_concurrencies(rows)}, {', '.join(_short(x) for x in rows['gpu_session'])}), but {div} of its {full} FULL steps "
             f"diverged from the no-graph pass, first at {', '.join(sorted(set(rows['first layer written differently'].dropna())))}, "
             + ("with NaN" if nan else "none with NaN")
@@ -910,7 +951,7 @@ def _unwritten_clause(df, pt) -> str:
     stale = {gid: fa3sched.stale_vectors(stock, group=gid) for gid in
              sorted({g for p in stock for st in p["steps"] for g, v in (st.get("schedules") or {}).items()
                      if not v.get("same", True)})}
-    out = f" Why (attention-output taps, {', '.join(sessions)}):"
+    out = PARA + f"Why (attention-output taps, {', '.join(sessions)}):"
     if len(stale) == 1 and len(vecs := next(iter(stale.values()))) == 1:
         gid, vec = next(iter(stale)), list(next(iter(vecs)))
         reads = {b: fa3sched.replay_reads(vec, b)["requests written"] for b in (2, 8, 9, 32)}
@@ -988,7 +1029,7 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
     sessions = ", ".join(sorted({_short(x) for x in t["gpu_session"]}))
     ran = set(df["matrix"]) if "matrix" in df else set()
     matrices = " and ".join(m for m in FILL_MATRICES if m in ran) or " and ".join(FILL_MATRICES)
-    out = (f" Does the crash need that NaN? ({matrices}, {sessions}, every engine under the step probe: group 7's "
+    out = (PARA + f"Does the crash need that NaN? ({matrices}, {sessions}, every engine under the step probe: group 7's "
            "attention outputs alone pre-filled before FA3 runs, each outcome predicted in the matrix before the run): "
            f"{int(held.sum())} of {len(known)} runs with a prediction ended as predicted"
            + (f" ({len(t) - len(known)} had none)" if len(known) < len(t) else "")
@@ -1045,7 +1086,7 @@ def oor_clause(df, pattern: str | None = None) -> str:
     fin = plain[plain["NaN-logits steps"] == 0]
     every = bool((nan["out-of-vocabulary first ids"] > 0).all()) and bool((fin["out-of-vocabulary first ids"] == 0).all())
     unlinked = int(t["unlinked steps"].map(len).sum())
-    text = (f" From the NaN to the illegal address (s43): in {'every one' if every else 'not every one'} of the "
+    text = (PARA + f"From the NaN to the illegal address (s43): in {'every one' if every else 'not every one'} of the "
             f"{len(nan)} probed runs whose verify logits held NaN the rejection sampler returned an id equal to the "
             f"vocabulary size (248320, one past the last valid id) as some request's first token"
             + (f", and in none of the {len(fin)} others" if every else "")
@@ -1056,7 +1097,7 @@ def oor_clause(df, pattern: str | None = None) -> str:
     pred = verification.oor_predictions(t)
     if len(pred):
         on, ctl = pred[pred["ids replaced"]], pred[~pred["ids replaced"]]
-        text += (f" Pre-registered ({verification.OOR_MATRIX}): with those ids replaced by token 0 after sampling, "
+        text += (PARA + f"Pre-registered ({verification.OOR_MATRIX}): with those ids replaced by token 0 after sampling, "
                  f"{int((on['outcome'] == 'ok').sum())} of {len(on)} runs at "
                  f"{', '.join(sorted(set(on['concurrency']), key=int))} completed with NaN logits to the end and no "
                  f"count of 0, and the same session's stock control crashed {int((ctl['outcome'] == 'crash').sum())} of "
@@ -1064,7 +1105,7 @@ def oor_clause(df, pattern: str | None = None) -> str:
                  "workload (close replicas); the replacement is an intervention, not a fix: outputs stay wrong.")
     rule = verification.row0_rule(t, verification.ROW0_FOUND_IN)
     if rule["crashes"]:
-        text += (f" Found afterwards in the records of s13-s{verification.ROW0_FOUND_IN}: {rule['at row-0 step']} of "
+        text += (PARA + f"Found afterwards in the records of s13-s{verification.ROW0_FOUND_IN}: {rule['at row-0 step']} of "
                  f"the {rule['crashes']} crashing probe logs ended at the first step in which batch row 0 held a request "
                  "with no valid token (where, by vLLM's source, the DFlash input kernel, or with a moved-in count of 0 "
                  "the GDN kernel, reads before its buffer; these probes took no core dumps), while rows above 0 held "
@@ -1073,7 +1114,7 @@ def oor_clause(df, pattern: str | None = None) -> str:
     if len(r0):
         oth, row0 = r0[r0["rows replaced"] == "others"], r0[r0["rows replaced"] == "row0"]
         and_ = lambda col, d: " and ".join(str(v) for v in d[col])  # noqa: E731
-        text += (f" Tested ({verification.ROW0_MATRIX}, pre-registered, "
+        text += (PARA + f"Tested ({verification.ROW0_MATRIX}, pre-registered, "
                  f"{', '.join(sorted(set(map(_short, r0['gpu_session']))))}): {int(r0['held'].sum())} of {len(r0)} runs "
                  "ended as predicted")
         if not r0["held"].all() or not len(oth) or not len(row0):
@@ -1123,7 +1164,7 @@ def stop_clause(df, pattern: str | None = None, data_dir: str = "data") -> str:
             verdict = ("contradicting" if verdicts and not any(verdicts) else
                        "as in" if verdicts and all(verdicts) else
                        f"({sum(bool(v) for v in verdicts)} of {len(verdicts)} judged as in)")
-            out += (f" Why they stop ({verification.PROBE_HANG_MATRIX}, pre-registered): "
+            out += (PARA + f"Why they stop ({verification.PROBE_HANG_MATRIX}, pre-registered): "
                     + (f"the {len(j)} runs its rule judges stopped ("
                        + ", ".join(f"{x:.0f}" for x in j["s without a step before the snapshot"])
                        + f" s after their last step, {' or '.join(steps)})" if len(j) > 1 else
@@ -1184,7 +1225,7 @@ def _trajectory_sentence(df, data_dir: str) -> str:
     counts = [set(str(r["first step requests"]).split(", ")) for _, r in g.iterrows()]
     one_traj = all(not (a & b) for i, a in enumerate(counts) for b in counts[i + 1:])
     one_end = all(r["ended"] == f"{r['runs']} crash" or "crash" not in r["ended"] for _, r in g.iterrows())
-    text = (f" Read afterwards (s58): the {int(g['runs'].sum())} probed runs at 24 that reached NaN logits followed "
+    text = (PARA + f"Read afterwards (s58): the {int(g['runs'].sum())} probed runs at 24 that reached NaN logits followed "
             f"{len(g)} trajectories, each named by the set of requests and steps whose first sampled id was out of "
             "vocabulary"
             + (", each number of requests the engine's first step admitted (left to arrival timing offline) went with "
@@ -1192,12 +1233,12 @@ def _trajectory_sentence(df, data_dir: str) -> str:
             + (", and each trajectory with one kind of ending" if one_end else "")
             + ": " + "; ".join(parts) + ".")
     if not (df["matrix"] == verification.ADMIT_C24_MATRIX).any():
-        return text + (f" The admission gate's test of this ({verification.ADMIT_C24_MATRIX}, pre-registered) has not "
+        return text + (PARA + f"The admission gate's test of this ({verification.ADMIT_C24_MATRIX}, pre-registered) has not "
                        "run yet.")
     try:
         at, ar = verification.admit_c24_predictions(df, data_dir=data_dir)
     except LabError as e:   # its lines are there but cannot be judged: said, not passed over
-        return text + f" The admission gate's test ({verification.ADMIT_C24_MATRIX}) could not be judged: {e}."
+        return text + PARA + f"The admission gate's test ({verification.ADMIT_C24_MATRIX}) could not be judged: {e}."
     cuts = ar[ar["ended"] == "deadline cut"]
     # a cut is never judged; what its probe recorded up to the cut is said as that, beside the verdict counts
     seen = [f"K={r['K']}, before its first recorded step" if pd.isna(r["last step"]) else
@@ -1217,7 +1258,7 @@ def _trajectory_sentence(df, data_dir: str) -> str:
             failed.append(f"{t}, measured {m}")
     which = "; ".join(f"{name}: {sep.join(xs)}" for name, sep, xs in
                       (("held", ", ", held), ("failed", "; ", failed), ("undecided", ", ", open_)) if xs)
-    return text + (f" The admission gate's test ({verification.ADMIT_C24_MATRIX}, pre-registered): "
+    return text + (PARA + f"The admission gate's test ({verification.ADMIT_C24_MATRIX}, pre-registered): "
                    f"{len(held)} of {len(at)} predictions held, {len(failed)} failed, {len(open_)} undecided ({which})"
                    + (f"; {len(cuts)} run(s) cut by the runner's deadline, not judged: {'; '.join(seen)}"
                       if len(cuts) else "") + ".")
@@ -1308,7 +1349,7 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
                    + (" (a runner placing tokens by the leaked count would move it by more than 1 + k somewhere)"
                       if still and per and hi <= per[0] else ""))
     return (
-        f" Pre-registered again ({m}): of its {len(measured)} measured runs"
+        PARA + f"Pre-registered again ({m}): of its {len(measured)} measured runs"
         + (f" ({', '.join(f'{r} {n} times' if n > 1 else f'{r} once' for r, n in Counter(x.rsplit('/', 1)[-1] for x in measured['run_id']).items())})"
            if measured["run_id"].nunique() < len(measured) else "")
         + f", {len(crashes)} crashed"
@@ -1365,7 +1406,7 @@ def passed_clause(t, core=None, df=None, pattern: str | None = None) -> str:
                      f"recorded {after} more steps without a fault" if n == 1 else
                      f"in {where} {n} probed runs at {c} ({outcome}) each had their first row-0 step at {step} ({what}) "
                      f"and recorded {after} more steps without a fault")
-    return (" Not every row-0 step faults: " + "; ".join(parts)
+    return (PARA + "Not every row-0 step faults: " + "; ".join(parts)
             + f". {ended[0].upper() + ended[1:]}, but not every row-0 step crashed."
             + (stop_clause(df, pattern) if df is not None else ""))
 
@@ -1376,7 +1417,7 @@ def core_clause(core) -> str:
 
     from . import verification
 
-    text = (f" Core dumps at each entry ({verification.CORE_MATRIX}, pre-registered, "
+    text = (PARA + f"Core dumps at each entry ({verification.CORE_MATRIX}, pre-registered, "
             f"{', '.join(sorted(set(map(_short, core['gpu_session']))))}): {int(core['held'].sum())} of {len(core)} "
             "runs faulted in the kernel and batch row predicted")
     parts = []
@@ -1416,7 +1457,7 @@ def admit_clause(df, sites, probe_of) -> str:
     if not len(x):
         return ""
     pred = x[x["held"].notna()]
-    text = (f" Tested ({verification.ADMIT_MATRIX}, pre-registered, "
+    text = (PARA + f"Tested ({verification.ADMIT_MATRIX}, pre-registered, "
             f"{', '.join(sorted(set(map(_short, x['gpu_session']))))}, at {', '.join(sorted(set(x['concurrency'])))}): "
             "with the engine's first step set to admit K requests once all had arrived (dflash_lab/admit.py; the probe "
             f"recorded K in the first step and the rest in the second in {int(x['gate as set'].sum())} of {len(x)} runs), "
@@ -1489,7 +1530,7 @@ def _builds_clause(df, pt, probe_of=None) -> str:
     stock = [p for p in probes if fixes.get(p["path"]) == "stock"]
     hists = [fa3sched.builds_before_first_step(p, 7) or [] for p in stock]
     concs = ", ".join(sorted(set(rows["concurrencies"].astype(str))))
-    out = (f" Who wrote it ({BUILDS_MATRIX}, {sessions}, the probe's build ledger, {len(stock)} stock and "
+    out = (PARA + f"Who wrote it ({BUILDS_MATRIX}, {sessions}, the probe's build ledger, {len(stock)} stock and "
            f"{len(probes) - len(stock)} fixed engine(s) at {concs}): {len(held)} of {len(preds)} predictions written "
            "before the run held" + (f" ({', '.join(held)})" if held else "")
            + (f"; not held: {'; '.join(failed)}" if failed else ""))
@@ -1541,7 +1582,7 @@ def _padding_clause(df, pt, probe_of=None, data_dir: str = "data") -> str:
     crashes = t[t["prediction"] == "(d) untapped stock crashes"]
     pads = t[t["prediction"].str.startswith("(d) group 7's padding")]["measured"]
     probed = t[t["instruments"] != "snapshot"]["run"].nunique()
-    out = (f" The build ledger tested, and the unprobed engines' schedule ({PADDING_MATRIX}, "
+    out = (PARA + f"The build ledger tested, and the unprobed engines' schedule ({PADDING_MATRIX}, "
            f"{', '.join(sorted({_short(x) for x in t['gpu_session']}))}, {t['run'].nunique()} runs: {probed} probed, "
            f"{t['run'].nunique() - probed} with only a host copy of each FA3 schedule when the first served step began): "
            f"{int(held.sum())} of {len(decided)} checks held as predicted before the run")
@@ -1581,7 +1622,7 @@ def _snapcore_clause(df, data_dir: str = "data") -> str:
     if not len(t):
         return ""
     held = t["held"].astype(bool)
-    out = (f" With core dumps ({verification.SNAPCORE_MATRIX}, {', '.join(sorted({_short(x) for x in t['gpu_session']}))}, "
+    out = (PARA + f"With core dumps ({verification.SNAPCORE_MATRIX}, {', '.join(sorted({_short(x) for x in t['gpu_session']}))}, "
            f"{t['run'].nunique()} untapped stock runs with the snapshot): {int(held.sum())} of {len(t)} checks held as "
            "predicted before the run")
     if not held.all():
@@ -1659,8 +1700,8 @@ def _discriminating_line(df) -> str:
                     f"{not_controls} completed without drafting")
     drafting = (f"in the completed runs at least {min(shares):.1%} of the output came from drafting steps" if shares
                 else "no run completed")
-    return ("Discriminating runs (predictions from each configuration, notebook 03), by GPU session: "
-            + " | ".join(per) + f". {verdict}; {drafting}.")
+    return (f"Discriminating runs (predictions from each configuration, notebook 03): {verdict[0].lower()}{verdict[1:]}; "
+            f"{drafting}. By GPU session:" + "".join(f"{PARA}{x[0].upper()}{x[1:]}." for x in per))
 
 
 def _end_to_end_line(df) -> str:

@@ -11,7 +11,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
 
     monkeypatch.chdir(root)     # write_findings changes into the project root
     out = findings.write_findings(root, tmp_path)
-    text = html.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"<img[^>]*>", "", out.read_text())))
+    # a bold topic is inline: its tags go without a space, every other tag becomes one
+    text = html.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"<img[^>]*>|</?b>", "", out.read_text())))
     text = re.sub(r"\s+", " ", text)
     # the first wrong value comes from the stock probe that reached 32 requests (it ends in NaN), not from the
     # low-concurrency stock probe whose engine name shares its prefix and whose file sorts first
@@ -117,7 +118,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "target's outputs on all 1676 FULL-graph steps identical") in text
     assert ("FULL_AND_PIECEWISE (FA3 splits 1 for the drafter only) at concurrency 32: 3 / 3 crashed (predicted: crash; "
             "core dump: copy_and_expand_dflash_inputs_kernel)") in text
-    assert "Every decided prediction held" in text
+    assert "notebook 03): every decided prediction held" in text
     assert "4/4 requests identical to the PIECEWISE reference" in text and "not attributed" not in text
     # s19: the offline counts stay offline, the server path has its own line with what its clients saw
     assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 22/22 crashed" in text
@@ -388,7 +389,7 @@ def test_the_page_opens_with_the_workaround_and_the_speed_table(root, tmp_path, 
     monkeypatch.chdir(root)
     page = findings.write_findings(root, tmp_path).read_text()
     head = page[page.index("<h2>Workaround, and the speed to expect</h2>"):page.index("<h2>Summary</h2>")]
-    assert "Workaround today: cudagraph_mode=PIECEWISE" in head
+    assert "<p><b>Workaround today</b>: cudagraph_mode=PIECEWISE" in head
     rows = [re.sub(r"<[^>]+>", "|", r) for r in head.split("<tr>")[2:]]
     assert len(rows) >= 4 and all("x (" in r for r in rows)
     # s29, acceptance 6.0: fixed FULL over no speculation at 1, and the queued 64 cell starred
@@ -397,7 +398,8 @@ def test_the_page_opens_with_the_workaround_and_the_speed_table(root, tmp_path, 
     assert "it ran at most 49 at once" in head and "Workaround today" not in page[page.index("<h2>Summary</h2>"):]
     # the summary reads top down: the crash and its cause first, the benchmark's per-session detail last
     items = re.findall(r"<li>(.*?)</li>", page[page.index("<h2>Summary</h2>"):page.index("<h2>Evidence")], re.S)
-    leads = [next(lead for lead in findings.SUMMARY_ORDER if html.unescape(i).startswith(lead)) for i in items]
+    leads = [next(lead for lead in findings.SUMMARY_ORDER if html.unescape(re.sub(r"<[^>]+>", "", i)).startswith(lead))
+             for i in items]
     assert leads == list(findings.SUMMARY_ORDER)
 
 
@@ -620,3 +622,21 @@ def test_the_trajectory_sentence_reports_the_admission_test_once_it_has_run():
     bad = pd.concat([df, df[df["matrix"] == V.ADMIT_C24_MATRIX].iloc[:1].assign(run_id="stock-admit-k9-c24/c24/r0")])
     assert "could not be judged: probe-admit-c24-tp1: run lines ['stock-admit-k9-c24/c24/r0'] are not among" in \
         findings._trajectory_sentence(bad, "data")
+
+
+def test_a_summary_item_renders_as_paragraphs_each_opening_topic_in_bold():
+    from dflash_lab import findings
+
+    item = ("Root cause: a <stale> schedule." + findings.PARA + "Who wrote it (probe-builds-tp1, s38): the capture."
+            + findings.PARA + "Does the crash need that NaN? (five matrices) yes." + findings.PARA
+            + "DFlash FULL (fixed) / no speculation, acceptance 6: 2.30x." + findings.PARA + findings.PARA
+            + "11 measured run(s) included a compile: left out.")
+    assert findings.item_html(item) == (
+        "<p><b>Root cause</b>: a &lt;stale&gt; schedule.</p>"
+        "<p><b>Who wrote it</b> (probe-builds-tp1, s38): the capture.</p>"
+        "<p><b>Does the crash need that NaN?</b> (five matrices) yes.</p>"
+        "<p>DFlash FULL (fixed) / no speculation, acceptance 6: 2.30x.</p>"     # the parenthesis is no topic's
+        "<p>11 measured run(s) included a compile: left out.</p>")              # nor is a word run into one
+    assert findings.topic_of("x" * 71 + ": too long for a topic") is None
+    assert findings.topic_of("A topic (with (nested) parts): text") == "A topic"
+    assert findings.topic_of("No topic (its parenthesis never closes: text") is None
