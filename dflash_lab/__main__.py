@@ -10,6 +10,8 @@ Commands:
   amend NAME                                                           (recorded lines corrected, by rule)
   make-records DIR                                                  (standard synthetic launches)
   models TARGET DIR                                                 (write config + tokenizer)
+  upstream-check [VERSION ...] --out data/upstream/releases.jsonl [--wheel-dir DIR]
+      (later vLLM releases' own sources: is the crash's precondition still there? default: every release after 0.22.1)
   sigstages --out FILE.jsonl [--coredump-dir DIR] [--watch-s S] [--fresh-triton-cache]
       (GPU host: whose handler answers SIGUSR1, stage by stage)
 """
@@ -158,6 +160,26 @@ def _plan(a) -> int:
     return 0
 
 
+def _upstream_check(a) -> int:
+    import shlex
+    from pathlib import Path
+
+    from . import upstream
+
+    index = upstream.fetch_index()
+    versions = a.versions or upstream.releases_after(index)
+    if not versions:
+        raise LabError("PyPI's index lists no vLLM release after 0.22.1")
+    cmd = "python -m dflash_lab upstream-check " + shlex.join([*a.versions, "--out", a.out]
+                                                               + (["--wheel-dir", a.wheel_dir] if a.wheel_dir else []))
+    lines = upstream.check_releases(versions, Path(a.out), cmd, index=index,
+                                    wheel_dir=Path(a.wheel_dir) if a.wheel_dir else None)
+    for r in lines:
+        print(f"vLLM {r['version']}: {r['verdict']}")
+    print(f"wrote {len(lines)} line(s) to {a.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dflash_lab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -231,6 +253,12 @@ def main(argv=None) -> int:
     p.add_argument("--fresh-triton-cache", action="store_true",
                    help="an empty TRITON_CACHE_DIR, so the Triton stage compiles (a cached kernel replaced nothing)")
     p.set_defaults(fn=_sigstages)
+
+    p = sub.add_parser("upstream-check", help="later vLLM releases' own sources: is the crash's precondition there?")
+    p.add_argument("versions", nargs="*", help="releases to check (default: every release after 0.22.1)")
+    p.add_argument("--out", required=True, help="JSON lines, one per release (replaced only once all succeeded)")
+    p.add_argument("--wheel-dir", help="a folder of already downloaded wheels (still sha256-checked)")
+    p.set_defaults(fn=_upstream_check)
 
     try:
         a = ap.parse_args(argv)

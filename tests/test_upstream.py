@@ -1,0 +1,166 @@
+"""Later vLLM releases read on the CPU (dflash_lab/upstream.py): the checks on the pinned 0.22.1's own code, on the
+upstream diff's, on a runner that reuses only Mamba metadata; the wheel and index handling; the recorded lines."""
+
+import hashlib
+import json
+import zipfile
+
+import pytest
+
+from conftest import ROOT, run_cli
+from dflash_lab import patch, rootcause, upstream
+from dflash_lab.errors import LabError
+from dflash_lab.upstream import ABSENT, FA, PRESENT, RUNNER_V1, RUNNER_V2, UNDECIDED
+
+
+@pytest.fixture(scope="module")
+def pinned():
+    return upstream.pinned_texts()
+
+
+def test_the_pinned_release_has_the_precondition_on_its_own_code(pinned):
+    r = upstream.check(pinned)
+    assert r["verdict"] == PRESENT
+    assert r["grouping"]["reusing attention groups"] == [{"gid": 7, "reuses": 6, "layers": [7, 15, 23, 31, 39]}]
+    assert r["v1 runner"]["capture builds every group with its own builder"]
+    assert r["v1 runner"]["run time reuses a same-spec group's metadata"]
+    assert r["v1 runner"]["reuse key"] == "(kv_cache_spec, type(builder))"
+    assert r["flash_attn builder"]["reusing group's graph reads the capture's schedule"] is True
+    # the same premises rootcause.premises reads, so the two cannot drift apart on 0.22.1
+    prem = rootcause.premises()
+    assert prem["run time reuses the first group's metadata for later groups of the same spec"]
+    assert prem["each FlashAttention builder owns a persistent scheduler_metadata buffer"]
+
+
+def test_the_upstream_diffs_flash_attn_removes_it(pinned):
+    """The diff's update_block_table refreshes the schedule: the stale read is gone, so the verdict is not PRESENT."""
+    r = upstream.check({**pinned, FA: patch.patched_source(FA)})
+    assert r["flash_attn builder"]["reusing group's graph reads the capture's schedule"] is False
+    assert r["verdict"] == ABSENT
+
+
+# a V2-style runner loop, written for these tests: metadata reuse decided per group before the capture branch
+V2_MAMBA_ONLY = """
+def build(groups, for_cudagraph_capture):
+    cached_metadata = {}
+    for g in groups:
+        reuse_key = None
+        if g.builder.supports_update_block_table and isinstance(g.spec, MambaSpec):
+            reuse_key = (g.spec, type(g.builder))
+        if reuse_key in cached_metadata:
+            m = g.builder.update_block_table(cached_metadata[reuse_key], g.bt, g.sm)
+        elif for_cudagraph_capture:
+            m = g.capture()
+        else:
+            m = g.build()
+"""
+
+
+def test_a_runner_that_reuses_only_mamba_metadata_has_no_precondition(pinned):
+    r = upstream.check({**pinned, RUNNER_V1: None, RUNNER_V2: V2_MAMBA_ONLY})
+    assert r["v1 runner"] == {"present": False}
+    assert r["v2 runner"] == {"present": True, "reuses metadata": True, "reuse limited to Mamba": True,
+                              "capture takes the reuse path too": True}
+    assert r["verdict"] == ABSENT
+    # the same loop reusing any builder's metadata: not decided from the source
+    anyb = V2_MAMBA_ONLY.replace(" and isinstance(g.spec, MambaSpec)", "")
+    assert upstream.check({**pinned, RUNNER_V1: None, RUNNER_V2: anyb})["verdict"] == UNDECIDED
+
+
+def test_a_release_whose_grouping_cannot_run_is_not_decided(pinned):
+    kv = {f: None for f in (upstream.KV_UTILS, upstream.KV_PLANNING)}
+    r = upstream.check({**pinned, **kv})
+    assert r["grouping"]["checked"] is False and r["verdict"] == UNDECIDED
+
+
+def _index(*files):
+    return {"files": [{"filename": n, "url": u, "hashes": {"sha256": h}, "yanked": y} for n, u, h, y in files]}
+
+
+def test_the_wheel_entry_is_the_highest_build_tag_and_an_unknown_release_is_refused():
+    idx = _index(("vllm-0.23.0-cp38-abi3-manylinux_2_28_x86_64.whl", "u0", "a", False),
+                 ("vllm-0.23.0-2-cp38-abi3-manylinux_2_28_x86_64.whl", "u2", "b", False),
+                 ("vllm-0.23.0-cp38-abi3-manylinux_2_28_aarch64.whl", "ua", "c", False),
+                 ("vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", "u4", "d", True),
+                 ("vllm-0.22.1-cp38-abi3-manylinux_2_28_x86_64.whl", "u1", "e", False),
+                 ("vllm-0.10.0-cp38-abi3-manylinux_2_28_x86_64.whl", "u9", "f", False))
+    assert upstream.wheel_entry("0.23.0", idx)["url"] == "u2"
+    with pytest.raises(LabError, match="vLLM 0.24.0: no x86-64 wheel"):   # yanked
+        upstream.wheel_entry("0.24.0", idx)
+    with pytest.raises(LabError, match="no x86-64 wheel"):
+        upstream.wheel_entry("9.9.9", idx)
+    assert upstream.releases_after(idx) == ["0.23.0"]
+
+
+def _wheel(path, files):
+    """A wheel of ``files`` ({name: text}) with a RECORD of their sha256; returns its sha256."""
+    import base64
+
+    rec = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},"
+                  f"{len(t)}\n" for n, t in files.items())
+    with zipfile.ZipFile(path, "w") as z:
+        for n, t in files.items():
+            z.writestr(n, t)
+        z.writestr("vllm-0.99.0.dist-info/RECORD", rec)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_wheel_is_checked_against_the_index_and_its_record(tmp_path, pinned):
+    w = tmp_path / "vllm-0.99.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    sha = _wheel(w, {FA: pinned[FA], RUNNER_V2: V2_MAMBA_ONLY})
+    texts = upstream.read_wheel(w, sha, "0.99.0")
+    assert texts[FA] == pinned[FA] and texts[RUNNER_V1] is None
+    with pytest.raises(LabError, match="is not the index's"):
+        upstream.read_wheel(w, "0" * 64, "0.99.0")
+    # a file that differs from the wheel's own RECORD
+    bad = tmp_path / "bad.whl"
+    with zipfile.ZipFile(w) as src, zipfile.ZipFile(bad, "w") as dst:
+        for n in src.namelist():
+            dst.writestr(n, src.read(n) + (b"# edited\n" if n == FA else b""))
+    with pytest.raises(LabError, match="differs from the wheel's RECORD"):
+        upstream.read_wheel(bad, hashlib.sha256(bad.read_bytes()).hexdigest(), "0.99.0")
+    cut = tmp_path / "cut.whl"
+    cut.write_bytes(w.read_bytes()[:1000])
+    with pytest.raises(LabError, match="not a zip archive"):
+        upstream.read_wheel(cut, hashlib.sha256(cut.read_bytes()).hexdigest(), "0.99.0")
+
+
+def test_the_command_records_every_release_or_leaves_the_record_as_it_was(tmp_path, pinned):
+    good = tmp_path / "vllm-0.99.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    sha = _wheel(good, {**{k: v for k, v in pinned.items() if v is not None and k != RUNNER_V1},
+                        RUNNER_V2: V2_MAMBA_ONLY})
+    index = tmp_path / "index.json"
+    index.write_text(json.dumps(_index((good.name, good.as_uri(), sha, False),
+                                       ("vllm-0.99.1-cp38-abi3-manylinux_2_28_x86_64.whl", good.as_uri(), "0" * 64,
+                                        False))))
+    out = tmp_path / "releases.jsonl"
+    env = {"DFLASH_LAB_PYPI_INDEX": index.as_uri()}
+    r = run_cli("dflash_lab", "upstream-check", "0.99.0", "--out", str(out), env=env)
+    assert r.returncode == 0, r.stderr
+    assert "vLLM 0.99.0: precondition absent" in r.stdout
+    (line,) = upstream.load(out)
+    assert line["wheel_sha256"] == sha and line["files"][RUNNER_V1] is False
+    assert line["command"] == f"python -m dflash_lab upstream-check 0.99.0 --out {out}"
+    before = out.read_bytes()
+    # a later release whose wheel does not match the index: one error line, exit 2, the record untouched
+    r = run_cli("dflash_lab", "upstream-check", "0.99.0", "0.99.1", "--out", str(out), env=env)
+    err = [x for x in r.stderr.splitlines() if x.startswith("dflash-lab: error:")]
+    assert r.returncode == 2 and len(err) == 1 and "is not the index's" in err[0]
+    assert out.read_bytes() == before and not list(tmp_path.glob("*.tmp*"))
+    r = run_cli("dflash_lab", "upstream-check", "0.98.0", "--out", str(out), env=env)
+    assert r.returncode == 2 and "vLLM 0.98.0: no x86-64 wheel" in r.stderr and out.read_bytes() == before
+
+
+def test_the_recorded_releases_load_and_a_bad_line_is_named(tmp_path):
+    rows = upstream.load(ROOT / "data" / "upstream" / "releases.jsonl")
+    t = upstream.table(rows)
+    assert list(t["vLLM"])[0] == "0.23.0" and set(t["verdict"]) <= {PRESENT, ABSENT, UNDECIDED}
+    with pytest.raises(LabError, match="no such file"):
+        upstream.load(tmp_path / "none.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(rows[0]) + "\n{not json\n")
+    with pytest.raises(LabError, match="bad.jsonl:2: not JSON"):
+        upstream.load(bad)
+    bad.write_text(json.dumps({**rows[0], "verdict": "fine"}) + "\n")
+    with pytest.raises(LabError, match="bad.jsonl:1: not an upstream-check line"):
+        upstream.load(bad)
