@@ -210,7 +210,8 @@ def _write_findings(root: Path, out: Path) -> Path:
         "grouping code, run on the CPU)."
         + (f" On the GPU the synchronous canary names it: stock at concurrency {int(stock_can['concurrency'].iloc[0])} "
            f"stopped at step {int(stock_can['step'].iloc[0])} on attn.scheduler_metadata of KV-cache group "
-           f"{int(stock_can['group'].iloc[0])}." if len(stock_can) else " The canary naming the stale field has not run on the GPU."))
+           f"{int(stock_can['group'].iloc[0])}." if len(stock_can) else " The canary naming the stale field has not run on the GPU.")
+        + upstream_clause(root))
     sessions = verification.sessions_with_fix2(df)
     fix_line = (f"Fix: the plugin copies the reused schedule into the group's own buffer (patches/vllm-0.22.1-dflash.diff, "
                 f"hunk 1, is the same change for upstream); on vLLM's own update_block_table/build code, with the one modelled "
@@ -296,6 +297,39 @@ draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
 <p>Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from data/ by <code>make report</code>.</p>
 </body></html>"""
     return atomic.write_text(out / "findings.html", page)
+
+
+def upstream_clause(root) -> str:
+    """Later vLLM releases (``data/upstream/releases.jsonl``, :mod:`dflash_lab.upstream`): where the precondition
+    is in their own code, where it is not and why; "" while nothing is recorded."""
+    from . import upstream
+
+    path = Path(root) / "data" / "upstream" / "releases.jsonl"
+    if not path.is_file():
+        return ""
+    rows = sorted(upstream.load(path), key=lambda r: upstream.version_key(r["version"]))
+    by = {v: [r for r in rows if r["verdict"] == v] for v in (upstream.PRESENT, upstream.ABSENT, upstream.UNDECIDED)}
+    parts = []
+    if by[upstream.PRESENT]:
+        vs = [r["version"] for r in by[upstream.PRESENT]]
+        parts.append(f"the precondition is in the V1 model runner of {len(vs)} release(s), {vs[0]} to {vs[-1]}"
+                     + ("" if len(vs) == 1 else f" ({', '.join(vs)})")
+                     + ": the target's attention split into groups of one spec, a later group handed the first "
+                     "group's metadata at run time only, and that release's update_block_table leaving its captured "
+                     "graph on the capture's FA3 schedule")
+    for r in by[upstream.ABSENT]:
+        v1, v2 = r["v1 runner"], r["v2 runner"]
+        why = ("no V1 runner" if not v1["present"] else "its V1 runner does not reuse it this way")
+        if v2.get("present"):
+            why += ("; its V2 runner reuses metadata only for Mamba groups" if v2.get("reuse limited to Mamba")
+                    else "; its V2 runner reuses no metadata" if not v2.get("reuses metadata") else "")
+            why += ", at capture as at run time" if v2.get("capture takes the reuse path too") else ""
+        parts.append(f"in {r['version']} it is absent ({why})")
+    if by[upstream.UNDECIDED]:
+        parts.append("not decided from the source: " + ", ".join(r["version"] for r in by[upstream.UNDECIDED]))
+    return (PARA + "Later vLLM releases (their own sources, read on the CPU by python -m dflash_lab upstream-check, "
+            "each wheel's sha256 from PyPI's index; not runs): " + "; ".join(parts) + ". Which runner each picks for "
+            "this engine by default, and whether it crashes, has not been run (notebook 04).")
 
 
 def _bench_runs(root):

@@ -56,7 +56,7 @@ ABSENT = "precondition absent"
 UNDECIDED = "not decided from the source"
 
 
-def _version_key(v: str) -> tuple:
+def version_key(v: str) -> tuple:
     return tuple(int(x) for x in re.findall(r"\d+", v))
 
 
@@ -79,7 +79,7 @@ def releases_after(index: dict, after: str = PINNED) -> list[str]:
     """Every final release with an x86-64 wheel after ``after``, oldest first."""
     pat = re.compile(r"^vllm-(\d+\.\d+\.\d+)(-\d+)?-cp38-abi3-manylinux_[0-9_]+_x86_64\.whl$")
     vs = {m.group(1) for f in index.get("files", []) if (m := pat.match(f.get("filename", ""))) and not f.get("yanked")}
-    return sorted((v for v in vs if _version_key(v) > _version_key(after)), key=_version_key)
+    return sorted((v for v in vs if version_key(v) > version_key(after)), key=version_key)
 
 
 def fetch_index(url: str | None = None) -> dict:
@@ -345,7 +345,7 @@ def table(rows: list[dict]):
         return "-" if x is None else ("yes" if x else "no")
 
     out = []
-    for r in sorted(rows, key=lambda r: _version_key(r["version"])):
+    for r in sorted(rows, key=lambda r: version_key(r["version"])):
         g, v1, fa, v2 = r["grouping"], r["v1 runner"], r["flash_attn builder"], r["v2 runner"]
         out.append({
             "vLLM": r["version"],

@@ -640,3 +640,14 @@ def test_a_summary_item_renders_as_paragraphs_each_opening_topic_in_bold():
     assert findings.topic_of("x" * 71 + ": too long for a topic") is None
     assert findings.topic_of("A topic (with (nested) parts): text") == "A topic"
     assert findings.topic_of("No topic (its parenthesis never closes: text") is None
+
+
+def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path):
+    from dflash_lab import findings
+
+    text = findings.upstream_clause(root)
+    assert text.startswith(findings.PARA + "Later vLLM releases (their own sources, read on the CPU")
+    assert "the precondition is in the V1 model runner of 13 release(s), 0.23.0 to 0.33.0" in text
+    assert ("in 0.34.0 it is absent (no V1 runner; its V2 runner reuses metadata only for Mamba groups, at capture as "
+            "at run time)") in text and "not decided" not in text and "has not been run" in text
+    assert findings.upstream_clause(tmp_path) == ""     # nothing recorded: nothing said
