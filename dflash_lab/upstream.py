@@ -26,8 +26,6 @@ the stale schedule from being read, are not decided here; a GPU run of that rele
 from __future__ import annotations
 
 import copy
-import hashlib
-import io
 import json
 import logging
 import re
@@ -95,29 +93,20 @@ def fetch_index(url: str | None = None) -> dict:
         raise LabError(f"could not read PyPI's index {url}: {e}") from None
 
 
-def _record_digest(data: bytes) -> str:
-    import base64
-
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
 def read_wheel(path: Path, sha256: str, version: str) -> dict:
     """{file: text or None (not in this release)} for :data:`FILES`, from a wheel whose sha256 must be ``sha256``;
-    each file checked against the wheel's own RECORD."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    if h.hexdigest() != sha256:
-        raise LabError(f"{path}: sha256 {h.hexdigest()} is not the index's {sha256} for vLLM {version}")
+    each file checked against the wheel's own RECORD (the checks :mod:`dflash_lab.vllm_sources` makes of 0.22.1)."""
+    from .vllm_sources import _read_record, _record_digest, _sha256_file
+
+    digest = _sha256_file(path)
+    if digest != sha256:
+        raise LabError(f"{path}: sha256 {digest} is not the index's {sha256} for vLLM {version}")
     try:
         with zipfile.ZipFile(path) as z:
             rec_name = next((n for n in z.namelist() if n.endswith(".dist-info/RECORD")), None)
             if rec_name is None:
                 raise LabError(f"{path}: no RECORD in the wheel")
-            import csv
-
-            record = {r[0]: r[1] for r in csv.reader(io.StringIO(z.read(rec_name).decode())) if len(r) >= 2 and r[1]}
+            record = _read_record(z.read(rec_name).decode())
             out = {}
             for name in FILES:
                 if name not in record:
@@ -133,14 +122,10 @@ def read_wheel(path: Path, sha256: str, version: str) -> dict:
 
 
 def download(entry: dict, dest_dir: Path) -> Path:
+    from .vllm_sources import _download
+
     dest = Path(dest_dir) / entry["filename"]
-    try:
-        with urllib.request.urlopen(entry["url"], timeout=300) as r, open(dest, "wb") as f:
-            while chunk := r.read(1 << 22):
-                f.write(chunk)
-    except OSError as e:
-        dest.unlink(missing_ok=True)
-        raise LabError(f"could not download {entry['url']}: {e}") from None
+    _download(entry["url"], dest, label=entry["filename"])
     return dest
 
 

@@ -111,7 +111,7 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _download(url: str, dest: Path) -> None:
+def _download(url: str, dest: Path, label: str = WHEEL_NAME) -> None:
     tmp = dest.with_suffix(".part")
     try:
         with urllib.request.urlopen(url, timeout=120) as r, open(tmp, "wb") as f:
@@ -126,7 +126,7 @@ def _download(url: str, dest: Path) -> None:
                 done += len(chunk)
                 pct = int(100 * done / total) if total else -1
                 if pct // 20 != last // 20:
-                    print(f"dflash-lab: downloading {WHEEL_NAME}: {pct}%", file=sys.stderr)
+                    print(f"dflash-lab: downloading {label}: {pct}%", file=sys.stderr)
                     last = pct
     except OSError as e:
         tmp.unlink(missing_ok=True)
