@@ -303,17 +303,13 @@ def check_releases(versions: list[str], out: Path, command: str, index: dict | N
 
 def load(path) -> list[dict]:
     """The recorded lines, each checked for the fields the notebook reads; LabError names a bad line."""
+    from .runner import json_lines
+
     p = Path(path)
     if not p.is_file():
         raise LabError(f"{p}: no such file (record it with python -m dflash_lab upstream-check)")
     rows = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except ValueError as e:
-            raise LabError(f"{p}:{n}: not JSON ({e})") from None
+    for n, r in json_lines(p):
         missing = [k for k in ("version", "verdict", "wheel_sha256", "v1 runner", "v2 runner", "grouping",
                                "flash_attn builder") if k not in r]
         if missing or r.get("verdict") not in (PRESENT, ABSENT, UNDECIDED):

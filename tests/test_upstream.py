@@ -159,7 +159,7 @@ def test_the_recorded_releases_load_and_a_bad_line_is_named(tmp_path):
         upstream.load(tmp_path / "none.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(rows[0]) + "\n{not json\n")
-    with pytest.raises(LabError, match="bad.jsonl:2: not JSON"):
+    with pytest.raises(LabError, match="bad.jsonl:2: not a JSON line"):
         upstream.load(bad)
     bad.write_text(json.dumps({**rows[0], "verdict": "fine"}) + "\n")
     with pytest.raises(LabError, match="bad.jsonl:1: not an upstream-check line"):
