@@ -299,37 +299,60 @@ draft: {html.escape(json.dumps(prov['draft']))} (assumed shape).</p>
     return atomic.write_text(out / "findings.html", page)
 
 
+def _v2_reuse(v2: dict) -> str:
+    if not v2.get("present"):
+        return "no V2 runner"
+    if not v2.get("reuses metadata"):
+        return "its V2 runner reuses no metadata"
+    if v2.get("reuse limited to Mamba"):
+        return ("its V2 runner reuses metadata only for Mamba groups"
+                + (", at capture as at run time" if v2.get("capture takes the reuse path too") else ""))
+    return "its V2 runner's reuse rule is not read"
+
+
+def _absent_because(r: dict) -> str:
+    """Why a release's verdict is 'absent', from the fact that failed (upstream.check's order)."""
+    g, v1, fa = r["grouping"], r["v1 runner"], r["flash_attn builder"]
+    if not v1["present"]:
+        why = "no V1 runner; " + _v2_reuse(r["v2 runner"])
+    elif g.get("checked") and not g["reusing attention groups"]:
+        why = "its grouping puts the target's attention layers in one group"
+    elif fa.get("reusing group's graph reads the capture's schedule") is False:
+        why = "its update_block_table gives the reusing group's graph the step's schedule"
+    else:
+        why = "its V1 runner does not hand a later group the first group's metadata at run time only"
+    return why + ("; the DFlash input kernel is gone too" if r.get("dflash input kernel", "") is None else "")
+
+
 def upstream_clause(root) -> str:
     """Later vLLM releases (``data/upstream/releases.jsonl``, :mod:`dflash_lab.upstream`): where the precondition
-    is in their own code, where it is not and why; "" while nothing is recorded."""
+    is in their own code and in which runner, where it is not and why; "" while nothing is recorded."""
     from . import upstream
 
     path = Path(root) / "data" / "upstream" / "releases.jsonl"
     if not path.is_file():
         return ""
     rows = sorted(upstream.load(path), key=lambda r: upstream.version_key(r["version"]))
-    by = {v: [r for r in rows if r["verdict"] == v] for v in (upstream.PRESENT, upstream.ABSENT, upstream.UNDECIDED)}
+    by = {v: [r for r in rows if r["verdict"] == v] for v in upstream.VERDICTS}
+    names = lambda rs: ", ".join(r["version"] for r in rs)   # noqa: E731
     parts = []
     if by[upstream.PRESENT]:
-        vs = [r["version"] for r in by[upstream.PRESENT]]
-        parts.append(f"the precondition is in the V1 model runner of {len(vs)} release(s), {vs[0]} to {vs[-1]}"
-                     + ("" if len(vs) == 1 else f" ({', '.join(vs)})")
-                     + ": the target's attention split into groups of one spec, a later group handed the first "
-                     "group's metadata at run time only, and that release's update_block_table leaving its captured "
-                     "graph on the capture's FA3 schedule")
+        parts.append(f"in {names(by[upstream.PRESENT])} the precondition is in the V1 model runner, the one this engine "
+                     "gets by default by the release's own rule: the target's attention split into groups of one spec, "
+                     "a later group handed the first group's metadata at run time only, and the release's "
+                     "update_block_table leaving its captured graph on the capture's FA3 schedule")
+    if by[upstream.OPT_IN]:
+        v2 = sorted({_v2_reuse(r["v2 runner"]) for r in by[upstream.OPT_IN]})
+        parts.append(f"in {names(by[upstream.OPT_IN])} it is still in the V1 runner, but by the release's rule this engine "
+                     f"gets the V2 runner by default ({'; '.join(v2)}): there the precondition needs "
+                     "VLLM_USE_V2_MODEL_RUNNER=0")
     for r in by[upstream.ABSENT]:
-        v1, v2 = r["v1 runner"], r["v2 runner"]
-        why = ("no V1 runner" if not v1["present"] else "its V1 runner does not reuse it this way")
-        if v2.get("present"):
-            why += ("; its V2 runner reuses metadata only for Mamba groups" if v2.get("reuse limited to Mamba")
-                    else "; its V2 runner reuses no metadata" if not v2.get("reuses metadata") else "")
-            why += ", at capture as at run time" if v2.get("capture takes the reuse path too") else ""
-        parts.append(f"in {r['version']} it is absent ({why})")
+        parts.append(f"in {r['version']} it is absent ({_absent_because(r)})")
     if by[upstream.UNDECIDED]:
-        parts.append("not decided from the source: " + ", ".join(r["version"] for r in by[upstream.UNDECIDED]))
+        parts.append("not decided from the source: " + names(by[upstream.UNDECIDED]))
     return (PARA + "Later vLLM releases (their own sources, read on the CPU by python -m dflash_lab upstream-check, "
-            "each wheel's sha256 from PyPI's index; not runs): " + "; ".join(parts) + ". Which runner each picks for "
-            "this engine by default, and whether it crashes, has not been run (notebook 04).")
+            "each wheel's sha256 from PyPI's index; not runs): " + "; ".join(parts) + ". Whether any of them crashes "
+            "has not been run (notebook 04).")
 
 
 def _bench_runs(root):

@@ -17,8 +17,14 @@ and :mod:`dflash_lab.kvgroups` ask of 0.22.1:
 - **V2 runner** (``vllm/v1/worker/gpu/attn_utils.py``): is its metadata reuse restricted to Mamba groups (so every
   attention group builds its own), and does capture take the same reuse path as run time?
 
-What this is not: a run. Which runner a release picks for this engine by default, and whether another change keeps
-the stale schedule from being read, are not decided here; a GPU run of that release is. The results are recorded
+- **default runner**: which runner this engine gets by default, by the rule of that release's
+  ``VllmConfig.use_v2_model_runner``, read, not executed (:func:`_default_runner`); and whether the DFlash input kernel
+  the recorded cores name is still defined anywhere in the package.
+
+What this is not: a run. The grouping is the inner grouping function only (which path ``get_kv_cache_groups`` takes
+for this engine, e.g. a later release's packed groups, is not evaluated); only ``update_block_table`` is that
+release's in the simulation (``build()`` is 0.22.1's); whether another change keeps the stale schedule from being
+read, and whether a release crashes, only a GPU run of it can say. The results are recorded
 (``data/upstream/releases.jsonl``, with provenance) by ``python -m dflash_lab upstream-check``, since each wheel is
 250-340 MB; :func:`check` runs on the pinned 0.22.1 in the tests and when notebook 04 renders.
 """
@@ -33,6 +39,7 @@ import tempfile
 import time
 import urllib.request
 import zipfile
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -46,12 +53,19 @@ RUNNER_V2 = "vllm/v1/worker/gpu/attn_utils.py"
 FA = "vllm/v1/attention/backends/flash_attn.py"
 KV_UTILS = "vllm/v1/core/kv_cache_utils.py"
 KV_PLANNING = "vllm/v1/core/kv_cache_planning.py"   # where the grouping function lives in later releases
-FILES = (RUNNER_V1, RUNNER_V2, FA, KV_UTILS, KV_PLANNING)
+CONFIG = "vllm/config/vllm.py"                       # VllmConfig.use_v2_model_runner: which runner by default
+FILES = (RUNNER_V1, RUNNER_V2, FA, KV_UTILS, KV_PLANNING, CONFIG)
+#: the target's architecture (dflash_lab.models' config), what the default-runner rule looks up
+TARGET_ARCH = "Qwen3_5MoeForConditionalGeneration"
+#: the DFlash input kernel the recorded cores name most (0.22.1's vllm/v1/spec_decode/utils.py)
+DFLASH_KERNEL = "def copy_and_expand_dflash_inputs_kernel("
 FA_BUILDER = "FlashAttentionMetadataBuilder"
 #: the verdicts, one per release
-PRESENT = "precondition present (V1 runner)"
+PRESENT = "precondition present, in the runner this engine gets by default (V1)"
+OPT_IN = "precondition present in the V1 runner only, which is not this engine's default (VLLM_USE_V2_MODEL_RUNNER=0)"
 ABSENT = "precondition absent"
 UNDECIDED = "not decided from the source"
+VERDICTS = (PRESENT, OPT_IN, ABSENT, UNDECIDED)
 
 
 def version_key(v: str) -> tuple:
@@ -107,17 +121,31 @@ def read_wheel(path: Path, sha256: str, version: str) -> dict:
             if rec_name is None:
                 raise LabError(f"{path}: no RECORD in the wheel")
             record = _read_record(z.read(rec_name).decode())
+            names = set(z.namelist())
             out = {}
             for name in FILES:
-                if name not in record:
-                    out[name] = None
+                if name not in names:
+                    out[name] = None                 # not in this release
                     continue
+                if name not in record:
+                    raise LabError(f"{path}: {name} is in the wheel but not in its RECORD (no hash to check it by)")
                 data = z.read(name)
                 if _record_digest(data) != record[name]:
                     raise LabError(f"{path}: {name} differs from the wheel's RECORD")
                 out[name] = data.decode("utf-8")
+            # where the DFlash input kernel is defined, if anywhere (every Python file of the package, RECORD-checked)
+            out[DFLASH_KERNEL] = None
+            for name in sorted(n for n in names if n.startswith("vllm/") and n.endswith(".py")):
+                data = z.read(name)
+                if DFLASH_KERNEL.encode() in data:
+                    if name not in record or _record_digest(data) != record[name]:
+                        raise LabError(f"{path}: {name} differs from the wheel's RECORD")
+                    out[DFLASH_KERNEL] = name
+                    break
     except zipfile.BadZipFile:
         raise LabError(f"{path}: not a zip archive (a wheel cut short?)") from None
+    except (KeyError, UnicodeDecodeError, zlib.error, EOFError) as e:
+        raise LabError(f"{path}: a file of the wheel cannot be read ({type(e).__name__}: {e})") from None
     return out
 
 
@@ -180,21 +208,57 @@ def _grouping(texts: dict) -> dict:
                                           "layers": [kvgroups.layer_index(x) for x in r["layers"]]} for r in reusers]}
 
 
+def _chain_with(src: str, needle: str) -> list[tuple[str, str]] | None:
+    """The if/elif chain of ``src`` (a function's text) one of whose branches' bodies contains ``needle``, as
+    [(test, body)] in order (the final else's test ""); None when there is no such chain."""
+    import ast
+
+    tree = ast.parse(src)
+    elifs = {id(n.orelse[0]) for n in ast.walk(tree) if isinstance(n, ast.If) and len(n.orelse) == 1
+             and isinstance(n.orelse[0], ast.If)}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or id(node) in elifs:
+            continue
+        chain, n = [], node
+        while True:
+            chain.append((ast.get_source_segment(src, n.test) or "",
+                          "\n".join(ast.get_source_segment(src, b) or "" for b in n.body)))
+            if len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If):
+                n = n.orelse[0]
+                continue
+            if n.orelse:
+                chain.append(("", "\n".join(ast.get_source_segment(src, b) or "" for b in n.orelse)))
+            break
+        if any(needle in body for _, body in chain):
+            return chain
+    return None
+
+
+def _branch(chain, pred) -> int | None:
+    return next((i for i, (test, body) in enumerate(chain) if pred(test, body)), None)
+
+
 def _v1(runner_text: str | None) -> dict:
-    fn = _function(runner_text, "_build_attention_metadata", "GPUModelRunner")
+    """The V1 runner's ``_build_attention_metadata``: the if/elif chain that picks capture, reuse or build per group."""
     if runner_text is None:
         return {"present": False}
+    fn = _function(runner_text, "_build_attention_metadata", "GPUModelRunner")
     if fn is None:
         return {"present": True, "checked": False, "why": "no GPUModelRunner._build_attention_metadata"}
-    cap, reuse = fn.find("for_cudagraph_capture:"), fn.find("update_block_table(")
+    chain = _chain_with(fn, "update_block_table(")
     key = re.search(r"cache_key = (.+)", fn)
+    if chain is None or key is None or "cached_attn_metadata[cache_key] = " not in fn:
+        return {"present": True, "checked": False, "why": "its capture/reuse/build choice is not the one 0.22.1 makes"}
+    cap = _branch(chain, lambda t, b: t.strip() == "for_cudagraph_capture")
+    reuse = _branch(chain, lambda t, b: "update_block_table(" in b)
+    if cap is None:
+        return {"present": True, "checked": False, "why": "no capture branch beside the reuse"}
     return {
         "present": True, "checked": True,
-        "capture builds every group with its own builder": 0 <= cap < reuse,
-        "run time reuses a same-spec group's metadata": reuse >= 0 and "cache_key in cached_attn_metadata" in fn
-        and "cached_attn_metadata[cache_key] = " in fn,
-        "reuse key": key.group(1).strip() if key else None,
-        "reuse limited to Mamba": bool(key) and "Mamba" in key.group(1),
+        "capture builds every group with its own builder": cap < reuse,
+        "run time reuses a same-spec group's metadata": "cache_key in cached_attn_metadata" in chain[reuse][0],
+        "reuse key": key.group(1).strip(),
+        "reuse limited to Mamba": "Mamba" in key.group(1) or "Mamba" in chain[reuse][0],
     }
 
 
@@ -222,20 +286,76 @@ def _fa(fa_text: str | None) -> dict:
 
 
 def _v2(text: str | None) -> dict:
-    """The V2 runner's metadata reuse: for which groups, and whether capture goes through it too (the reuse test
-    before the capture branch: capture and run time then hand a group the same metadata)."""
+    """The V2 runner's metadata reuse (the function of ``attn_utils.py`` that calls ``update_block_table``): for which
+    groups, and whether capture goes through it too (the reuse test before the capture branch: capture and run time
+    then hand a group the same metadata). ``None`` where its code is not read the way 0.31.0-0.34.0's is."""
+    import ast
+
     if text is None:
         return {"present": False}
-    i = text.find("update_block_table(")
-    if i < 0:
+    fns = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)
+           and "update_block_table(" in (ast.get_source_segment(text, n) or "")]
+    if not fns:
         return {"present": True, "reuses metadata": False}
-    window = text[max(0, i - 1500):i + 800]
-    rk = window.find("reuse_key in cached_metadata")
-    start = window.rfind("reuse_key = None", 0, rk if rk >= 0 else None)
-    cond = window[start if start >= 0 else 0:rk if rk >= 0 else None]
-    cap = window.find("for_cudagraph_capture", rk) if rk >= 0 else -1
-    return {"present": True, "reuses metadata": True, "reuse limited to Mamba": "MambaSpec" in cond,
-            "capture takes the reuse path too": rk >= 0 and cap > rk}
+    src = ast.get_source_segment(text, fns[0])
+    chain = _chain_with(src, "update_block_table(")
+    # the condition that gives a group a reuse key: an `if` whose body sets reuse_key to something
+    keyed = [ast.get_source_segment(src, n.test) or "" for n in ast.walk(ast.parse(src)) if isinstance(n, ast.If)
+             and any(isinstance(b, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "reuse_key" for t in b.targets)
+                     and not (isinstance(b.value, ast.Constant) and b.value.value is None) for b in n.body)]
+    if chain is None or len(keyed) != 1:
+        return {"present": True, "reuses metadata": True, "reuse limited to Mamba": None,
+                "capture takes the reuse path too": None}
+    reuse = _branch(chain, lambda t, b: "update_block_table(" in b)
+    cap = _branch(chain, lambda t, b: t.strip() == "for_cudagraph_capture")
+    return {"present": True, "reuses metadata": True, "reuse limited to Mamba": "MambaSpec" in keyed[0],
+            "capture takes the reuse path too": cap is not None and reuse < cap}
+
+
+def _default_runner(text: str | None) -> dict:
+    """Which model runner this engine gets by default, by the rule of that release's ``VllmConfig.use_v2_model_runner``
+    as read (not executed): with the architecture gate (``_is_default_v2_model_runner_model``, 0.22.1-0.28.0) a target
+    whose architecture is not on the module's ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` gets V1; without it (from
+    0.29.0) V2, unless a feature its ``_get_v2_model_runner_unsupported_features`` lists applies: V1 where that list
+    excludes hybrid models (``has_inner_state``) or does not accept DFlash among its speculative methods, else V2 (its
+    other entries, e.g. context or sequence parallelism or stock torch.compile, are not this engine's: TP=1, vLLM's
+    own compile). The rules before the gate that force V2 for
+    other drafts (DSpark, a DFlash draft mixing sliding and full attention, DFlash2) are not this engine's: its draft
+    is 5 full-attention DFlash layers."""
+    import ast
+
+    if text is None:
+        return {"read": False, "why": f"no {CONFIG}"}
+    fn = _function(text, "use_v2_model_runner", "VllmConfig")
+    if fn is None:
+        return {"read": False, "why": "no VllmConfig.use_v2_model_runner"}
+    if "self._is_default_v2_model_runner_model()" in fn:
+        archs = None
+        for node in ast.parse(text).body:
+            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES"
+                                                     for t in node.targets)):
+                v = node.value
+                try:
+                    archs = sorted(ast.literal_eval(v.args[0] if isinstance(v, ast.Call) and v.args else v))
+                except (ValueError, TypeError, SyntaxError):
+                    archs = None
+        if archs is None:
+            return {"read": False, "why": "the architecture gate's list is not a literal"}
+        return {"read": True, "rule": "architecture gate", "target listed": TARGET_ARCH in archs,
+                "default": "V1" if TARGET_ARCH not in archs else None}
+    sup = _function(text, "_get_v2_model_runner_unsupported_features", "VllmConfig")
+    if sup is None:
+        return {"read": False, "why": "no VllmConfig._get_v2_model_runner_unsupported_features"}
+    hybrid_out = "has_inner_state" in sup                      # 0.22.1's "hybrid/mamba models" entry
+    methods = re.search(r"speculative_config\.method not in \(([^)]*)\)", sup)
+    if hybrid_out:
+        default = "V1"
+    elif methods is None:
+        default = None
+    else:
+        default = "V2" if '"dflash"' in methods.group(1) else "V1"
+    return {"read": True, "rule": "V2 unless an unsupported feature applies", "hybrid models unsupported": hybrid_out,
+            "dflash accepted by V2": bool(methods) and '"dflash"' in methods.group(1), "default": default}
 
 
 def check(texts: dict) -> dict:
@@ -246,17 +366,22 @@ def check(texts: dict) -> dict:
                and v1["run time reuses a same-spec group's metadata"] and not v1["reuse limited to Mamba"])
     fa_path = (fa.get("checked") and fa["supports update_block_table"] and fa["persistent scheduler_metadata buffer"]
                and fa.get("reusing group's graph reads the capture's schedule") is True)
+    dr = (_default_runner(texts.get(CONFIG)) if v1["present"] or not v2.get("present")
+          else {"read": True, "rule": "the only GPU runner", "default": "V2"})
+    v2_safe = not v2.get("present") or v2["reuses metadata"] is False or v2.get("reuse limited to Mamba") is True
     if split and v1_path and fa_path:
-        verdict = PRESENT
-    elif not v1["present"] and v2.get("present") and (not v2["reuses metadata"] or v2["reuse limited to Mamba"]):
+        verdict = (PRESENT if dr.get("default") == "V1" else OPT_IN if dr.get("default") == "V2" and v2_safe
+                   else UNDECIDED)
+    elif not v1["present"] and v2.get("present") and v2_safe:
         verdict = ABSENT
     elif g.get("checked") and not split:
         verdict = ABSENT
     elif v1.get("checked") and fa.get("checked") and (not v1_path or fa.get("reusing group's graph reads the capture's schedule") is False):
-        verdict = ABSENT if not v2.get("present") or not v2["reuses metadata"] or v2["reuse limited to Mamba"] else UNDECIDED
+        verdict = ABSENT if v2_safe else UNDECIDED
     else:
         verdict = UNDECIDED
-    return {"verdict": verdict, "grouping": g, "v1 runner": v1, "flash_attn builder": fa, "v2 runner": v2}
+    return {"verdict": verdict, "grouping": g, "v1 runner": v1, "flash_attn builder": fa, "v2 runner": v2,
+            "default runner": dr, "dflash input kernel": texts.get(DFLASH_KERNEL)}
 
 
 def pinned_texts() -> dict:
@@ -269,6 +394,8 @@ def pinned_texts() -> dict:
             out[f] = read_source(f)
         except LabError:
             out[f] = None
+    kernel_file = "vllm/v1/spec_decode/utils.py"
+    out[DFLASH_KERNEL] = kernel_file if DFLASH_KERNEL in read_source(kernel_file) else None
     return out
 
 
@@ -276,11 +403,14 @@ def pinned_texts() -> dict:
 
 def check_releases(versions: list[str], out: Path, command: str, index: dict | None = None,
                    wheel_dir: Path | None = None) -> list[dict]:
-    """Download, verify and check each release; write every line to ``out`` at once (atomically, after all of them
-    succeeded: a failure leaves an existing file as it was). ``wheel_dir``: wheels already there (same names) are
-    used instead of downloading, still sha256-checked."""
+    """Download, verify and check each release, and merge the lines into ``out`` by version (a release checked again
+    replaces its line; the others stay). Written at once, atomically, after every release succeeded: a failure
+    leaves an existing file as it was. ``wheel_dir``: wheels already there (same names) are used instead of
+    downloading, still sha256-checked. Returns the new lines."""
     from . import provenance
 
+    out = Path(out)
+    kept = load(out) if out.exists() else []          # a damaged record stops here, before any download
     index = index if index is not None else fetch_index()
     entries = {v: wheel_entry(v, index) for v in versions}   # every version checked before any download
     prov = provenance.collect(command)
@@ -293,11 +423,13 @@ def check_releases(versions: list[str], out: Path, command: str, index: dict | N
             if path.parent == Path(tmp):
                 path.unlink()
             lines.append({"version": v, **check(texts), "wheel": e["filename"], "wheel_sha256": e["sha256"],
-                          "wheel_url": e["url"], "files": {f: (t is not None) for f, t in texts.items()},
+                          "wheel_url": e["url"], "files": {f: (texts[f] is not None) for f in FILES},
                           "checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                           "command": command, "dflash_lab_commit": prov.get("git_commit"),
                           "python": prov.get("python")})
-    atomic.write_text(Path(out), "".join(json.dumps(x, sort_keys=True) + "\n" for x in lines))
+    merged = {r["version"]: r for r in kept} | {r["version"]: r for r in lines}
+    rows = [merged[v] for v in sorted(merged, key=version_key)]
+    atomic.write_text(out, "".join(json.dumps(x, sort_keys=True) + "\n" for x in rows))
     return lines
 
 
@@ -312,7 +444,7 @@ def load(path) -> list[dict]:
     for n, r in json_lines(p):
         missing = [k for k in ("version", "verdict", "wheel_sha256", "v1 runner", "v2 runner", "grouping",
                                "flash_attn builder") if k not in r]
-        if missing or r.get("verdict") not in (PRESENT, ABSENT, UNDECIDED):
+        if missing or r.get("verdict") not in VERDICTS:
             raise LabError(f"{p}:{n}: not an upstream-check line (missing {', '.join(missing) or 'a known verdict'})")
         rows.append(r)
     return rows
@@ -339,7 +471,10 @@ def table(rows: list[dict]):
             "FA builder update_block_table leaves the graph's schedule stale":
                 yn(fa.get("reusing group's graph reads the capture's schedule")) if fa.get("checked") else "not checked",
             "V2 runner reuse": ("Mamba groups only" if v2.get("reuse limited to Mamba") else
-                                "any builder" if v2.get("reuses metadata") else "none") if v2["present"] else "absent",
+                                "not read" if v2.get("reuses metadata") and v2.get("reuse limited to Mamba") is None
+                                else "any builder" if v2.get("reuses metadata") else "none") if v2["present"] else "absent",
+            "default runner (its rule, read)": (r.get("default runner") or {}).get("default") or "not read",
+            "DFlash input kernel": "absent" if r.get("dflash input kernel") is None else "present",
             "verdict": r["verdict"],
         })
     return pd.DataFrame(out)

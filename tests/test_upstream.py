@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, run_cli
 from dflash_lab import patch, rootcause, upstream
 from dflash_lab.errors import LabError
-from dflash_lab.upstream import ABSENT, FA, PRESENT, RUNNER_V1, RUNNER_V2, UNDECIDED
+from dflash_lab.upstream import ABSENT, CONFIG, FA, OPT_IN, PRESENT, RUNNER_V1, RUNNER_V2, UNDECIDED, VERDICTS
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,9 @@ def test_the_pinned_release_has_the_precondition_on_its_own_code(pinned):
     assert r["v1 runner"]["run time reuses a same-spec group's metadata"]
     assert r["v1 runner"]["reuse key"] == "(kv_cache_spec, type(builder))"
     assert r["flash_attn builder"]["reusing group's graph reads the capture's schedule"] is True
+    # 0.22.1's own rule sends this engine (a MoE target not on V2's list) to V1, the runner the GPU runs went through
+    assert r["default runner"] == {"read": True, "rule": "architecture gate", "target listed": False, "default": "V1"}
+    assert r["dflash input kernel"] == "vllm/v1/spec_decode/utils.py"
     # the same premises rootcause.premises reads, so the two cannot drift apart on 0.22.1
     prem = rootcause.premises()
     assert prem["run time reuses the first group's metadata for later groups of the same spec"]
@@ -65,6 +68,55 @@ def test_a_runner_that_reuses_only_mamba_metadata_has_no_precondition(pinned):
     # the same loop reusing any builder's metadata: not decided from the source
     anyb = V2_MAMBA_ONLY.replace(" and isinstance(g.spec, MambaSpec)", "")
     assert upstream.check({**pinned, RUNNER_V1: None, RUNNER_V2: anyb})["verdict"] == UNDECIDED
+
+
+def test_a_v1_runner_whose_capture_takes_the_reuse_path_has_no_precondition(pinned):
+    """The reuse test moved before the capture branch (V2's order): capture and run time agree, so no stale read."""
+    import re as re_
+
+    text = pinned[RUNNER_V1]
+    at = text.index("attn_metadata_i = builder.build_for_cudagraph_capture(")
+    cap = re_.compile(r"( +)if for_cudagraph_capture:\n(.*?)\n\1elif \(\n(.*?)\n\1\):\n(.*?)\n\1else:", re_.S).search(
+        text, text.rindex("\n", 0, text.rindex("if for_cudagraph_capture:", 0, at)) + 1)
+    assert cap and cap.start() < at < cap.end(), "0.22.1's capture/reuse/build chain"
+    ind = cap.group(1)
+    swapped = (f"{ind}if (\n{cap.group(3)}\n{ind}):\n{cap.group(4)}\n{ind}elif for_cudagraph_capture:\n"
+               f"{cap.group(2)}\n{ind}else:")
+    r = upstream.check({**pinned, RUNNER_V1: text[:cap.start()] + swapped + text[cap.end():]})
+    assert r["v1 runner"]["capture builds every group with its own builder"] is False and r["verdict"] == ABSENT
+    # no capture branch at all beside the reuse: not read, so not decided
+    nocap = text[:cap.start()] + f"{ind}if (\n{cap.group(3)}\n{ind}):\n{cap.group(4)}\n{ind}else:" + text[cap.end():]
+    r = upstream.check({**pinned, RUNNER_V1: nocap})
+    assert r["v1 runner"]["checked"] is False and r["verdict"] == UNDECIDED
+
+
+# a config rule written for these tests, in the shape of the later releases' (no architecture gate)
+CONFIG_V2 = """
+class VllmConfig:
+    def use_v2_model_runner(self):
+        if envs.VLLM_USE_V2_MODEL_RUNNER is not None:
+            return envs.VLLM_USE_V2_MODEL_RUNNER
+        return not self._get_v2_model_runner_unsupported_features()
+
+    def _get_v2_model_runner_unsupported_features(self):
+        unsupported = []
+        if self.speculative_config.method not in ("eagle", "mtp", "dflash"):
+            unsupported.append("that method")
+        return unsupported
+"""
+
+
+def test_where_v2_is_the_default_the_v1_precondition_needs_the_environment_variable(pinned):
+    r = upstream.check({**pinned, CONFIG: CONFIG_V2})
+    assert r["default runner"]["default"] == "V2" and r["verdict"] == OPT_IN
+    # DFlash not among V2's methods, or hybrid models excluded (0.22.1's own list): V1, the precondition by default
+    no_dflash = CONFIG_V2.replace(', "dflash"', "")
+    assert upstream.check({**pinned, CONFIG: no_dflash})["verdict"] == PRESENT
+    hybrid = CONFIG_V2.replace("unsupported = []", "unsupported = []\n        if self.model_config.has_inner_state:\n"
+                                                    "            unsupported.append('hybrid')")
+    assert upstream.check({**pinned, CONFIG: hybrid})["default runner"]["default"] == "V1"
+    # a rule not read: not decided
+    assert upstream.check({**pinned, CONFIG: None})["verdict"] == UNDECIDED
 
 
 def test_a_release_whose_grouping_cannot_run_is_not_decided(pinned):
@@ -146,7 +198,8 @@ def test_the_command_records_every_release_or_leaves_the_record_as_it_was(tmp_pa
     r = run_cli("dflash_lab", "upstream-check", "0.99.0", "0.99.1", "--out", str(out), env=env)
     err = [x for x in r.stderr.splitlines() if x.startswith("dflash-lab: error:")]
     assert r.returncode == 2 and len(err) == 1 and "is not the index's" in err[0]
-    assert out.read_bytes() == before and not list(tmp_path.glob("*.tmp*"))
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([good.name, index.name, out.name])  # no temp file
     r = run_cli("dflash_lab", "upstream-check", "0.98.0", "--out", str(out), env=env)
     assert r.returncode == 2 and "vLLM 0.98.0: no x86-64 wheel" in r.stderr and out.read_bytes() == before
 
@@ -154,7 +207,7 @@ def test_the_command_records_every_release_or_leaves_the_record_as_it_was(tmp_pa
 def test_the_recorded_releases_load_and_a_bad_line_is_named(tmp_path):
     rows = upstream.load(ROOT / "data" / "upstream" / "releases.jsonl")
     t = upstream.table(rows)
-    assert list(t["vLLM"])[0] == "0.23.0" and set(t["verdict"]) <= {PRESENT, ABSENT, UNDECIDED}
+    assert list(t["vLLM"])[0] == "0.23.0" and set(t["verdict"]) <= set(VERDICTS)
     with pytest.raises(LabError, match="no such file"):
         upstream.load(tmp_path / "none.jsonl")
     bad = tmp_path / "bad.jsonl"
@@ -164,3 +217,40 @@ def test_the_recorded_releases_load_and_a_bad_line_is_named(tmp_path):
     bad.write_text(json.dumps({**rows[0], "verdict": "fine"}) + "\n")
     with pytest.raises(LabError, match="bad.jsonl:1: not an upstream-check line"):
         upstream.load(bad)
+
+
+def test_a_file_without_a_record_line_or_undecodable_is_an_error_not_an_absence(tmp_path, pinned):
+    import base64
+
+    w = tmp_path / "w.whl"
+    sha = _wheel(w, {FA: pinned[FA]})
+    # the runner file in the zip, but no RECORD line for it: refused, never read as "no V1 runner"
+    bad = tmp_path / "norecord.whl"
+    with zipfile.ZipFile(w) as src, zipfile.ZipFile(bad, "w") as dst:
+        for n in src.namelist():
+            dst.writestr(n, src.read(n))
+        dst.writestr(RUNNER_V1, pinned[RUNNER_V1])
+    with pytest.raises(LabError, match="is in the wheel but not in its RECORD"):
+        upstream.read_wheel(bad, hashlib.sha256(bad.read_bytes()).hexdigest(), "0.99.0")
+    raw = b"\xff\xfe not utf-8"
+    digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(raw).digest()).rstrip(b"=").decode()
+    nb = tmp_path / "bytes.whl"
+    with zipfile.ZipFile(nb, "w") as z:
+        z.writestr(FA, raw)
+        z.writestr("vllm-0.99.0.dist-info/RECORD", f"{FA},{digest},{len(raw)}\n")
+    with pytest.raises(LabError, match="cannot be read"):
+        upstream.read_wheel(nb, hashlib.sha256(nb.read_bytes()).hexdigest(), "0.99.0")
+    assert upstream.read_wheel(w, sha, "0.99.0")[upstream.DFLASH_KERNEL] is None
+
+
+def test_checking_one_release_again_keeps_the_others(tmp_path, pinned):
+    w = tmp_path / "vllm-0.99.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    sha = _wheel(w, {k: v for k, v in pinned.items() if v is not None and k.startswith("vllm/") and k != RUNNER_V1})
+    w2 = tmp_path / "vllm-0.99.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+    w2.write_bytes(w.read_bytes())
+    idx = _index((w.name, w.as_uri(), sha, False), (w2.name, w2.as_uri(), sha, False))
+    out = tmp_path / "r.jsonl"
+    upstream.check_releases(["0.99.1", "0.99.0"], out, "c1", index=idx)
+    upstream.check_releases(["0.99.0"], out, "c2", index=idx)
+    rows = upstream.load(out)
+    assert [(r["version"], r["command"]) for r in rows] == [("0.99.0", "c2"), ("0.99.1", "c1")]
