@@ -647,7 +647,11 @@ def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path)
 
     text = findings.upstream_clause(root)
     assert text.startswith(findings.PARA + "Later vLLM releases (their own sources, read on the CPU")
-    assert "the precondition is in the V1 model runner of 13 release(s), 0.23.0 to 0.33.0" in text
+    assert ("in 0.23.0, 0.24.0, 0.25.0, 0.25.1, 0.26.0, 0.27.0, 0.27.1, 0.28.0 the precondition is in the V1 model runner, "
+            "the one this engine gets by default by the release's own rule") in text
+    assert ("in 0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0 it is still in the V1 runner, but by the release's rule this "
+            "engine gets the V2 runner by default") in text and "needs VLLM_USE_V2_MODEL_RUNNER=0" in text
     assert ("in 0.34.0 it is absent (no V1 runner; its V2 runner reuses metadata only for Mamba groups, at capture as "
-            "at run time)") in text and "not decided" not in text and "has not been run" in text
+            "at run time; the DFlash input kernel is gone too)") in text
+    assert "not decided" not in text and "has not been run" in text
     assert findings.upstream_clause(tmp_path) == ""     # nothing recorded: nothing said
