@@ -28,7 +28,10 @@ PARA = "\n\n"
 def topic_of(para: str) -> str | None:
     """The topic that opens a paragraph, to print in bold: the words before its first ':' or '?' (the '?' kept), or
     before a parenthesis whose close is followed by ':' ("Who wrote it (matrix, session): ..."); None when there is
-    no such short opening (at most 70 characters before it)."""
+    no such short opening (at most 70 characters before it), or when the paragraph opens in lower case (an entry of a
+    list, such as the faulting kernels' "offline, TP=1, ...", not a topic)."""
+    if not para[:1].isupper() and not para[:1].isdigit():
+        return None
     m = re.match(r"[^:?(;]{1,70}?(?=:|\?| \()", para)
     if not m:
         return None

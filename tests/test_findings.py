@@ -640,6 +640,7 @@ def test_a_summary_item_renders_as_paragraphs_each_opening_topic_in_bold():
     assert findings.topic_of("x" * 71 + ": too long for a topic") is None
     assert findings.topic_of("A topic (with (nested) parts): text") == "A topic"
     assert findings.topic_of("No topic (its parenthesis never closes: text") is None
+    assert findings.topic_of("offline, TP=1, FULL_AND_PIECEWISE (core dump on): a kernel") is None   # a list entry
 
 
 def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path):
