@@ -229,9 +229,16 @@ def test_notebook_renders_on_the_recorded_data_with_its_claims_enforced(nb, tmp_
     from dflash_lab import report
 
     assert report.not_ready(nb, ROOT) is None, f"{nb.stem}: the committed data no longer renders it"
-    ok, info = report.run_one(nb, tmp_path, {})
+    # figures into a temporary folder: a test never writes into the checkout's figures/, which make report fills
+    declared = report.declared_parameters(nb)
+    draws = "save_fig(" in nb.read_text()
+    assert not draws or "figures_dir" in declared, f"{nb.stem}: saves figures but declares no figures_dir"
+    before = {p.name: p.stat().st_mtime_ns for p in (ROOT / "figures").glob("*.png")}
+    ok, info = report.run_one(nb, tmp_path, {"figures_dir": str(tmp_path / "fig")} if draws else {})
     assert ok, f"{nb.stem}: {info}"
+    assert {p.name: p.stat().st_mtime_ns for p in (ROOT / "figures").glob("*.png")} == before
+    assert not draws or sorted((tmp_path / "fig").glob(f"{nb.stem[:2]}-*.png"))
     page = (tmp_path / f"{nb.stem}.html").read_text()
     assert "NOT supported by this data" not in page
-    if "check_claims" in report.declared_parameters(nb):
+    if "check_claims" in declared:
         assert "supported by the data: " in page, f"{nb.stem}: no claim was checked"
