@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import re
 import tempfile
 import time
@@ -96,8 +97,6 @@ def releases_after(index: dict, after: str = PINNED) -> list[str]:
 
 def fetch_index(url: str | None = None) -> dict:
     """PyPI's simple index of vLLM, JSON form (``DFLASH_LAB_PYPI_INDEX``: another address, e.g. a file:// copy)."""
-    import os
-
     url = url or os.environ.get("DFLASH_LAB_PYPI_INDEX") or INDEX_URL
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
@@ -319,9 +318,8 @@ def _default_runner(text: str | None) -> dict:
     0.29.0) V2, unless a feature its ``_get_v2_model_runner_unsupported_features`` lists applies: V1 where that list
     excludes hybrid models (``has_inner_state``) or does not accept DFlash among its speculative methods, else V2 (its
     other entries, e.g. context or sequence parallelism or stock torch.compile, are not this engine's: TP=1, vLLM's
-    own compile). The rules before the gate that force V2 for
-    other drafts (DSpark, a DFlash draft mixing sliding and full attention, DFlash2) are not this engine's: its draft
-    is 5 full-attention DFlash layers."""
+    own compile). The rules before the gate that force V2 for other drafts (DSpark, a DFlash draft mixing sliding and
+    full attention, DFlash2) are not this engine's: its draft is 5 full-attention DFlash layers."""
     import ast
 
     if text is None:
