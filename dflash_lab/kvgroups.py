@@ -39,16 +39,20 @@ def _cdiv(a: int, b: int) -> int:
 _FN = {}
 
 
-def vllm_grouping():
-    """vLLM 0.22.1's grouping function; its groups come back as lists of layer names."""
-    if "fn" not in _FN:
+def vllm_grouping(relpath: str = KV_UTILS, text: str | None = None):
+    """vLLM 0.22.1's grouping function (or the one in ``text``, another release's ``relpath``: not cached); its
+    groups come back as lists of layer names."""
+    if text is not None or "fn" not in _FN:
         from .vllm_code import load_function
 
         quiet = logging.getLogger("dflash_lab.vllm.kv_cache_utils")  # vLLM's padding notices: not ours to print
         quiet.setLevel(logging.ERROR)
         ns = {"defaultdict": defaultdict, "cdiv": _cdiv, "logger": quiet,
               "create_kv_cache_group_specs": lambda spec, grouped: [list(g) for g in grouped]}
-        _FN["fn"] = load_function(KV_UTILS, GROUPING_FN, namespace=ns)
+        fn = load_function(relpath, GROUPING_FN, namespace=ns, text=text)
+        if text is not None:
+            return fn
+        _FN["fn"] = fn
     return _FN["fn"]
 
 
@@ -95,9 +99,9 @@ def rank_layers(tp: int, target_attn=(2, 256), draft_attn=(4, 128), **kw) -> dic
                          draft_attn=(kv_heads_per_rank(draft_attn[0], tp), draft_attn[1]), **kw)
 
 
-def groups(layers: dict) -> list[dict]:
-    """KV-cache groups: [{"gid", "spec", "layers"}] in vLLM's order."""
-    grouped = vllm_grouping()(layers)
+def groups(layers: dict, grouping=None) -> list[dict]:
+    """KV-cache groups: [{"gid", "spec", "layers"}] in vLLM's order (``grouping``: another release's function)."""
+    grouped = (grouping or vllm_grouping())(layers)
     return [{"gid": g, "spec": layers[names[0]], "layers": names} for g, names in enumerate(grouped)]
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import os
 import re
 import tempfile
@@ -41,7 +40,6 @@ import time
 import urllib.request
 import zipfile
 import zlib
-from collections import defaultdict
 from pathlib import Path
 
 from . import atomic
@@ -185,19 +183,13 @@ class _Spec(tuple):
 def _grouping(texts: dict) -> dict:
     """That release's grouping function on the target with the 5-layer DFlash draft: the reusing attention groups."""
     from . import kvgroups
-    from .vllm_code import load_function
 
-    quiet = logging.getLogger("dflash_lab.vllm.kv_cache_utils")
-    quiet.setLevel(logging.ERROR)
-    ns = {"defaultdict": defaultdict, "cdiv": lambda a, b: -(-a // b), "logger": quiet,
-          "create_kv_cache_group_specs": lambda spec, grouped: [list(g) for g in grouped]}
     where = [f for f in (KV_UTILS, KV_PLANNING) if texts.get(f) and f"def {kvgroups.GROUPING_FN}(" in texts[f]]
     if not where:
         return {"checked": False, "why": f"no {kvgroups.GROUPING_FN} in {KV_UTILS} or {KV_PLANNING}"}
     try:
-        fn = load_function(where[0], kvgroups.GROUPING_FN, namespace=ns, text=texts[where[0]])
         layers = {k: _Spec(v) for k, v in kvgroups.hybrid_layers(draft_layers=5).items()}
-        gs = [{"gid": g, "spec": layers[names[0]], "layers": names} for g, names in enumerate(fn(layers))]
+        gs = kvgroups.groups(layers, kvgroups.vllm_grouping(where[0], texts[where[0]]))
     except Exception as e:  # noqa: BLE001 - another release's function may need names 0.22.1's did not
         return {"checked": False, "file": where[0],
                 "why": f"{kvgroups.GROUPING_FN} did not run as 0.22.1's does: {type(e).__name__}: {e}"}
