@@ -218,8 +218,9 @@ def main(argv=None) -> int:
     p.add_argument("--matrix")
     p.add_argument("--device-command")
     p.add_argument("--gpu-session", help="label of the GPU session (one lease) the lines came from")
-    p.add_argument("--kind", choices=("runs", "bench"), default="runs",
-                   help="bench: server-mode benchmark lines, into data/bench/")
+    p.add_argument("--kind", choices=("runs", "bench", "release"), default="runs",
+                   help="bench: server-mode benchmark lines, into data/bench/; release: lines of engines that ran a "
+                        "later vLLM release (vllm_release), into data/upstream/runs/")
     p.set_defaults(fn=_ingest)
     p = sub.add_parser("ingest-repro", help="bring one GPU run of scripts/repro_min.py (one or more calls) into data/gpu/")
     p.add_argument("name")

@@ -8,7 +8,8 @@ its ``runner.log``) wrote under ``$OUT``: ``runs.jsonl``,
 ``capture_sizes.json``. It becomes:
 
 - ``data/runs/NAME.jsonl`` (``--kind bench``: ``data/bench/NAME.jsonl``, server-mode lines with a
-  GPU session label only): the run lines, byte for byte (every line validated first);
+  GPU session label only; ``--kind release``: ``data/upstream/runs/NAME.jsonl``, lines of engines that ran a later
+  vLLM release, which no other kind takes): the run lines, byte for byte (every line validated first);
 - ``data/runs/NAME.meta.json``: which matrix and device command produced them, and the GPU
   session (one lease of one host: ratios are only taken between lines of the same session);
 - ``data/gpu/NAME/``: engine logs, the hook's statistics, findings and launch records,
@@ -34,6 +35,9 @@ from .errors import LabError
 from .runner import read_lines
 
 KEEP_SUFFIXES = (".log", ".json", ".jsonl", ".npz")
+# --kind: where the run lines go (bench: server-mode benchmark lines; release: lines of engines that ran a later vLLM
+# release, runner key vllm_release)
+KIND_DIRS = {"runs": "runs", "bench": "bench", "release": "upstream/runs"}
 XZ_ABOVE = 1 << 20  # bytes: a JSONL log larger than this is stored xz-compressed
 # bytes: an engine log (<engine>.aN.log) larger than this is stored xz-compressed too. A crash's device asserts repeat
 # per thread (a NaN-filled run's log: 0.9-1.4 MB, 13 kB as xz): uncompressed, 20 such logs were 22 of the checkout's
@@ -82,8 +86,16 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
     _check_new(name)
     runs_src = src / "runs.jsonl"
     lines = read_lines(runs_src) if runs_src.exists() else []
-    if kind not in ("runs", "bench"):
-        raise LabError(f"kind {kind!r}: must be 'runs' or 'bench'")
+    if kind not in KIND_DIRS:
+        raise LabError(f"kind {kind!r}: must be one of {', '.join(KIND_DIRS)}")
+    # a later release's lines (runner key vllm_release) go apart from 0.22.1's: every analysis of data/runs/ and
+    # data/bench/ is of 0.22.1, and a release line there would count as a 0.22.1 run
+    mixed = [l.get("run_id") for l in lines if bool(l.get("vllm_release")) != (kind == "release")]
+    if mixed:
+        raise LabError(f"{runs_src}: " + ("--kind release takes lines of vllm_release engines only; not: "
+                                          if kind == "release" else
+                                          "lines of vllm_release engines (a later vLLM release) go with --kind release, "
+                                          "into data/upstream/runs/: ") + str(mixed[:5]))
     if kind == "bench":
         bad = [l.get("run_id") for l in lines if l.get("mode") != "server"]
         if bad:
@@ -93,7 +105,7 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
     data = Path(data_dir)
     if not data.is_dir():
         raise LabError(f"{data_dir}: no such folder (ingest runs in the checkout's root, beside data/)")
-    runs_dst = data / kind / f"{name}.jsonl"
+    runs_dst = data / KIND_DIRS[kind] / f"{name}.jsonl"
     gpu_dst = data / "gpu" / name
     _check_new(name, runs_dst, gpu_dst)
     sessions = {l.get("gpu_session") for l in lines} - {None}

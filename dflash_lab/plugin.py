@@ -18,6 +18,9 @@ Nothing happens unless asked for:
   arrived (:mod:`dflash_lab.admit`).
 - ``DFLASH_LAB_STACKS=<folder>``: all threads' Python stacks to ``<folder>/stacks.<pid>.txt`` on ``SIGUSR1``, which the
   runner sends to a run that timed out (:mod:`dflash_lab.hang`).
+- ``DFLASH_LAB_VLLM_RELEASE=<version>=<folder>``: the runner started this engine on a later vLLM release staged in
+  that folder; every process checks that the vllm it imported is that release from there, and stops if not
+  (:mod:`dflash_lab.release`).
 - ``DFLASH_LAB_VLLM_DIFF=<overlay>``: the runner started this engine on vLLM with the upstream diff applied; every
   process checks that the vllm it imported is that overlay's, and stops if not (:mod:`dflash_lab.vllmdiff`).
 
@@ -38,6 +41,12 @@ def register() -> None:
     if os.environ.get(vllmdiff.ENV) and "vllm_diff" not in _done:
         log_once(vllmdiff.check_loaded())   # raises in a process that did not import the overlay (and is not marked done)
         _done.add("vllm_diff")
+
+    from . import release
+
+    if os.environ.get(release.ENV) and "vllm_release" not in _done:
+        log_once(release.check_loaded())   # raises in a process that imported another vllm (and is not marked done)
+        _done.add("vllm_release")
 
     from . import hang
 

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import admit, coredump, hang, provenance, splits, vllmdiff
+from . import admit, coredump, hang, provenance, release, splits, vllmdiff
 from .errors import LabError
 from .kinds import number as _number, whole as _whole
 from .models import REPORT_PROMPT, describe
@@ -94,6 +94,10 @@ ENGINE_DEFAULTS = {
     # the upstream diff (e.g. patches/vllm-0.22.1-dflash.diff), applied as a diff to a copy of the installed vllm that
     # this engine imports instead (vllmdiff.py); the plugin then checks in every engine process that it did
     "vllm_diff": None,
+    # a later vLLM release this engine runs on instead of 0.22.1 (e.g. "0.26.0"), staged on the host by
+    # scripts/gpu/stage-release.sh: the engine's PYTHONPATH is that release's folder alone, and the plugin checks in
+    # every engine process that the vllm it imported is that release (release.py). The lines say vllm_version: it.
+    "vllm_release": None,
     "canary": False,
     # before a run that timed out is killed: the GPU's utilization, every engine process's Python stacks, and (with
     # coredump) a GPU core dump the runner asks the driver for (hang.py); recorded as the line's "hang"
@@ -164,7 +168,7 @@ def load_matrix(path: str) -> dict:
 KEYED_ENV = ("DFLASH_LAB_FIX", "DFLASH_LAB_FIX_PARTS", "DFLASH_LAB_HOOK", "DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_PROBE",
              "DFLASH_LAB_CANARY", "DFLASH_LAB_PROBE_TAPS", "DFLASH_LAB_PROBE_FILL_LAYERS", "DFLASH_LAB_PROBE_LEDGER",
              "DFLASH_LAB_PROBE_OOR", "DFLASH_LAB_SCHED_SNAPSHOT", "DFLASH_LAB_SCHED_LEDGER", splits.ENV, admit.ENV,
-             vllmdiff.ENV, hang.ENV,
+             vllmdiff.ENV, release.ENV, hang.ENV,
              "CUDA_ENABLE_USER_TRIGGERED_COREDUMP", "CUDA_COREDUMP_PIPE")
 # every variable the engine-side code (plugin, hook, probe, schedsnap, splits) reads: none is inherited by an engine;
 # those without a matrix key (the hook's fatal mode, the probe's reference-pass switch) reach it only as env entries
@@ -225,7 +229,7 @@ def validate_matrix(m, where="matrix") -> dict:
         _check(not keyed, f"{where}: engine {e['id']}: env sets {keyed}, which the runner sets from matrix keys "
                           "(fix, fix_parts, hook, hook_sync, probe, canary, probe_taps, probe_fill_layers, probe_ledger, "
                           "probe_oor, sched_snapshot, sched_ledger, fa_splits, first_step_requests, vllm_diff, "
-                          "hang_snapshot): use the key")
+                          "vllm_release, hang_snapshot): use the key")
         # kinds: a quoted "false" is truthy and would switch the fix (or the hook, the probe...) on
         for key in ("enforce_eager", "drafter_enforce_eager", "fix", "hook", "hook_sync", "control", "probe", "canary",
                     "sched_snapshot", "sched_ledger", "hang_snapshot"):
@@ -323,6 +327,20 @@ def validate_matrix(m, where="matrix") -> dict:
                                     "stock kernel's launch arguments, which the diff changes)")
             _check("PYTHONPATH" not in eng["env"],
                    f"{where}: engine {e['id']}: vllm_diff sets PYTHONPATH itself; leave it out of env")
+        vr = eng["vllm_release"]
+        if vr is not None:
+            try:
+                release.check_version(vr)
+            except LabError as err:
+                raise LabError(f"{where}: engine {e['id']}: {err}") from None
+            # what the lab adds to an engine reaches into 0.22.1's own modules: on another release it would test
+            # neither (only the core dump and the hang snapshot, which read the process from outside, go with it)
+            tied = [k for k in ("fix", "hook", "probe", "canary", "sched_snapshot", "sched_ledger", "vllm_diff",
+                                "fa_splits", "first_step_requests") if eng[k] not in (None, False)]
+            _check(not tied, f"{where}: engine {e['id']}: vllm_release {vr} with {', '.join(tied)}: those instrument "
+                             "vLLM 0.22.1's own modules; a release engine runs stock (core dump and hang snapshot allowed)")
+            _check("PYTHONPATH" not in eng["env"],
+                   f"{where}: engine {e['id']}: vllm_release sets PYTHONPATH itself; leave it out of env")
         k = eng["first_step_requests"]
         if k is not None:
             _check(_whole(k) and k >= 1,
@@ -459,7 +477,7 @@ class Runner:
             "sched_snapshot": e["sched_snapshot"], "sched_ledger": e["sched_ledger"],
             "first_step_requests": e["first_step_requests"],
             "hang_snapshot": e["hang_snapshot"],
-            "vllm_diff": e["vllm_diff"],
+            "vllm_diff": e["vllm_diff"], "vllm_release": e["vllm_release"],
             "canary": e["canary"], "coredump": e["coredump"], "env": e["env"],
             "concurrency": run.concurrency, "max_tokens": run.max_tokens, "temperature": run.temperature,
             "ignore_eos": run.ignore_eos, "acceptance": run.acceptance, "round": run.round,
@@ -470,6 +488,9 @@ class Runner:
         obj.update({k: self.prov.get(k) for k in ("gpu", "gpu_count", "driver", "vllm_version", "torch_version",
                                                   "triton_version", "started_at", "command", "git_commit",
                                                   "gpu_session", "host_boot_id")})
+        if e["vllm_release"]:
+            # the engine ran the release (the plugin checked it in every engine process); the runner itself, 0.22.1
+            obj["runner_vllm_version"], obj["vllm_version"] = obj["vllm_version"], e["vllm_release"]
         obj["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         assert outcome in OUTCOMES
         append_line(self.out, obj)
@@ -607,6 +628,18 @@ class Runner:
             env[vllmdiff.ENV] = ov["path"]
             self.log(f"{tag}: vllm_diff {e['vllm_diff']} ({'reused' if ov['reused'] else 'built'} overlay {ov['path']}"
                      + (f"; {ov.get('linked')} files linked, {ov.get('copied')} copied" if not ov["reused"] else "") + ")")
+        if e["vllm_release"]:
+            rsite = release.site(e["vllm_release"])
+            if not (rsite / "vllm" / "__init__.py").is_file():
+                err = (f"vllm_release {e['vllm_release']}: not staged at {rsite} (scripts/gpu/stage-release.sh, then "
+                       "scripts/gpu/setup-release.sh on the host)")
+                self.log(f"{tag}: {err}")
+                for r in pending:
+                    self.line(eng, r, "startup_error", attempt, error=err)
+                return []
+            env["PYTHONPATH"] = release.pythonpath(rsite, env.get("PYTHONPATH"))
+            env[release.ENV] = f"{e['vllm_release']}={rsite}"
+            self.log(f"{tag}: vllm_release {e['vllm_release']} from {rsite}")
         if e["canary"]:
             env["DFLASH_LAB_CANARY"] = "1"
         if e["fix"]:
@@ -720,6 +753,7 @@ class Runner:
             time.sleep(1)
         self.startup_s[eng["id"]] = ready.get("startup_s") or (time.time() - t0)
         extra["startup_s"] = ready.get("startup_s")
+        extra["engine_vllm_version"] = ready.get("vllm_version")   # as the worker imported it
         # ---- runs
         remaining = list(pending)
         while remaining:

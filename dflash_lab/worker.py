@@ -200,6 +200,15 @@ def record_outputs(folder, run_id: str, token_ids: list[list[int]],
     return digests
 
 
+def _vllm_version() -> str | None:
+    """The vllm this worker imported (the engine's, which a vllm_release engine takes from its own folder)."""
+    try:
+        import vllm
+    except ImportError:
+        return None
+    return getattr(vllm, "__version__", None)
+
+
 def sampled_logprobs(completion) -> list[float | None]:
     """The log-probability of each sampled token of one vLLM completion (``SamplingParams(logprobs=0)``)."""
     out = []
@@ -220,7 +229,7 @@ def run_offline(spec, paths, events):
         kw["speculative_config"] = with_acceptance(kw["speculative_config"], acc)
     t0 = time.time()
     llm = LLM(**kw)
-    events.emit(event="ready", startup_s=round(time.time() - t0, 1), engine_kwargs=kw)
+    events.emit(event="ready", startup_s=round(time.time() - t0, 1), engine_kwargs=kw, vllm_version=_vllm_version())
     tok = llm.get_tokenizer()
     text = tok.apply_chat_template([{"role": "user", "content": spec["prompt"]}],
                                    add_generation_prompt=True, tokenize=False)
@@ -388,7 +397,8 @@ def run_server(spec, paths, events):
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode} during start-up")
         time.sleep(2)
-    events.emit(event="ready", startup_s=round(time.time() - t0, 1), engine_kwargs=kw, server_cmd=cmd)
+    events.emit(event="ready", startup_s=round(time.time() - t0, 1), engine_kwargs=kw, server_cmd=cmd,
+                vllm_version=_vllm_version())
 
     def scrape():
         try:

@@ -77,6 +77,8 @@ def main():
     print(f"fake engine admit: DFLASH_LAB_ADMIT={os.environ.get('DFLASH_LAB_ADMIT', '')}", flush=True)
     print(f"fake engine vllm_diff: DFLASH_LAB_VLLM_DIFF={os.environ.get('DFLASH_LAB_VLLM_DIFF', '')} "
           f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}", flush=True)
+    print(f"fake engine vllm_release: DFLASH_LAB_VLLM_RELEASE={os.environ.get('DFLASH_LAB_VLLM_RELEASE', '')} "
+          f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}", flush=True)
     print("fake engine switches: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in (
         "DFLASH_LAB_HOOK_SYNC", "DFLASH_LAB_HOOK_FATAL", "DFLASH_LAB_PROBE_REF")), flush=True)
     print(f"fake engine core dumps: CUDA_COREDUMP_GENERATION_FLAGS={os.environ.get('CUDA_COREDUMP_GENERATION_FLAGS', '')}",

@@ -106,6 +106,8 @@ case "$CMD" in
     mkdir -p "$D/logs" "$OUT"
     if [ -n "$SETUP" ]; then
       bash "$SETUP" > "$D/setup.log" 2>&1 || { cat "$D/setup.log"; cp "$D/setup.log" "$OUT/"; exit 1; }
+      # later vLLM releases the matrix's engines run on (vllm_release; scripts/gpu/stage-release.sh)
+      bash scripts/gpu/setup-release.sh "$MATRIX" >> "$D/setup.log" 2>&1 || { cat "$D/setup.log"; cp "$D/setup.log" "$OUT/"; exit 1; }
       tail -3 "$D/setup.log"
       grep -h "^cache.sh:" "$D/setup.log" || true   # whether carried compile caches were used
     fi

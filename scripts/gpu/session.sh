@@ -12,6 +12,8 @@ bash scripts/gpu/detached.sh busy || exit 2   # a detached runner holds the GPU 
 SETUP=${DFLASH_LAB_HOST_SETUP-scripts/gpu/setup.sh}   # blank: no setup (tests)
 if [ -n "$SETUP" ]; then
   bash "$SETUP" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+  # later vLLM releases the matrix's engines run on (vllm_release; scripts/gpu/stage-release.sh)
+  bash scripts/gpu/setup-release.sh "$MATRIX" >> "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
   tail -3 "$OUT/setup.log"
   grep -h "^cache.sh:" "$OUT/setup.log" || true   # whether carried compile caches were used
 fi

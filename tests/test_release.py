@@ -1,0 +1,189 @@
+"""Engines on a later vLLM release (dflash_lab.release, the runner's key vllm_release): what the staging ships, the
+engine-side check, the runner's environment and lines, and where ingest puts their lines."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, run_cli
+from dflash_lab import release
+from dflash_lab.errors import LabError
+from dflash_lab.ingest import ingest
+from dflash_lab.runner import load_matrix, read_lines, validate_matrix
+
+META = """Metadata-Version: 2.4
+Name: vllm
+Version: 0.26.0
+Requires-Dist: regex
+Requires-Dist: torch==2.11.0
+Requires-Dist: compressed-tensors==0.17.0
+Requires-Dist: fastapi[standard]<0.137.0,>=0.133.0
+Requires-Dist: pyzmq>=25.0.0
+Requires-Dist: tokenspeed-mla==0.1.8; platform_system == "Linux"
+Requires-Dist: only-on-mac==1.0; sys_platform == "darwin"
+Requires-Dist: flashinfer-python==0.6.14
+Requires-Dist: pytest==9.0; extra == "test"
+Requires-Dist: Apache_TVM.FFI==0.1.10
+"""
+BASE = ["# 0.22.1's list", "compressed-tensors==0.15.0.1", "fastapi==0.165.0", "pyzmq==27.3.0", "", "lark==1.2.2",
+        "flashinfer-python==0.6.11.post2", "apache-tvm-ffi==0.1.9", "pytest==8.0"]
+
+
+def test_the_staging_list_keeps_accepted_pins_and_takes_the_releases_own_where_they_exclude_ours():
+    pins, changed = release.release_wheels(BASE, META)
+    assert pins == ["compressed-tensors==0.17.0", "fastapi<0.137.0,>=0.133.0", "pyzmq==27.3.0", "lark==1.2.2",
+                    "flashinfer-python==0.6.14", "apache-tvm-ffi==0.1.10",
+                    "pytest==8.0"]   # a requirement of an extra only is not the release's
+    assert changed == ["compressed-tensors==0.15.0.1 -> compressed-tensors==0.17.0",
+                       "fastapi==0.165.0 -> fastapi<0.137.0,>=0.133.0",
+                       "flashinfer-python==0.6.11.post2 -> flashinfer-python==0.6.14",
+                       "apache-tvm-ffi==0.1.9 -> apache-tvm-ffi==0.1.10"]
+    reqs = release.requirements(META)
+    assert "tokenspeed-mla" in reqs and "only-on-mac" not in reqs and "pytest" not in reqs
+
+
+def test_a_release_that_needs_another_torch_than_the_hosts_cannot_be_staged():
+    with pytest.raises(LabError, match=r"requires torch==2.13.0; the GPU host has torch 2.11.0"):
+        release.release_wheels(BASE, META.replace("torch==2.11.0", "torch==2.13.0"))
+    with pytest.raises(LabError, match="transformers"):
+        release.release_wheels(BASE, META + "Requires-Dist: transformers<5.10,>=5.5.3\n")
+    with pytest.raises(LabError, match="not a name==version pin"):
+        release.release_wheels(["lark>=1"], META)
+    with pytest.raises(LabError, match="unreadable requirement"):
+        release.release_wheels(BASE, META + "Requires-Dist: ???\n")
+
+
+@pytest.mark.parametrize("v", ["0.26", "v0.26.0", "0.26.0rc1", 26, None, "0.22.1"])
+def test_a_release_is_named_by_its_exact_version_and_never_the_pinned_one(v):
+    with pytest.raises(LabError, match="vllm_release"):
+        release.check_version(v)
+
+
+def _site(tmp_path, version, name="site"):
+    site = tmp_path / name
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    return site
+
+
+def _check(site_on_path, value):
+    code = "from dflash_lab import release; print(release.check_loaded())"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site_on_path), str(ROOT)]), DFLASH_LAB_VLLM_RELEASE=value)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
+def test_the_engine_side_check_stops_a_process_that_imported_another_vllm_or_another_folders(tmp_path):
+    site = _site(tmp_path, "0.26.0")
+    ok = _check(site, f"0.26.0={site}")
+    assert ok.returncode == 0 and ok.stdout.strip() == f"vllm release 0.26.0 from {site}"
+    wrong = _check(_site(tmp_path, "0.22.1", "old"), f"0.26.0={site}")
+    assert wrong.returncode != 0 and "imported vllm 0.22.1" in wrong.stderr and "not 0.26.0" in wrong.stderr
+    other = _check(_site(tmp_path, "0.26.0", "elsewhere"), f"0.26.0={site}")
+    assert other.returncode != 0 and f"not from {site}" in other.stderr
+    bad = _check(site, "0.26.0")
+    assert bad.returncode != 0 and "expected VERSION=FOLDER" in bad.stderr
+
+
+def test_the_plugin_runs_the_check_in_every_engine_process(tmp_path):
+    """vLLM calls the plugin's register() in each process it starts: with the release variable set and the wrong vllm
+    imported, register() raises, which vLLM does not catch (its load_general_plugins calls each plugin bare)."""
+    code = "from dflash_lab import plugin; plugin.register()"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_site(tmp_path, "0.22.1", "old")), str(ROOT)]),
+               DFLASH_LAB_VLLM_RELEASE=f"0.26.0={_site(tmp_path, '0.26.0')}")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "not 0.26.0" in r.stderr
+
+
+@pytest.mark.parametrize("eng,msg", [
+    ({"vllm_release": "0.26.0"}, "with hook: those instrument"),
+    ({"vllm_release": "0.26.0", "hook": False, "fix": True}, "with fix"),
+    ({"vllm_release": "0.26.0", "hook": False, "probe": True}, "with probe"),
+    ({"vllm_release": "0.26.0", "hook": False, "vllm_diff": "patches/vllm-0.22.1-dflash.diff"}, "vllm_diff"),
+    ({"vllm_release": "0.26.0", "hook": False, "first_step_requests": 1}, "with first_step_requests"),
+    ({"vllm_release": "0.26.0", "hook": False, "env": {"PYTHONPATH": "/x"}}, "leave it out of env"),
+    ({"vllm_release": "0.26", "hook": False}, "release version such as"),
+    ({"vllm_release": "0.22.1", "hook": False}, "leave vllm_release out"),
+    ({"env": {"DFLASH_LAB_VLLM_RELEASE": "0.26.0=/x"}}, "which the runner sets from matrix keys"),
+])
+def test_bad_release_engines_are_refused(eng, msg):
+    with pytest.raises(LabError, match=msg):
+        validate_matrix({"engines": [{"id": "a", **eng, "runs": [{"concurrency": 1}]}]}, "m.yaml")
+
+
+def test_the_committed_release_matrix_runs_the_crash_configuration_stock_on_0_26_0():
+    m = load_matrix(str(ROOT / "matrices" / "release-0.26.0-c32-tp1.yaml"))
+    (eng,) = m["engines"]
+    e = eng["engine"]
+    assert e["vllm_release"] == "0.26.0" and e["cudagraph_mode"] == "FULL_AND_PIECEWISE" and e["acceptance"] == 1.86
+    assert not (e["hook"] or e["fix"] or e["probe"]) and e["coredump"]
+    assert [r.concurrency for r in eng["runs"]] == [32, 32, 32]
+
+
+def test_a_release_engines_path_leaves_out_every_folder_with_another_vllm(tmp_path):
+    old = _site(tmp_path, "0.22.1", "vllm-site")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    got = release.pythonpath("/r/0.26.0", os.pathsep.join([str(old), str(plain), ""]))
+    assert got == os.pathsep.join(["/r/0.26.0", str(plain)])
+    assert release.pythonpath("/r/0.26.0", None) == "/r/0.26.0"
+
+
+def _run(tmp_path, engines, releases):
+    m = {"name": "t", "worker": "fake_worker", "run_timeout_s": 4, "startup_timeout_s": 4,
+         "defaults": {"target": "tiny-dense", "hook": False}, "engines": engines}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(m))
+    out, logs = tmp_path / "runs.jsonl", tmp_path / "logs"
+    r = run_cli("dflash_lab", "run", str(tmp_path / "m.yaml"), "--out", str(out), "--logs", str(logs), timeout=300,
+                env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+                     "DFLASH_LAB_RELEASES": str(releases)})
+    assert r.returncode == 0, r.stderr + r.stdout
+    return read_lines(out), {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+
+
+def test_the_runner_starts_a_release_engine_on_that_release_alone_and_its_lines_say_so(tmp_path):
+    site = _site(tmp_path / "rel", "0.26.0", "0.26.0")
+    lines, logs = _run(tmp_path, [{"id": "rel", "vllm_release": "0.26.0", "runs": [{"concurrency": 1}]},
+                                  {"id": "plain", "runs": [{"concurrency": 1}]}], tmp_path / "rel")
+    by = {l["run_id"]: l for l in lines}
+    assert [l["outcome"] for l in lines] == ["ok", "ok"]
+    # that folder first; the runner's entries without a vllm follow (here the checkout, for the stand-in worker)
+    assert f"DFLASH_LAB_VLLM_RELEASE=0.26.0={site} PYTHONPATH={site}{os.pathsep}{ROOT}{os.pathsep}" in logs["rel"]
+    assert "DFLASH_LAB_VLLM_RELEASE= " in logs["plain"]
+    rel, plain = by["rel/c1/r0"], by["plain/c1/r0"]
+    assert rel["vllm_release"] == rel["vllm_version"] == "0.26.0"
+    assert rel["runner_vllm_version"] == plain["vllm_version"] and plain["vllm_release"] is None
+    assert "runner_vllm_version" not in plain
+
+
+def test_a_release_not_staged_on_the_host_ends_its_engine_with_one_clear_line_per_run(tmp_path):
+    lines, _ = _run(tmp_path, [{"id": "rel", "vllm_release": "0.26.0", "runs": [{"concurrency": 1, "rounds": 2}]}],
+                    tmp_path / "none")
+    assert [l["outcome"] for l in lines] == ["startup_error"] * 2
+    assert lines[0]["error"] == (f"vllm_release 0.26.0: not staged at {tmp_path / 'none' / '0.26.0'} "
+                                 "(scripts/gpu/stage-release.sh, then scripts/gpu/setup-release.sh on the host)")
+
+
+def _out(tmp_path, name, lines):
+    out = tmp_path / name
+    out.mkdir()
+    (out / "runs.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    return out
+
+
+def test_release_lines_are_recorded_apart_from_0_22_1s_and_never_mixed(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    rel = {"run_id": "r", "outcome": "crash", "vllm_release": "0.26.0", "vllm_version": "0.26.0"}
+    plain = {"run_id": "p", "outcome": "crash", "vllm_release": None}
+    with pytest.raises(LabError, match="go with --kind release"):
+        ingest(str(_out(tmp_path, "o1", [plain, rel])), "a", data_dir=str(data))
+    with pytest.raises(LabError, match="vllm_release engines only"):
+        ingest(str(_out(tmp_path, "o2", [rel, plain])), "b", data_dir=str(data), kind="release")
+    assert not (data / "runs").exists() and not (data / "upstream").exists()
+    ingest(str(_out(tmp_path, "o3", [rel])), "c", data_dir=str(data), kind="release")
+    assert read_lines(data / "upstream" / "runs" / "c.jsonl") == [rel]
+    assert (data / "upstream" / "runs" / "c.meta.json").exists() and not (data / "runs").exists()
