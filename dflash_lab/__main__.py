@@ -99,7 +99,7 @@ def _ingest(a) -> int:
     from .ingest import ingest
 
     meta = ingest(a.folder, a.name, data_dir=a.data, matrix=a.matrix, device_command=a.device_command,
-                  gpu_session=a.gpu_session, kind=a.kind)
+                  gpu_session=a.gpu_session, kind=a.kind, relabel_session=a.relabel_session)
     print(json.dumps({k: meta[k] for k in ("name", "lines", "outcomes")}))
     return 0
 
@@ -218,6 +218,8 @@ def main(argv=None) -> int:
     p.add_argument("--matrix")
     p.add_argument("--device-command")
     p.add_argument("--gpu-session", help="label of the GPU session (one lease) the lines came from")
+    p.add_argument("--relabel-session", help="the lines carry another label than the project's DATE-sN: give them "
+                                             "this one (each keeps the old as gpu_session_as_run)")
     p.add_argument("--kind", choices=("runs", "bench", "release"), default="runs",
                    help="bench: server-mode benchmark lines, into data/bench/; release: lines of engines that ran a "
                         "later vLLM release (vllm_release), into data/upstream/runs/")

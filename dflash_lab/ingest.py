@@ -1,6 +1,10 @@
 """Bring what a GPU session step returned (``$OUT``) into ``data/``, checked, never overwriting.
 
-``python -m dflash_lab ingest FOLDER NAME [--matrix MATRIX.yaml] [--device-command CMD] [--gpu-session LABEL]``
+``python -m dflash_lab ingest FOLDER NAME [--matrix MATRIX.yaml] [--device-command CMD] [--gpu-session LABEL]
+[--relabel-session LABEL] [--kind runs|bench|release]``
+
+``--relabel-session``: the lines were run under a label that is not the project's ``DATE-sN``; each line gets that
+label and keeps the one it was run with as ``gpu_session_as_run`` (the meta says so too); nothing else changes.
 
 FOLDER is what one ``scripts/gpu/session.sh`` call (or the last ``scripts/gpu/detached.sh`` call of a batch, with
 its ``runner.log``) wrote under ``$OUT``: ``runs.jsonl``,
@@ -37,6 +41,7 @@ from .runner import read_lines
 KEEP_SUFFIXES = (".log", ".json", ".jsonl", ".npz")
 # --kind: where the run lines go (bench: server-mode benchmark lines; release: lines of engines that ran a later vLLM
 # release, runner key vllm_release)
+SESSION_LABEL = re.compile(r"^\d{4}-\d{2}-\d{2}-s\d+$")   # a GPU session's label: its date and session number
 KIND_DIRS = {"runs": "runs", "bench": "bench", "release": "upstream/runs"}
 XZ_ABOVE = 1 << 20  # bytes: a JSONL log larger than this is stored xz-compressed
 # bytes: an engine log (<engine>.aN.log) larger than this is stored xz-compressed too. A crash's device asserts repeat
@@ -79,7 +84,8 @@ def _kept_members(tf: tarfile.TarFile, archive: Path, suffixes: tuple[str, ...])
 
 
 def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = None,
-           device_command: str | None = None, gpu_session: str | None = None, kind: str = "runs") -> dict:
+           device_command: str | None = None, gpu_session: str | None = None, kind: str = "runs",
+           relabel_session: str | None = None) -> dict:
     src = Path(folder)
     if not src.is_dir():
         raise LabError(f"{folder}: no such folder")
@@ -109,6 +115,20 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
     gpu_dst = data / "gpu" / name
     _check_new(name, runs_dst, gpu_dst)
     sessions = {l.get("gpu_session") for l in lines} - {None}
+    relabelled = None
+    if relabel_session is not None:
+        # the label the GPU session's lines were run with is not the project's (a typo, another convention): each
+        # line keeps it as gpu_session_as_run and says relabel_session; nothing else of the line changes
+        if not SESSION_LABEL.match(relabel_session):
+            raise LabError(f"--relabel-session {relabel_session!r}: a session label is DATE-sN (e.g. 2026-12-05-s65)")
+        if len(sessions) != 1 or not all(l.get("gpu_session") for l in lines) or relabel_session in sessions:
+            raise LabError(f"{runs_src}: --relabel-session needs every line to carry one other label; they say "
+                           f"{sorted(sessions) or 'none'}")
+        if gpu_session and gpu_session != relabel_session:
+            raise LabError(f"--gpu-session {gpu_session!r} and --relabel-session {relabel_session!r} disagree")
+        relabelled = {"from": sessions.pop(), "to": relabel_session}
+        lines = [{**l, "gpu_session": relabel_session, "gpu_session_as_run": relabelled["from"]} for l in lines]
+        sessions = {relabel_session}
     if gpu_session and sessions and sessions != {gpu_session}:
         raise LabError(f"{runs_src}: lines say GPU session {sorted(sessions)}, --gpu-session says {gpu_session!r}")
     gpu_session = gpu_session or (sessions.pop() if len(sessions) == 1 else None)
@@ -166,11 +186,16 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
         }
         if already:
             meta["already_recorded"] = already
+        if relabelled:
+            meta["session_relabelled"] = relabelled
         (stage / "meta.json").write_text(json.dumps(meta, indent=1))
         gpu_dst.parent.mkdir(parents=True, exist_ok=True)
         if lines:
             runs_dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(runs_src, stage / "runs.jsonl")
+            if relabelled:
+                (stage / "runs.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+            else:
+                shutil.copy2(runs_src, stage / "runs.jsonl")
             os.replace(stage / "runs.jsonl", runs_dst)
         shutil.copy2(stage / "meta.json", stage / "gpu" / "meta.json")
         if lines:

@@ -362,3 +362,28 @@ def test_ingest_keeps_sigstages_records_without_run_lines(tmp_path):
     assert sorted(p.name for p in (data / "gpu" / "sig").iterdir()) == [
         "meta.json", "sigstages-coredump.jsonl", "sigstages-unregister-cold.jsonl", "sigstages.jsonl"]
     assert json.loads((data / "gpu" / "sig" / "meta.json").read_text())["device_command"].startswith("python3")
+
+
+def test_a_session_run_under_another_label_is_relabelled_keeping_the_label_it_ran_with(tmp_path):
+    lines = [{"run_id": r, "outcome": "ok", "gpu_session": "s65-h200", "wall_s": 1.5} for r in ("a", "b")]
+    out = make_out(tmp_path, "".join(json.dumps(l) + "\n" for l in lines))
+    data = tmp_path / "data"
+    data.mkdir()
+    for bad, msg in (("s65", "a session label is DATE-sN"),):
+        with pytest.raises(LabError, match=msg):
+            ingest(str(out), "x", data_dir=str(data), relabel_session=bad)
+    with pytest.raises(LabError, match="disagree"):
+        ingest(str(out), "x", data_dir=str(data), relabel_session="2026-12-05-s65", gpu_session="2026-12-05-s64")
+    meta = ingest(str(out), "r", data_dir=str(data), relabel_session="2026-12-05-s65")
+    got = [json.loads(l) for l in (data / "runs" / "r.jsonl").read_text().splitlines()]
+    assert got == [{**l, "gpu_session": "2026-12-05-s65", "gpu_session_as_run": "s65-h200"} for l in lines]
+    assert meta["gpu_session"] == "2026-12-05-s65"
+    assert meta["session_relabelled"] == {"from": "s65-h200", "to": "2026-12-05-s65"}
+    # lines that already carry the label, or none, or two: nothing to relabel
+    out2 = tmp_path / "o2"
+    out2.mkdir()
+    (out2 / "runs.jsonl").write_text(json.dumps({"run_id": "a", "outcome": "ok", "gpu_session": "A"}) + "\n"
+                                     + json.dumps({"run_id": "b", "outcome": "ok", "gpu_session": "B"}) + "\n")
+    with pytest.raises(LabError, match="carry one other label"):
+        ingest(str(out2), "y", data_dir=str(data), relabel_session="2026-12-05-s65")
+    assert not (data / "runs" / "y.jsonl").exists()
