@@ -354,8 +354,35 @@ def upstream_clause(root) -> str:
     if by[upstream.UNDECIDED]:
         parts.append("not decided from the source: " + names(by[upstream.UNDECIDED]))
     return (PARA + "Later vLLM releases (their own sources, read on the CPU by python -m dflash_lab upstream-check, "
-            "each wheel's sha256 from PyPI's index; not runs): " + "; ".join(parts) + ". Whether any of them crashes "
-            "has not been run (notebook 04).")
+            "each wheel's sha256 from PyPI's index; not runs): " + "; ".join(parts) + "." + release_runs_clause(root))
+
+
+def release_runs_clause(root) -> str:
+    """The GPU runs of later releases (``data/upstream/runs/``, :func:`upstream.gpu_runs`) beside the 0.22.1 controls
+    of their sessions; without any: that none has run."""
+    from . import upstream
+
+    up = Path(root) / "data" / "upstream" / "runs" / "*.jsonl"
+    if not glob.glob(str(up)):
+        return " Whether any of them crashes has not been run (notebook 04)."
+    t = upstream.gpu_runs(str(up), str(Path(root) / "data" / "runs" / "*.jsonl"))
+    said = []
+    for _, r in t.iterrows():
+        ctrl = r["0.22.1 controls (same session and configuration)"]
+        said.append(f"{r['vLLM']} {'crashed ' + str(r['crashed']) + ' of ' if r['crashed'] else 'completed '}"
+                    f"{r['runs'] if r['crashed'] else str(r['completed']) + ' of ' + str(r['runs'])} runs "
+                    f"({r['configuration']}; session {analysis.short_session(r['GPU session'])})"
+                    + (f", where the same engine on 0.22.1 crashed {r['0.22.1 crashed']} of {ctrl} in that session "
+                       f"(core: {r['0.22.1 cores']})" if ctrl else ", with no 0.22.1 control in that session"))
+    out = PARA + "On the GPU (notebook 04): " + "; ".join(said) + "."
+    quiet = t[(t["crashed"] == 0) & (t["0.22.1 crashed"] > 0) & (t["vLLM"] == "0.26.0")]
+    if len(quiet):
+        out += (" Read from 0.26.0's source, not measured: the grouping, the V1 runner's reuse and the FlashAttention "
+                "builder's schedule are as in 0.22.1, while vLLM PR #44744 (from 0.25.0) keeps the rejection sampler's "
+                "recovered id inside the vocabulary, so a NaN row no longer loses its token, which the GDN and DFlash "
+                "input kernels then misread; its FULL graphs most likely still read the stale schedule, silently. Other "
+                "releases after 0.26.0 pin torch 2.13 or 2.14, which the GPU host lacks.")
+    return out
 
 
 def _bench_runs(root):

@@ -468,3 +468,89 @@ def table(rows: list[dict]):
             "verdict": r["verdict"],
         })
     return pd.DataFrame(out)
+
+
+#: GPU runs of engines on a later release (runner key ``vllm_release``; ``ingest --kind release``)
+RELEASE_RUNS = "data/upstream/runs/*.jsonl"
+#: what makes a 0.22.1 line the same engine as a release line (beside the GPU session): the configuration keys
+SAME_CONFIG = ("spec_method", "num_speculative_tokens", "cudagraph_mode", "enforce_eager", "tensor_parallel_size",
+               "mode", "concurrency", "acceptance", "max_tokens", "max_num_seqs", "max_model_len",
+               "max_num_batched_tokens", "moe_backend", "async_scheduling", "prefix_caching")
+
+
+def _target(r) -> str | None:
+    t = r.get("target")
+    return t.get("name") if isinstance(t, dict) else t
+
+
+def _stock_plain(r) -> bool:
+    """A 0.22.1 line with nothing of the lab inside its engine: no fix, diff, hook, probe or canary."""
+    return not (r.get("fix") or r.get("vllm_diff") or r.get("hook") or r.get("probe") or r.get("canary")
+                or r.get("sched_snapshot") or r.get("sched_ledger") or r.get("fa_splits") or r.get("first_step_requests"))
+
+
+def gpu_runs(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/runs/*.jsonl"):
+    """Each later release's GPU runs beside the 0.22.1 controls of the same GPU session and configuration.
+
+    One row per (release, GPU session, configuration): its runs (deadline cuts and start-up errors apart, as
+    :func:`analysis.crash_table` counts them), crashes, the core dumps' kernels, vLLM's counted acceptance and the
+    requests completed; then the same for the 0.22.1 lines (``data/runs/``) of that session whose configuration
+    (:data:`SAME_CONFIG`, the target) is the same and whose engine ran nothing of the lab's (:func:`_stock_plain`).
+    A release row without such a control says so: its runs alone say nothing about 0.22.1's crash."""
+    import pandas as pd
+
+    from .analysis import recorded_lines
+    from .runner import is_deadline_cut
+
+    def counted(r):
+        if r.get("outcome") == "startup_error" or is_deadline_cut(r):
+            return False
+        return True
+
+    def summary(lines):
+        runs = [r for r in lines if counted(r)]
+        crashed = [r for r in runs if r.get("outcome") == "crash"]
+        acc = [(r.get("spec_decode_metrics") or {}).get("acceptance_length") for r in runs]
+        acc = [a for a in acc if isinstance(a, (int, float))]
+        return {"runs": len(runs), "crashed": len(crashed),
+                "completed": sum(1 for r in runs if r.get("outcome") == "ok"),
+                "cores": ", ".join(sorted({(r.get("fault") or {}).get("kernel") or "no core"
+                                           for r in crashed})) or "-",
+                "counted acceptance": (f"{min(acc):.2f}-{max(acc):.2f}" if acc else "-"),
+                "requests completed": sum(int(r.get("requests_completed") or 0) for r in runs),
+                "not counted": len(lines) - len(runs)}
+
+    releases = [r for _, _, r in recorded_lines(release_pattern)] if glob_any(release_pattern) else []
+    bad = [r.get("run_id") for r in releases if not r.get("vllm_release")]
+    if bad:
+        raise LabError(f"{release_pattern}: lines without vllm_release: {bad[:5]}")
+    controls = [r for _, _, r in recorded_lines(controls_pattern)] if glob_any(controls_pattern) else []
+    key = lambda r: (r.get("vllm_release"), r.get("gpu_session"), _target(r), *(str(r.get(k)) for k in SAME_CONFIG))
+    groups: dict = {}
+    for r in releases:
+        groups.setdefault(key(r), []).append(r)
+    out = []
+    for k, lines in sorted(groups.items(), key=lambda kv: (version_key(kv[0][0]), str(kv[0][1]))):
+        r0 = lines[0]
+        ctrl = [c for c in controls if c.get("gpu_session") == r0.get("gpu_session") and _target(c) == _target(r0)
+                and not c.get("vllm_release") and _stock_plain(c)
+                and all(str(c.get(x)) == str(r0.get(x)) for x in SAME_CONFIG)]
+        rel, c = summary(lines), summary(ctrl)
+        out.append({
+            "vLLM": r0["vllm_release"], "GPU session": r0.get("gpu_session"),
+            "configuration": (f"{r0.get('cudagraph_mode') or 'eager'}, {r0.get('mode')}, TP={r0.get('tensor_parallel_size')}, "
+                              f"concurrency {r0.get('concurrency')}, acceptance {r0.get('acceptance')}, "
+                              f"{r0.get('max_tokens')} tokens"),
+            "runs": rel["runs"], "crashed": rel["crashed"], "completed": rel["completed"], "cores": rel["cores"],
+            "counted acceptance": rel["counted acceptance"], "requests completed": rel["requests completed"],
+            "0.22.1 controls (same session and configuration)": c["runs"],
+            "0.22.1 crashed": c["crashed"], "0.22.1 cores": c["cores"],
+            "matrices": ", ".join(sorted({x.get("matrix") for x in lines + ctrl})),
+        })
+    return pd.DataFrame(out)
+
+
+def glob_any(pattern: str) -> bool:
+    import glob
+
+    return bool(glob.glob(pattern))

@@ -121,7 +121,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     assert "notebook 03): every decided prediction held" in text
     assert "4/4 requests identical to the PIECEWISE reference" in text and "not attributed" not in text
     # s19: the offline counts stay offline, the server path has its own line with what its clients saw
-    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 22/22 crashed" in text
+    assert "offline engine) dies on a CUDA fault" in text and "at concurrency 32: 23/23 crashed" in text
     # s20-s21: every other concurrency with its own count; s21's plain 16 joined the hooked runs
     assert "at other concurrencies, 1: 0/3 crashed" in text and "8: 11/11 crashed" in text
     assert "16: 0/8 crashed (0/3 with core dump on (keep running); 0/3 with launch hook; 0/2 plain)" in text
@@ -307,7 +307,7 @@ def test_the_findings_state_tp2_beside_tp1_s27():
 
     df = analysis.load_runs()
     text = findings._tp2_clause(df, *_tp2_inputs(df))
-    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 22/22)" in text
+    assert "concurrency 16: 3/3 crashed (TP=1: 0/8)" in text and "concurrency 32: 1/5 crashed (TP=1: 23/23)" in text
     assert "(2 x NVIDIA H200; " in text
     assert "core dumps name copy_and_expand_dflash_inputs_kernel (1), triton_poi_fused_3 (3)" in text
     assert "in 4 of 4 every rank's core names the same kernel" in text
@@ -654,5 +654,13 @@ def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path)
             "engine gets the V2 runner by default") in text and "needs VLLM_USE_V2_MODEL_RUNNER=0" in text
     assert ("in 0.34.0 it is absent (no V1 runner; its V2 runner reuses metadata only for Mamba groups, at capture as "
             "at run time; the DFlash input kernel is gone too)") in text
-    assert "not decided" not in text and "has not been run" in text
+    assert "not decided" not in text and "has not been run" not in text
+    assert (findings.PARA + "On the GPU (notebook 04): 0.26.0 completed 6 of 6 runs (FULL_AND_PIECEWISE, offline, TP=1, "
+            "concurrency 32, acceptance 1.86, 512 tokens; session s65), where the same engine on 0.22.1 crashed 1 of 1 in "
+            "that session (core: copy_and_expand_dflash_inputs_kernel).") in text
+    assert "vLLM PR #44744" in text and "most likely still read the stale schedule, silently" in text
     assert findings.upstream_clause(tmp_path) == ""     # nothing recorded: nothing said
+    # sources recorded, no GPU run of a release: says so
+    (tmp_path / "data" / "upstream").mkdir(parents=True)
+    (tmp_path / "data" / "upstream" / "releases.jsonl").write_text((root / "data/upstream/releases.jsonl").read_text())
+    assert findings.upstream_clause(tmp_path).endswith(" Whether any of them crashes has not been run (notebook 04).")

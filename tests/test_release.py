@@ -187,3 +187,55 @@ def test_release_lines_are_recorded_apart_from_0_22_1s_and_never_mixed(tmp_path)
     ingest(str(_out(tmp_path, "o3", [rel])), "c", data_dir=str(data), kind="release")
     assert read_lines(data / "upstream" / "runs" / "c.jsonl") == [rel]
     assert (data / "upstream" / "runs" / "c.meta.json").exists() and not (data / "runs").exists()
+
+
+def _line(**kw):
+    base = {"run_id": "e/c32/r0", "matrix": "m", "outcome": "ok", "gpu_session": "2026-12-05-s65",
+            "target": {"name": "qwen36-35b-a3b"}, "spec_method": "dflash", "num_speculative_tokens": 15,
+            "cudagraph_mode": "FULL_AND_PIECEWISE", "enforce_eager": False, "tensor_parallel_size": 1,
+            "mode": "offline", "concurrency": 32, "acceptance": 1.86, "max_tokens": 512, "max_num_seqs": 64,
+            "max_model_len": 65536, "max_num_batched_tokens": 32768, "moe_backend": "triton",
+            "async_scheduling": None, "prefix_caching": None, "hook": False, "fix": False, "probe": False,
+            "vllm_release": None, "requests_completed": 32, "spec_decode_metrics": {"acceptance_length": 1.86}}
+    return {**base, **kw}
+
+
+def test_a_release_run_is_set_beside_the_0_22_1_controls_of_its_session_and_configuration_only(tmp_path):
+    from dflash_lab import upstream
+
+    (tmp_path / "up").mkdir()
+    (tmp_path / "runs").mkdir()
+    rel = [_line(vllm_release="0.26.0", matrix="rel"),
+           _line(vllm_release="0.26.0", matrix="rel", outcome="crash", requests_completed=0,
+                 fault={"kernel": "k_release"}, spec_decode_metrics=None),
+           _line(vllm_release="0.26.0", matrix="rel", outcome="startup_error", requests_completed=0)]
+    ctrl = [_line(matrix="ctl", outcome="crash", requests_completed=0, fault={"kernel": "k_stock"},
+                  spec_decode_metrics=None),
+            _line(matrix="other-session", gpu_session="2026-12-04-s64", outcome="crash"),
+            _line(matrix="fixed", fix=True),
+            _line(matrix="hooked", hook=True, outcome="crash"),
+            _line(matrix="c16", concurrency=16)]
+    (tmp_path / "up" / "a.jsonl").write_text("".join(json.dumps(l) + "\n" for l in rel))
+    (tmp_path / "runs" / "b.jsonl").write_text("".join(json.dumps(l) + "\n" for l in ctrl))
+    t = upstream.gpu_runs(str(tmp_path / "up" / "*.jsonl"), str(tmp_path / "runs" / "*.jsonl"))
+    assert len(t) == 1
+    row = t.iloc[0].to_dict()
+    assert (row["vLLM"], row["runs"], row["crashed"], row["completed"], row["cores"]) == ("0.26.0", 2, 1, 1, "k_release")
+    assert row["counted acceptance"] == "1.86-1.86" and row["requests completed"] == 32
+    assert (row["0.22.1 controls (same session and configuration)"], row["0.22.1 crashed"], row["0.22.1 cores"]) == (
+        1, 1, "k_stock")
+    assert row["matrices"] == "ctl, rel"
+    (tmp_path / "up" / "c.jsonl").write_text(json.dumps(_line()) + "\n")
+    with pytest.raises(LabError, match="without vllm_release"):
+        upstream.gpu_runs(str(tmp_path / "up" / "*.jsonl"), str(tmp_path / "runs" / "*.jsonl"))
+
+
+def test_the_recorded_0_26_0_runs_and_their_control():
+    """What notebook 04 and the findings page say of 0.26.0 (s65), from the committed lines."""
+    from dflash_lab import upstream
+
+    t = upstream.gpu_runs(str(ROOT / "data/upstream/runs/*.jsonl"), str(ROOT / "data/runs/*.jsonl"))
+    row = t[t["vLLM"] == "0.26.0"].iloc[0]
+    assert (row["runs"], row["crashed"], row["requests completed"]) == (6, 0, 192)
+    assert row["0.22.1 crashed"] == row["0.22.1 controls (same session and configuration)"] == 1
+    assert row["0.22.1 cores"] == "copy_and_expand_dflash_inputs_kernel"
