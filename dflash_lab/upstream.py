@@ -53,7 +53,8 @@ FA = "vllm/v1/attention/backends/flash_attn.py"
 KV_UTILS = "vllm/v1/core/kv_cache_utils.py"
 KV_PLANNING = "vllm/v1/core/kv_cache_planning.py"   # where the grouping function lives in later releases
 CONFIG = "vllm/config/vllm.py"                       # VllmConfig.use_v2_model_runner: which runner by default
-FILES = (RUNNER_V1, RUNNER_V2, FA, KV_UTILS, KV_PLANNING, CONFIG)
+SAMPLER = "vllm/v1/sample/rejection_sampler.py"      # the V1 rejection sampler: link 4 (NaN logits -> id vocab_size)
+FILES = (RUNNER_V1, RUNNER_V2, FA, KV_UTILS, KV_PLANNING, CONFIG, SAMPLER)
 #: the target's architecture (dflash_lab.models' config), what the default-runner rule looks up
 TARGET_ARCH = "Qwen3_5MoeForConditionalGeneration"
 #: the DFlash input kernel the recorded cores name most (0.22.1's vllm/v1/spec_decode/utils.py)
@@ -348,6 +349,23 @@ def _default_runner(text: str | None) -> dict:
             "dflash accepted by V2": bool(methods) and '"dflash"' in methods.group(1), "default": default}
 
 
+def _recovered(text: str | None) -> dict:
+    """Link 4 of notebook 03's chain in a release's V1 rejection sampler, read (not executed): can its
+    ``sample_recovered_tokens_kernel`` return an id at or above the vocabulary size? In 0.22.1 it can: the vocabulary
+    (248320) is not a multiple of the kernel's 8192-wide tile, the last tile's lanes past it score 0, and on a row of
+    NaN or zero probabilities one of them wins the tiled argmax. NaN logits so gave a row no valid token, which the GDN
+    and DFlash input kernels then misread (s43-s45). vLLM PR #44744 masks those lanes to -inf and clamps the id below
+    the vocabulary size. Not a verdict input: a release whose kernel keeps the id inside the vocabulary still has the
+    stale schedule where the precondition is present; the wrong outputs then no longer end in a fault this way."""
+    fn = _function(text, "sample_recovered_tokens_kernel", None)
+    if fn is None:
+        return {"present": False}
+    masked = bool(re.search(r"tl\.where\(\s*vocab_mask\s*,\s*score\s*,\s*float\(\s*[\"']-inf[\"']\s*\)\s*\)", fn))
+    clamped = bool(re.search(r"tl\.minimum\(\s*recovered_id\s*,\s*vocab_size\s*-\s*1\s*\)", fn))
+    return {"present": True, "out-of-vocabulary lanes masked": masked, "recovered id clamped": clamped,
+            "recovered id kept inside the vocabulary": masked or clamped}
+
+
 def check(texts: dict) -> dict:
     """The facts of one release (``texts``: {file: text or None}) and its verdict (see the module's docstring)."""
     g, v1, fa, v2 = _grouping(texts), _v1(texts.get(RUNNER_V1)), _fa(texts.get(FA)), _v2(texts.get(RUNNER_V2))
@@ -371,7 +389,8 @@ def check(texts: dict) -> dict:
     else:
         verdict = UNDECIDED
     return {"verdict": verdict, "grouping": g, "v1 runner": v1, "flash_attn builder": fa, "v2 runner": v2,
-            "default runner": dr, "dflash input kernel": texts.get(DFLASH_KERNEL)}
+            "default runner": dr, "dflash input kernel": texts.get(DFLASH_KERNEL),
+            "recovered token": _recovered(texts.get(SAMPLER))}
 
 
 def pinned_texts() -> dict:
@@ -440,6 +459,15 @@ def load(path) -> list[dict]:
     return rows
 
 
+def _link4(rt: dict | None) -> str:
+    if rt is None:
+        return "not read"
+    if not rt.get("present"):
+        return "no V1 sampler kernel"
+    how = [w for w, k in (("masked", "out-of-vocabulary lanes masked"), ("clamped", "recovered id clamped")) if rt.get(k)]
+    return f"no ({', '.join(how)})" if rt["recovered id kept inside the vocabulary"] else "yes"
+
+
 def table(rows: list[dict]):
     """One row per release: the verdict and the facts behind it."""
     import pandas as pd
@@ -465,6 +493,7 @@ def table(rows: list[dict]):
                                 else "any builder" if v2.get("reuses metadata") else "none") if v2["present"] else "absent",
             "default runner (its rule, read)": (r.get("default runner") or {}).get("default") or "not read",
             "DFlash input kernel": "absent" if r.get("dflash input kernel") is None else "present",
+            "V1 sampler: NaN row can get an id >= vocabulary (link 4)": _link4(r.get("recovered token")),
             "verdict": r["verdict"],
         })
     return pd.DataFrame(out)

@@ -254,3 +254,29 @@ def test_checking_one_release_again_keeps_the_others(tmp_path, pinned):
     upstream.check_releases(["0.99.0"], out, "c2", index=idx)
     rows = upstream.load(out)
     assert [(r["version"], r["command"]) for r in rows] == [("0.99.0", "c2"), ("0.99.1", "c1")]
+
+
+def test_link_4_is_read_from_each_releases_recovered_token_kernel():
+    """0.22.1's kernel lets a NaN row's recovered id reach the vocabulary size (the id its probes recorded); a kernel
+    that masks the lanes past the vocabulary, or clamps the id, does not (vLLM PR #44744 does both)."""
+    from dflash_lab import upstream
+    from dflash_lab.vllm_sources import read_source
+
+    pinned = upstream.check(upstream.pinned_texts())["recovered token"]
+    assert pinned == {"present": True, "out-of-vocabulary lanes masked": False, "recovered id clamped": False,
+                      "recovered id kept inside the vocabulary": False}
+    text = read_source(upstream.SAMPLER)
+    tile = "        score = prob * inv_q\n"
+    store = "    tl.store(output_token_ids_ptr + token_idx, recovered_id)\n"
+    assert text.count(tile) == 1 and text.count(store) == 1     # the lines the two edits below anchor on
+    masked = text.replace(tile, tile + "        score = tl.where(vocab_mask, score, float(\"-inf\"))\n")
+    clamped = text.replace(store, "    recovered_id = tl.minimum(recovered_id, vocab_size - 1)\n" + store)
+    assert upstream._recovered(masked) == {**pinned, "out-of-vocabulary lanes masked": True,
+                                           "recovered id kept inside the vocabulary": True}
+    assert upstream._recovered(clamped) == {**pinned, "recovered id clamped": True,
+                                            "recovered id kept inside the vocabulary": True}
+    # the same words outside the kernel do not count
+    assert upstream._recovered(text + "\ndef other():\n    recovered_id = tl.minimum(recovered_id, vocab_size - 1)\n") == pinned
+    assert upstream._recovered(None) == {"present": False}
+    assert upstream._link4(None) == "not read" and upstream._link4({"present": False}) == "no V1 sampler kernel"
+    assert upstream._link4(pinned) == "yes" and upstream._link4(upstream._recovered(clamped)) == "no (clamped)"
