@@ -376,12 +376,16 @@ def release_runs_clause(root) -> str:
                        f"(core: {r['0.22.1 cores']})" if ctrl else ", with no 0.22.1 control in that session"))
     out = PARA + "On the GPU (notebook 04): " + "; ".join(said) + "."
     quiet = t[(t["crashed"] == 0) & (t["0.22.1 crashed"] > 0) & (t["vLLM"] == "0.26.0")]
-    if len(quiet):
+    rec = Path(root) / "data" / "upstream" / "releases.jsonl"
+    kept = sorted((r["version"] for r in (upstream.load(rec) if rec.is_file() else [])
+                   if upstream._link4(r.get("recovered token")).startswith("no (")), key=upstream.version_key)
+    if len(quiet) and "0.26.0" in kept:
         out += (" Read from 0.26.0's source, not measured: the grouping, the V1 runner's reuse and the FlashAttention "
-                "builder's schedule are as in 0.22.1, while vLLM PR #44744 (from 0.25.0) keeps the rejection sampler's "
-                "recovered id inside the vocabulary, so a NaN row no longer loses its token, which the GDN and DFlash "
-                "input kernels then misread; its FULL graphs most likely still read the stale schedule, silently. Other "
-                "releases after 0.26.0 pin torch 2.13 or 2.14, which the GPU host lacks.")
+                f"builder's schedule are as in 0.22.1, while vLLM PR #44744 (from {kept[0]}, by upstream-check's reading of "
+                "each release's kernel) keeps the rejection sampler's recovered id inside the vocabulary, so a NaN row no "
+                "longer loses its token, which the GDN and DFlash input kernels then misread; its FULL graphs most likely "
+                "still read the stale schedule, silently. Releases after 0.26.0 pin torch 2.13 or 2.14, which the GPU "
+                "host lacks.")
     return out
 
 

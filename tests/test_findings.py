@@ -160,7 +160,7 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # file) and 28 printed both, and so did s50's controls and both runs of the repeat at 24 (s50, s51), and s57's
     # crash at 24 under the ledger, and s58's two crashes at 24 (probe-hang-c24's r1, probe-hang-ledger2's r1), and
     # s62's two under the admission gate (K=4, K=1)
-    assert ("in 21 of 25 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
+    assert ("in 22 of 26 crashes whose process outlived the core dump, the engine log shows both asserts failing") in text
     assert "; the 4 at concurrency 8 whose cores name fused_sigmoid_gating_delta_rule_update_kernel printed none" in text
     assert text.count("whose core names fused_sigmoid_gating") + text.count("whose cores name fused_sigmoid_gating") == 1
     assert "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: concurrency 16: 0/3 crashed" in text
