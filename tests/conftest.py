@@ -30,3 +30,20 @@ def run_cli(*args, env=None, cwd=ROOT, timeout=600):
         e.update(env)
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=e, cwd=cwd,
                           timeout=timeout)
+
+
+def run_fake_matrix(tmp_path, engines, env):
+    """Run a matrix of ``engines`` through ``python -m dflash_lab run`` with the stand-in worker (tests/fake_worker.py):
+    (its run lines, {engine tag: engine log}). ``env``: the run's extra environment (PYTHONPATH included)."""
+    import yaml
+
+    from dflash_lab.runner import read_lines
+
+    m = {"name": "t", "worker": "fake_worker", "run_timeout_s": 4, "startup_timeout_s": 4,
+         "defaults": {"target": "tiny-dense", "hook": False}, "engines": engines}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(m))
+    out, logs = tmp_path / "runs.jsonl", tmp_path / "logs"
+    r = run_cli("dflash_lab", "run", str(tmp_path / "m.yaml"), "--out", str(out), "--logs", str(logs), timeout=300,
+                env=env)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return read_lines(out), {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}

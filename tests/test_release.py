@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_fake_matrix
 from dflash_lab import release
 from dflash_lab.errors import LabError
 from dflash_lab.ingest import ingest
@@ -133,15 +132,8 @@ def test_a_release_engines_path_leaves_out_every_folder_with_another_vllm(tmp_pa
 
 
 def _run(tmp_path, engines, releases):
-    m = {"name": "t", "worker": "fake_worker", "run_timeout_s": 4, "startup_timeout_s": 4,
-         "defaults": {"target": "tiny-dense", "hook": False}, "engines": engines}
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump(m))
-    out, logs = tmp_path / "runs.jsonl", tmp_path / "logs"
-    r = run_cli("dflash_lab", "run", str(tmp_path / "m.yaml"), "--out", str(out), "--logs", str(logs), timeout=300,
-                env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-                     "DFLASH_LAB_RELEASES": str(releases)})
-    assert r.returncode == 0, r.stderr + r.stdout
-    return read_lines(out), {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+    return run_fake_matrix(tmp_path, engines, {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+                                               "DFLASH_LAB_RELEASES": str(releases)})
 
 
 def test_the_runner_starts_a_release_engine_on_that_release_alone_and_its_lines_say_so(tmp_path):

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_fake_matrix
 from dflash_lab import patch, vllmdiff
 from dflash_lab.errors import LabError
-from dflash_lab.runner import read_lines, validate_matrix
+from dflash_lab.runner import validate_matrix
 from dflash_lab.vllm_sources import read_source
 
 DIFF = "patches/vllm-0.22.1-dflash.diff"
@@ -128,18 +128,10 @@ def test_bad_diff_engines_are_refused(eng, msg):
 
 
 def _run(tmp_path, engines, site):
-    import yaml
-
-    m = {"name": "t", "worker": "fake_worker", "run_timeout_s": 4, "startup_timeout_s": 4,
-         "defaults": {"target": "tiny-dense", "hook": False}, "engines": engines}
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump(m))
-    out, logs = tmp_path / "runs.jsonl", tmp_path / "logs"
     from conftest import ROOT
-    r = run_cli("dflash_lab", "run", str(tmp_path / "m.yaml"), "--out", str(out), "--logs", str(logs), timeout=300,
-                env={"PYTHONPATH": os.pathsep.join([str(site), str(ROOT), str(ROOT / "tests")]),
-                     "TMPDIR": str(tmp_path / "tmp")})
-    assert r.returncode == 0, r.stderr + r.stdout
-    return read_lines(out), {p.name.split(".")[0]: p.read_text() for p in logs.glob("*.log")}
+
+    return run_fake_matrix(tmp_path, engines, {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT), str(ROOT / "tests")]),
+                                               "TMPDIR": str(tmp_path / "tmp")})
 
 
 def test_the_runner_starts_only_the_diff_engine_on_the_overlay_and_records_it(tmp_path):
