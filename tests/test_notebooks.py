@@ -23,6 +23,18 @@ def test_notebooks_are_stored_without_outputs():
                 assert c.outputs == [] and c.execution_count is None, f"{p.name} has outputs"
 
 
+def test_every_cell_is_there_once():
+    """A notebook's cells have distinct ids and no two cells the same source: an edit that copies cells over others
+    (f5c9c51 put two copies of notebook 04's greedy-output cells where a new section belonged) shows here."""
+    for p in NOTEBOOKS:
+        cells = json.loads(p.read_text())["cells"]
+        ids = [c.get("id") for c in cells]
+        assert None not in ids and len(set(ids)) == len(ids), f"{p.name}: missing or repeated cell ids"
+        sources = ["".join(c["source"]).strip() for c in cells]
+        repeated = {s[:60] for s in sources if s and sources.count(s) > 1}
+        assert not repeated, f"{p.name}: cells repeated: {sorted(repeated)}"
+
+
 def test_notebook01_with_other_parameters(tmp_path):
     res = tmp_path / "r.json"
     pm.execute_notebook(str(ROOT / "notebooks/01_buffer_vs_capture.ipynb"), str(tmp_path / "o.ipynb"),
