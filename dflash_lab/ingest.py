@@ -102,6 +102,12 @@ def ingest(folder: str, name: str, data_dir: str = "data", matrix: str | None = 
                                           if kind == "release" else
                                           "lines of vllm_release engines (a later vLLM release) go with --kind release, "
                                           "into data/upstream/runs/: ") + str(mixed[:5]))
+    if kind == "release":
+        # a release line that ran must say its engine imported that release (runner: engine_vllm_version at ready)
+        unproven = [l.get("run_id") for l in lines if l.get("outcome") != "startup_error"
+                    and (l.get("engine_vllm_version") != l.get("vllm_release") or l.get("vllm_version") != l.get("vllm_release"))]
+        if unproven:
+            raise LabError(f"{runs_src}: release lines whose engine did not report that release as its vllm: {unproven[:5]}")
     if kind == "bench":
         bad = [l.get("run_id") for l in lines if l.get("mode") != "server"]
         if bad:

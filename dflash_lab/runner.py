@@ -489,8 +489,10 @@ class Runner:
                                                   "triton_version", "started_at", "command", "git_commit",
                                                   "gpu_session", "host_boot_id")})
         if e["vllm_release"]:
-            # the engine ran the release (the plugin checked it in every engine process); the runner itself, 0.22.1
-            obj["runner_vllm_version"], obj["vllm_version"] = obj["vllm_version"], e["vllm_release"]
+            # the engine ran the release (the plugin checked it in every engine process, the runner the worker's own
+            # import at ready); the runner itself ran on 0.22.1. An engine that never became ready ran no vllm to name.
+            obj["runner_vllm_version"] = obj["vllm_version"]
+            obj["vllm_version"] = obj.get("engine_vllm_version")
         obj["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         assert outcome in OUTCOMES
         append_line(self.out, obj)
@@ -754,6 +756,15 @@ class Runner:
         self.startup_s[eng["id"]] = ready.get("startup_s") or (time.time() - t0)
         extra["startup_s"] = ready.get("startup_s")
         extra["engine_vllm_version"] = ready.get("vllm_version")   # as the worker imported it
+        if e["vllm_release"] and extra["engine_vllm_version"] != e["vllm_release"]:
+            # the plugin's check did not stop it (not loaded?): nothing this engine runs would be of the release
+            err = (f"vllm_release {e['vllm_release']}: the engine's worker imported vllm "
+                   f"{extra['engine_vllm_version']!r}; its runs are not run")
+            self.log(f"{tag}: {err}")
+            kill()
+            for r in pending:
+                self.line(eng, r, "startup_error", attempt, error=err, **extra)
+            return []
         # ---- runs
         remaining = list(pending)
         while remaining:

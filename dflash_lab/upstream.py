@@ -54,6 +54,7 @@ KV_UTILS = "vllm/v1/core/kv_cache_utils.py"
 KV_PLANNING = "vllm/v1/core/kv_cache_planning.py"   # where the grouping function lives in later releases
 CONFIG = "vllm/config/vllm.py"                       # VllmConfig.use_v2_model_runner: which runner by default
 SAMPLER = "vllm/v1/sample/rejection_sampler.py"      # the V1 rejection sampler: link 4 (NaN logits -> id vocab_size)
+TORCH = "torch requirement"                          # the wheel's Requires-Dist for torch (METADATA)
 FILES = (RUNNER_V1, RUNNER_V2, FA, KV_UTILS, KV_PLANNING, CONFIG, SAMPLER)
 #: the target's architecture (dflash_lab.models' config), what the default-runner rule looks up
 TARGET_ARCH = "Qwen3_5MoeForConditionalGeneration"
@@ -131,6 +132,14 @@ def read_wheel(path: Path, sha256: str, version: str) -> dict:
                 if _record_digest(data) != record[name]:
                     raise LabError(f"{path}: {name} differs from the wheel's RECORD")
                 out[name] = data.decode("utf-8")
+            # the torch the release pins (its METADATA, RECORD-checked): which releases the GPU host's torch can run
+            meta = next((n for n in names if n.endswith(".dist-info/METADATA") and n.startswith("vllm-")), None)
+            out[TORCH] = None
+            if meta is not None:
+                data = z.read(meta)
+                if meta not in record or _record_digest(data) != record[meta]:
+                    raise LabError(f"{path}: {meta} differs from the wheel's RECORD")
+                out[TORCH] = torch_requirement(data.decode("utf-8"))
             # where the DFlash input kernel is defined, if anywhere (every Python file of the package, RECORD-checked)
             out[DFLASH_KERNEL] = None
             for name in sorted(n for n in names if n.startswith("vllm/") and n.endswith(".py")):
@@ -145,6 +154,15 @@ def read_wheel(path: Path, sha256: str, version: str) -> dict:
     except (KeyError, UnicodeDecodeError, zlib.error, EOFError) as e:
         raise LabError(f"{path}: a file of the wheel cannot be read ({type(e).__name__}: {e})") from None
     return out
+
+
+def torch_requirement(metadata_text: str) -> str | None:
+    """The ``torch`` specifier a wheel's METADATA requires (e.g. ``==2.11.0``), else None."""
+    for line in metadata_text.splitlines():
+        m = re.match(r"^Requires-Dist:\s*torch\s*(\(?[=<>!~][^;]*?)\)?\s*(;.*)?$", line)
+        if m and "extra" not in (m.group(2) or ""):   # a requirement of an extra only is not the release's
+            return m.group(1).strip().strip("()").replace(" ", "")
+    return None
 
 
 def download(entry: dict, dest_dir: Path) -> Path:
@@ -362,8 +380,13 @@ def _recovered(text: str | None) -> dict:
         return {"present": False}
     masked = bool(re.search(r"tl\.where\(\s*vocab_mask\s*,\s*score\s*,\s*float\(\s*[\"']-inf[\"']\s*\)\s*\)", fn))
     clamped = bool(re.search(r"tl\.minimum\(\s*recovered_id\s*,\s*vocab_size\s*-\s*1\s*\)", fn))
+    # 0.22.1's shape: the tile's scores reduced as they are, the winner's id stored as it is; "yes" only on that, and
+    # None (not decided) for a kernel neither masked, clamped nor of that shape
+    shape = all(x in fn for x in ("score = prob * inv_q", "tl.max(score, axis=0, return_indices=True)",
+                                  "recovered_id = v + local_id"))
+    kept = True if masked or clamped else (False if shape else None)
     return {"present": True, "out-of-vocabulary lanes masked": masked, "recovered id clamped": clamped,
-            "recovered id kept inside the vocabulary": masked or clamped}
+            "recovered id kept inside the vocabulary": kept}
 
 
 def check(texts: dict) -> dict:
@@ -390,7 +413,7 @@ def check(texts: dict) -> dict:
         verdict = UNDECIDED
     return {"verdict": verdict, "grouping": g, "v1 runner": v1, "flash_attn builder": fa, "v2 runner": v2,
             "default runner": dr, "dflash input kernel": texts.get(DFLASH_KERNEL),
-            "recovered token": _recovered(texts.get(SAMPLER))}
+            "recovered token": _recovered(texts.get(SAMPLER)), TORCH: texts.get(TORCH)}
 
 
 def pinned_texts() -> dict:
@@ -405,6 +428,10 @@ def pinned_texts() -> dict:
             out[f] = None
     kernel_file = "vllm/v1/spec_decode/utils.py"
     out[DFLASH_KERNEL] = kernel_file if DFLASH_KERNEL in read_source(kernel_file) else None
+    try:
+        out[TORCH] = torch_requirement(read_source(f"vllm-{PINNED}.dist-info/METADATA"))
+    except LabError:
+        out[TORCH] = None
     return out
 
 
@@ -465,7 +492,8 @@ def _link4(rt: dict | None) -> str:
     if not rt.get("present"):
         return "no V1 sampler kernel"
     how = [w for w, k in (("masked", "out-of-vocabulary lanes masked"), ("clamped", "recovered id clamped")) if rt.get(k)]
-    return f"no ({', '.join(how)})" if rt["recovered id kept inside the vocabulary"] else "yes"
+    kept = rt.get("recovered id kept inside the vocabulary")
+    return f"no ({', '.join(how)})" if kept else "yes" if kept is False else "not decided"
 
 
 def table(rows: list[dict]):
@@ -494,6 +522,7 @@ def table(rows: list[dict]):
             "default runner (its rule, read)": (r.get("default runner") or {}).get("default") or "not read",
             "DFlash input kernel": "absent" if r.get("dflash input kernel") is None else "present",
             "V1 sampler: NaN row can get an id >= vocabulary (link 4)": _link4(r.get("recovered token")),
+            "torch": r.get(TORCH) or "not read",
             "verdict": r["verdict"],
         })
     return pd.DataFrame(out)
@@ -502,14 +531,23 @@ def table(rows: list[dict]):
 #: GPU runs of engines on a later release (runner key ``vllm_release``; ``ingest --kind release``)
 RELEASE_RUNS = "data/upstream/runs/*.jsonl"
 #: what makes a 0.22.1 line the same engine as a release line (beside the GPU session): the configuration keys
-SAME_CONFIG = ("spec_method", "num_speculative_tokens", "cudagraph_mode", "enforce_eager", "tensor_parallel_size",
-               "mode", "concurrency", "acceptance", "max_tokens", "max_num_seqs", "max_model_len",
-               "max_num_batched_tokens", "moe_backend", "async_scheduling", "prefix_caching")
+SAME_CONFIG = ("spec_method", "num_speculative_tokens", "cudagraph_mode", "cudagraph_capture_sizes", "enforce_eager",
+               "drafter_enforce_eager", "tensor_parallel_size", "mode", "concurrency", "acceptance", "max_tokens",
+               "temperature", "ignore_eos", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "moe_backend",
+               "async_scheduling", "prefix_caching", "engine_args", "env")
 
 
 def _target(r) -> str | None:
     t = r.get("target")
     return t.get("name") if isinstance(t, dict) else t
+
+
+def _cfg(r, key) -> str:
+    """One configuration value of a line, comparable across lines (a missing or empty mapping is the same as {})."""
+    v = r.get(key)
+    if key in ("engine_args", "env") and not v:
+        v = {}
+    return json.dumps(v, sort_keys=True)
 
 
 def _stock_plain(r) -> bool:
@@ -554,7 +592,7 @@ def gpu_runs(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/
     if bad:
         raise LabError(f"{release_pattern}: lines without vllm_release: {bad[:5]}")
     controls = [r for _, _, r in recorded_lines(controls_pattern)] if glob_any(controls_pattern) else []
-    key = lambda r: (r.get("vllm_release"), r.get("gpu_session"), _target(r), *(str(r.get(k)) for k in SAME_CONFIG))
+    key = lambda r: (r.get("vllm_release"), r.get("gpu_session"), _target(r), *(_cfg(r, k) for k in SAME_CONFIG))
     groups: dict = {}
     for r in releases:
         groups.setdefault(key(r), []).append(r)
@@ -563,7 +601,7 @@ def gpu_runs(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/
         r0 = lines[0]
         ctrl = [c for c in controls if c.get("gpu_session") == r0.get("gpu_session") and _target(c) == _target(r0)
                 and not c.get("vllm_release") and _stock_plain(c)
-                and all(str(c.get(x)) == str(r0.get(x)) for x in SAME_CONFIG)]
+                and all(_cfg(c, x) == _cfg(r0, x) for x in SAME_CONFIG)]
         rel, c = summary(lines), summary(ctrl)
         out.append({
             "vLLM": r0["vllm_release"], "GPU session": r0.get("gpu_session"),

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from dflash_lab.worker import Events
+from dflash_lab.worker import Events, _vllm_version
 
 
 def _core_path(pid: int) -> str:
@@ -88,7 +88,7 @@ def main():
         sys.exit(1)
     if startup == "hang":
         time.sleep(3600)
-    ev.emit(event="ready", startup_s=0.1)
+    ev.emit(event="ready", startup_s=0.1, vllm_version=_vllm_version())   # the vllm on its path, as the worker reports it
     for run in spec["runs"]:
         ev.emit(event="run_start", run=run["id"])
         what = plan.get(run["id"], "ok")

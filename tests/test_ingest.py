@@ -386,4 +386,11 @@ def test_a_session_run_under_another_label_is_relabelled_keeping_the_label_it_ra
                                      + json.dumps({"run_id": "b", "outcome": "ok", "gpu_session": "B"}) + "\n")
     with pytest.raises(LabError, match="carry one other label"):
         ingest(str(out2), "y", data_dir=str(data), relabel_session="2026-12-05-s65")
-    assert not (data / "runs" / "y.jsonl").exists()
+    for i, labels in enumerate(([None], ["2026-12-05-s65"], ["A", None])):
+        o = tmp_path / f"o3{i}"
+        o.mkdir()
+        (o / "runs.jsonl").write_text("".join(json.dumps({"run_id": f"r{j}", "outcome": "ok", "gpu_session": lab}) + "\n"
+                                              for j, lab in enumerate(labels)))
+        with pytest.raises(LabError, match="carry one other label"):
+            ingest(str(o), f"z{i}", data_dir=str(data), relabel_session="2026-12-05-s65")
+    assert sorted(p.name for p in (data / "runs").iterdir()) == ["r.jsonl", "r.meta.json"]

@@ -146,15 +146,27 @@ def test_the_runner_starts_a_release_engine_on_that_release_alone_and_its_lines_
     assert f"DFLASH_LAB_VLLM_RELEASE=0.26.0={site} PYTHONPATH={site}{os.pathsep}{ROOT}{os.pathsep}" in logs["rel"]
     assert "DFLASH_LAB_VLLM_RELEASE= " in logs["plain"]
     rel, plain = by["rel/c1/r0"], by["plain/c1/r0"]
-    assert rel["vllm_release"] == rel["vllm_version"] == "0.26.0"
+    assert rel["vllm_release"] == rel["vllm_version"] == rel["engine_vllm_version"] == "0.26.0"
     assert rel["runner_vllm_version"] == plain["vllm_version"] and plain["vllm_release"] is None
     assert "runner_vllm_version" not in plain
+
+
+def test_an_engine_whose_worker_imported_another_vllm_runs_nothing(tmp_path):
+    """The plugin stops a process that imported another vllm; should it not have run, the worker's own report at ready
+    does: the engine is ended and each of its runs gets a startup_error line, naming what it imported."""
+    _site(tmp_path / "rel", "0.25.0", "0.26.0")   # the folder of 0.26.0 holds another release
+    lines, _ = _run(tmp_path, [{"id": "rel", "vllm_release": "0.26.0", "runs": [{"concurrency": 1, "rounds": 2}]}],
+                    tmp_path / "rel")
+    assert [l["outcome"] for l in lines] == ["startup_error"] * 2
+    assert lines[0]["error"] == "vllm_release 0.26.0: the engine's worker imported vllm '0.25.0'; its runs are not run"
+    assert lines[0]["vllm_version"] == "0.25.0" and lines[0]["vllm_release"] == "0.26.0"
 
 
 def test_a_release_not_staged_on_the_host_ends_its_engine_with_one_clear_line_per_run(tmp_path):
     lines, _ = _run(tmp_path, [{"id": "rel", "vllm_release": "0.26.0", "runs": [{"concurrency": 1, "rounds": 2}]}],
                     tmp_path / "none")
     assert [l["outcome"] for l in lines] == ["startup_error"] * 2
+    assert lines[0]["vllm_version"] is None   # no engine ran: no vllm to name
     assert lines[0]["error"] == (f"vllm_release 0.26.0: not staged at {tmp_path / 'none' / '0.26.0'} "
                                  "(scripts/gpu/stage-release.sh, then scripts/gpu/setup-release.sh on the host)")
 
@@ -169,13 +181,17 @@ def _out(tmp_path, name, lines):
 def test_release_lines_are_recorded_apart_from_0_22_1s_and_never_mixed(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    rel = {"run_id": "r", "outcome": "crash", "vllm_release": "0.26.0", "vllm_version": "0.26.0"}
+    rel = {"run_id": "r", "outcome": "crash", "vllm_release": "0.26.0", "vllm_version": "0.26.0",
+           "engine_vllm_version": "0.26.0"}
     plain = {"run_id": "p", "outcome": "crash", "vllm_release": None}
     with pytest.raises(LabError, match="go with --kind release"):
         ingest(str(_out(tmp_path, "o1", [plain, rel])), "a", data_dir=str(data))
     with pytest.raises(LabError, match="vllm_release engines only"):
         ingest(str(_out(tmp_path, "o2", [rel, plain])), "b", data_dir=str(data), kind="release")
     assert not (data / "runs").exists() and not (data / "upstream").exists()
+    unproven = {**rel, "run_id": "u", "engine_vllm_version": None}
+    with pytest.raises(LabError, match=r"did not report that release as its vllm: \['u'\]"):
+        ingest(str(_out(tmp_path, "o4", [rel, unproven])), "d", data_dir=str(data), kind="release")
     ingest(str(_out(tmp_path, "o3", [rel])), "c", data_dir=str(data), kind="release")
     assert read_lines(data / "upstream" / "runs" / "c.jsonl") == [rel]
     assert (data / "upstream" / "runs" / "c.meta.json").exists() and not (data / "runs").exists()
@@ -188,7 +204,8 @@ def _line(**kw):
             "mode": "offline", "concurrency": 32, "acceptance": 1.86, "max_tokens": 512, "max_num_seqs": 64,
             "max_model_len": 65536, "max_num_batched_tokens": 32768, "moe_backend": "triton",
             "async_scheduling": None, "prefix_caching": None, "hook": False, "fix": False, "probe": False,
-            "vllm_release": None, "requests_completed": 32, "spec_decode_metrics": {"acceptance_length": 1.86}}
+            "vllm_release": None, "requests_completed": 32, "spec_decode_metrics": {"acceptance_length": 1.86},
+            "temperature": 0.7, "ignore_eos": True, "engine_args": {}, "env": {}}
     return {**base, **kw}
 
 
@@ -217,6 +234,15 @@ def test_a_release_run_is_set_beside_the_0_22_1_controls_of_its_session_and_conf
     assert (row["0.22.1 controls (same session and configuration)"], row["0.22.1 crashed"], row["0.22.1 cores"]) == (
         1, 1, "k_stock")
     assert row["matrices"] == "ctl, rel"
+    # another configuration of the release (greedy) is a row of its own; a control with engine arguments or an engine
+    # variable of its own is not the same engine
+    (tmp_path / "up" / "g.jsonl").write_text(json.dumps(_line(vllm_release="0.26.0", matrix="greedy", temperature=0.0)) + "\n")
+    (tmp_path / "runs" / "e.jsonl").write_text(
+        json.dumps(_line(matrix="split1", engine_args={"compilation_config": {"x": 1}}, outcome="crash")) + "\n"
+        + json.dumps(_line(matrix="blocking", env={"CUDA_LAUNCH_BLOCKING": "1"}, outcome="crash")) + "\n")
+    t = upstream.gpu_runs(str(tmp_path / "up" / "*.jsonl"), str(tmp_path / "runs" / "*.jsonl"))
+    assert sorted(t["matrices"]) == ["ctl, rel", "greedy"]
+    assert t.set_index("matrices").loc["ctl, rel", "0.22.1 controls (same session and configuration)"] == 1
     (tmp_path / "up" / "c.jsonl").write_text(json.dumps(_line()) + "\n")
     with pytest.raises(LabError, match="without vllm_release"):
         upstream.gpu_runs(str(tmp_path / "up" / "*.jsonl"), str(tmp_path / "runs" / "*.jsonl"))

@@ -278,5 +278,18 @@ def test_link_4_is_read_from_each_releases_recovered_token_kernel():
     # the same words outside the kernel do not count
     assert upstream._recovered(text + "\ndef other():\n    recovered_id = tl.minimum(recovered_id, vocab_size - 1)\n") == pinned
     assert upstream._recovered(None) == {"present": False}
+    # a kernel neither masked, clamped nor of 0.22.1's shape is not decided, not "yes"
+    other = text.replace("score = prob * inv_q", "score = prob / q")
+    assert upstream._recovered(other)["recovered id kept inside the vocabulary"] is None
+    assert upstream._link4(upstream._recovered(other)) == "not decided"
     assert upstream._link4(None) == "not read" and upstream._link4({"present": False}) == "no V1 sampler kernel"
     assert upstream._link4(pinned) == "yes" and upstream._link4(upstream._recovered(clamped)) == "no (clamped)"
+
+
+def test_the_torch_a_release_pins_is_read_from_its_metadata():
+    from dflash_lab import upstream
+
+    assert upstream.check(upstream.pinned_texts())[upstream.TORCH] == "==2.11.0"   # what the GPU host has
+    meta = "Name: vllm\nRequires-Dist: torchaudio==2.11.0\nRequires-Dist: torch (>=9); extra == 'x'\nRequires-Dist: torch==2.13.0\n"
+    assert upstream.torch_requirement(meta) == "==2.13.0"
+    assert upstream.torch_requirement("Name: vllm\nRequires-Dist: torchvision==0.26.0\n") is None
