@@ -6,8 +6,8 @@
 # packages that travel: 0.22.1's staging list with each pin the release's own requirements exclude replaced
 # (release.release_wheels, which also stops here when the host's torch, triton or transformers is outside the
 # release's range). On the host, one call per part: `mkdir -p /tmp/rparts && cp OUTDIR-fit/pN /tmp/rparts/`, the last
-# also carrying OUTDIR-fit/assemble.sh and SHA256; then `bash scripts/gpu/setup-release.sh VERSION` (session.sh and
-# detached.sh run it when RELEASE=VERSION is set).
+# also carrying OUTDIR-fit/assemble.sh, SHA256 and VERSION; then `bash scripts/gpu/setup-release.sh VERSION` (session.sh and
+# detached.sh run it for every release their matrix's engines name in vllm_release).
 set -euo pipefail
 VER=${1:?usage: stage-release.sh VERSION [OUTDIR]}
 OUT=${2:-.gpu-release-$VER}
