@@ -116,12 +116,14 @@ def test_keep_running_core_dumps_print_the_device_asserts():
     s57 (probe-hang-ledger2-c24-tp1's crash at 24, under the step probe and the ledger): 1 and 0, the RoPE kernel.
     s58 (that matrix's r1, and probe-hang-c24-tp1's r1, both at 24 under the step probe): 2 and 0, the RoPE kernel.
     s62 (probe-admit-c24-tp1's K=4 and K=1 crashes at 24, under the step probe, the ledger and the admission gate): 2
-    and 0, the RoPE kernel."""
+    and 0, the RoPE kernel. s65 (the 0.22.1 control beside vLLM 0.26.0 at 32): 1 and 0, the DFlash input kernel."""
     ft = analysis.fault_table(analysis.load_runs())
     keep = ft[ft["cell"].str.contains("keep running")]
     # s47: the stock controls beside the upstream diff at 32, 20 and 8; s49 and s50: at 64, 24, 28; s51: 24; s57: 24;
-    # s58: 24 twice; s62: 24 twice
-    assert len(keep) == 25
+    # s58: 24 twice; s62: 24 twice; s65: 32
+    assert len(keep) == 26
+    s65 = keep[keep["file"] == "2026-12-05_h200_release-control-0.22.1-c32-tp1.jsonl"]
+    assert list(s65["faulting kernel"]) == ["copy_and_expand_dflash_inputs_kernel"] and (s65["cores"] == 1).all()
     s62 = keep[keep["file"] == "2026-12-05_h200_probe-admit-c24-b-tp1.jsonl"]
     assert sorted(s62["run"]) == ["stock-admit-k1-c24/c24/r0", "stock-admit-k4-c24/c24/r0"]
     assert list(s62["faulting kernel"]) == ["triton_poi_fused_2"] * 2 and (s62["cores"] == 1).all()
