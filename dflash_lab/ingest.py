@@ -39,9 +39,9 @@ from .errors import LabError
 from .runner import read_lines
 
 KEEP_SUFFIXES = (".log", ".json", ".jsonl", ".npz")
+SESSION_LABEL = re.compile(r"^\d{4}-\d{2}-\d{2}-s\d+$")   # a GPU session's label: its date and session number
 # --kind: where the run lines go (bench: server-mode benchmark lines; release: lines of engines that ran a later vLLM
 # release, runner key vllm_release)
-SESSION_LABEL = re.compile(r"^\d{4}-\d{2}-\d{2}-s\d+$")   # a GPU session's label: its date and session number
 KIND_DIRS = {"runs": "runs", "bench": "bench", "release": "upstream/runs"}
 XZ_ABOVE = 1 << 20  # bytes: a JSONL log larger than this is stored xz-compressed
 # bytes: an engine log (<engine>.aN.log) larger than this is stored xz-compressed too. A crash's device asserts repeat

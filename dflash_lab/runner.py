@@ -95,8 +95,9 @@ ENGINE_DEFAULTS = {
     # this engine imports instead (vllmdiff.py); the plugin then checks in every engine process that it did
     "vllm_diff": None,
     # a later vLLM release this engine runs on instead of 0.22.1 (e.g. "0.26.0"), staged on the host by
-    # scripts/gpu/stage-release.sh: the engine's PYTHONPATH is that release's folder alone, and the plugin checks in
-    # every engine process that the vllm it imported is that release (release.py). The lines say vllm_version: it.
+    # scripts/gpu/stage-release.sh: the engine's PYTHONPATH leads with that release's folder and keeps no other vllm,
+    # the plugin checks in every engine process that the vllm it imported is that release, and the runner checks the
+    # worker's own report at ready (release.py). The lines say vllm_version: what the engine imported.
     "vllm_release": None,
     "canary": False,
     # before a run that timed out is killed: the GPU's utilization, every engine process's Python stacks, and (with
