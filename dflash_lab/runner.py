@@ -27,6 +27,10 @@ Matrix (YAML)::
         runs: [{concurrency: 16, max_tokens: 32, warmup: true},
                {concurrency: 16, rounds: 5}, {concurrency: 32, rounds: 5}]
 
+A run entry's ``tag`` (a short lowercase name) goes into its runs' ids, ``ENGINE/cC/TAG-rR``: two entries of one engine
+at the same concurrency (sampled and greedy runs of one engine start, say) need one, since a run id names one run (the
+matrix is refused otherwise: ``--skip-done``, restarts and recorded outputs go by it).
+
 Warm-up runs (``warmup: true`` in a run entry; id ``ENGINE/cC/wR``, measured runs ``ENGINE/cC/rR``) come
 before an engine's measured entries and begin every engine start: the first, a restart after a crash
 (the warm-ups that completed ok earlier in this call; one that crashed or timed out is not retried) and a
@@ -115,7 +119,9 @@ RUN_DEFAULTS = {"concurrency": 16, "rounds": 1, "max_tokens": 512, "temperature"
                 "ignore_eos": True, "stream": True, "record_outputs": False,
                 # a warm-up run: before the measured runs of every engine start (restarts included), its line
                 # flagged; the bench counts its outcome, not its metrics
-                "warmup": False}
+                "warmup": False,
+                # a name in the runs' ids (ENGINE/cC/TAG-rR), for two entries of one engine at one concurrency
+                "tag": None}
 SPEC_METHODS = ("dflash", "ngram", "mtp", "none")
 OOR_PARTS = ("row0", "others")  # probe_oor values besides true: the replacement in batch row 0 / the rows above only
 
@@ -307,8 +313,14 @@ def validate_matrix(m, where="matrix") -> dict:
             _check(not (w["warmup"] and any(not r.warmup for r in runs)),
                    f"{where}: engine {e['id']}: a warm-up run entry (concurrency {w['concurrency']}) comes after a "
                    f"measured one; warm-up entries must come before the first measured entry")
+            _check(w["tag"] is None or (isinstance(w["tag"], str) and re.fullmatch(r"[a-z][a-z0-9]{0,15}", w["tag"])),
+                   f"{where}: engine {e['id']}: tag must be a short lowercase name (a letter, then letters or digits)")
+            tag = f"{w['tag']}-" if w["tag"] else ""
             for r in range(w["rounds"]):
-                runs.append(Run(id=f"{e['id']}/c{w['concurrency']}/{'w' if w['warmup'] else 'r'}{r}", engine_id=e["id"],
+                rid = f"{e['id']}/c{w['concurrency']}/{tag}{'w' if w['warmup'] else 'r'}{r}"
+                _check(all(x.id != rid for x in runs),
+                       f"{where}: engine {e['id']}: two run entries give run id {rid!r} (give one of them a tag)")
+                runs.append(Run(id=rid, engine_id=e["id"],
                                 concurrency=w["concurrency"], round=r, rounds=w["rounds"],
                                 max_tokens=w["max_tokens"], temperature=w["temperature"],
                                 ignore_eos=w["ignore_eos"], stream=w["stream"], acceptance=acc,

@@ -490,3 +490,19 @@ def test_docs_matrices_names_every_key_the_runner_has_and_no_other():
     example = re.search(r"```yaml\n(.*?)```", text, flags=re.S).group(1)
     m = validate_matrix(yaml.safe_load(example), "docs/matrices.md")
     assert m["engines"][0]["engine"]["first_step_requests"] == 4
+
+
+def test_two_entries_at_one_concurrency_need_a_tag(tmp_path):
+    """A run id names one run (--skip-done, restarts and recorded outputs go by it): two entries of one engine at the
+    same concurrency would give two runs one id, so the matrix is refused until one entry has a tag, which then names
+    its runs apart. s66's first draft of a matrix with sampled and greedy runs at 8 gave ENGINE/c8/r0 twice."""
+    sampled = {"concurrency": 8, "rounds": 2}
+    greedy = {"concurrency": 8, "rounds": 2, "temperature": 0.0, "record_outputs": True}
+    with pytest.raises(LabError, match=r"two run entries give run id 'e1/c8/r0' \(give one of them a tag\)"):
+        validate_matrix(yaml.safe_load(matrix(tmp_path, [{"id": "e1", "runs": [sampled, greedy]}]).read_text()), "m")
+    with pytest.raises(LabError, match="tag must be a short lowercase name"):
+        validate_matrix(yaml.safe_load(matrix(tmp_path, [{"id": "e1", "runs": [sampled, dict(greedy, tag="Greedy")]}])
+                                       .read_text()), "m")
+    lines, _ = run(tmp_path, [{"id": "e1", "runs": [sampled, dict(greedy, tag="greedy")]}])
+    assert [(l["run_id"], l["temperature"], l["round"]) for l in lines] == [
+        ("e1/c8/r0", 0.7, 0), ("e1/c8/r1", 0.7, 1), ("e1/c8/greedy-r0", 0.0, 0), ("e1/c8/greedy-r1", 0.0, 1)]
