@@ -607,7 +607,8 @@ def gpu_runs(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/
             "vLLM": r0["vllm_release"], "GPU session": r0.get("gpu_session"),
             "configuration": (f"{r0.get('cudagraph_mode') or 'eager'}, {r0.get('mode')}, TP={r0.get('tensor_parallel_size')}, "
                               f"concurrency {r0.get('concurrency')}, acceptance {r0.get('acceptance')}, "
-                              f"{r0.get('max_tokens')} tokens"),
+                              f"{r0.get('max_tokens')} tokens, "
+                              + ("greedy" if r0.get("temperature") == 0 else f"temperature {r0.get('temperature')}")),
             "runs": rel["runs"], "crashed": rel["crashed"], "completed": rel["completed"], "cores": rel["cores"],
             "counted acceptance": rel["counted acceptance"], "requests completed": rel["requests completed"],
             "0.22.1 controls (same session and configuration)": c["runs"],
@@ -621,3 +622,175 @@ def glob_any(pattern: str) -> bool:
     import glob
 
     return bool(glob.glob(pattern))
+
+
+#: s66's question (pre-registered in the two matrices' headers): at an integer synthetic acceptance every step gains
+#: exactly L tokens, so vLLM's own counters show lost tokens without any instrument of the lab's in the engine
+ACC6_RELEASE_MATRIX = "release-0.26.0-acc6-c8-tp1"
+ACC6_CONTROL_MATRIX = "release-control-0.22.1-acc6-c8-tp1"
+#: the counted mean the predictions name for 7 of 8 requests losing one token per step (acceptance.lossy_counts(8, 7,
+#: 6.0, 512): 5.107), with the 0.01 either side that s30's and s48's server runs spread over (5.11-5.12)
+ACC6_LOSSY_RANGE = (5.10, 5.13)
+
+
+def release_frame(matrices, release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/runs/*.jsonl"):
+    """The run lines of ``matrices`` (names) from the release runs and the 0.22.1 runs, as one DataFrame
+    (:func:`analysis.load_runs` of each), with ``vLLM`` the engine's version (its ``vllm_release``, else 0.22.1) and
+    ``file`` the runs file's name, so that :func:`verification.output_record` finds a run's recorded outputs. Raises
+    when neither pattern has a line of them."""
+    import pandas as pd
+
+    from .analysis import load_runs
+
+    parts = []
+    for pattern in (release_pattern, controls_pattern):
+        if glob_any(pattern):
+            d = load_runs(pattern)
+            parts.append(d[d["matrix"].isin(list(matrices))] if "matrix" in d else d.iloc[0:0])
+    d = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if d.empty:
+        raise LabError(f"no run lines of {', '.join(matrices)} in {release_pattern} or {controls_pattern}")
+    rel = d["vllm_release"] if "vllm_release" in d else pd.Series([None] * len(d))
+    d["vLLM"] = [v if isinstance(v, str) and v else "0.22.1" for v in rel]
+    return d
+
+
+def _nonfinite_logprobs(rec) -> int | None:
+    """How many sampled tokens of a ``record_outputs`` record carry a NaN or infinite log-probability (None: no
+    log-probabilities recorded)."""
+    import math
+
+    if not rec or "logprobs" not in rec:
+        return None
+    return sum(1 for req in rec["logprobs"] for v in req
+               if v is not None and isinstance(v, (int, float)) and not math.isfinite(v))
+
+
+def acc6_runs(d, data_dir: str = "data"):
+    """One row per measured run line of the acceptance-6.0 matrices (:func:`release_frame`; start-up errors left
+    out): vLLM, graph mode, temperature, outcome, the core's kernel, vLLM's counted acceptance and drafts, the
+    requests completed, and for greedy runs the distinct outputs among its requests (every request has the same
+    prompt) and the sampled tokens with a non-finite log-probability."""
+    import pandas as pd
+
+    from .runner import is_deadline_cut
+    from .verification import output_record
+
+    rows = []
+    for _, r in d.iterrows():
+        if r.get("outcome") == "startup_error" or is_deadline_cut(dict(r)):
+            continue
+        sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
+        rec = output_record(r, data_dir) if r.get("record_outputs") else None
+        fault = r.get("fault") if isinstance(r.get("fault"), dict) else {}
+        rows.append({"vLLM": r["vLLM"], "graphs": r["cudagraph_mode"], "run": r["run_id"],
+                     "temperature": float(r["temperature"]), "outcome": r["outcome"],
+                     "core": fault.get("kernel") or ("-" if r["outcome"] != "crash" else "no core"),
+                     "counted acceptance": sd.get("acceptance_length"), "drafts counted": sd.get("num_drafts"),
+                     "requests completed": int(r.get("requests_completed") or 0),
+                     "distinct outputs": len({tuple(x) for x in rec["token_ids"]}) if rec else None,
+                     "non-finite log-probabilities": _nonfinite_logprobs(rec),
+                     "gpu_session": r.get("gpu_session"), "matrix": r["matrix"]})
+    return pd.DataFrame(rows)
+
+
+def acc6_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/runs/*.jsonl",
+                     data_dir: str = "data", matrices_dir: str | None = None):
+    """The s66 matrices (:data:`ACC6_RELEASE_MATRIX`, :data:`ACC6_CONTROL_MATRIX`) against the predictions their
+    headers wrote before the runs, one row each, ``held`` True, False or None (not decided: a planned run has no
+    measured line). Returns (predictions, :func:`acc6_runs` table, :func:`verification.output_agreement` of 0.26.0's
+    greedy FULL runs against its PIECEWISE runs of the same round). Raises when neither matrix has a line."""
+    import math
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .verification import output_agreement, planned_runs
+
+    d = release_frame([ACC6_RELEASE_MATRIX, ACC6_CONTROL_MATRIX], release_pattern, controls_pattern)
+    t = acc6_runs(d, data_dir)
+    mdir = Path(matrices_dir) if matrices_dir else Path(__file__).resolve().parents[1] / "matrices"
+    plan = {m: planned_runs(mdir / f"{m}.yaml") for m in (ACC6_RELEASE_MATRIX, ACC6_CONTROL_MATRIX)}
+    lo, hi = ACC6_LOSSY_RANGE
+
+    def cell(vllm, graphs, greedy):
+        if t.empty:
+            return t
+        return t[(t["vLLM"] == vllm) & (t["graphs"] == graphs) & ((t["temperature"] == 0) == greedy)]
+
+    def planned(matrix, engine, greedy):
+        runs = [x for x in plan[matrix] if x.startswith(engine + "/")]
+        # the greedy entries are the matrix's second run entry: rounds r0, r1 after the three sampled ones
+        return len(runs) - 3 if greedy else 3
+
+    def counted(c):
+        return ", ".join(f"{v:.3f}" if isinstance(v, (int, float)) and v == v else "not read"
+                         for v in c["counted acceptance"]) or "none"
+
+    def judge(c, n_planned, ok_run):
+        """True when every planned run measured and each passes, False when a measured one fails, else None."""
+        oks = [ok_run(r) for _, r in c.iterrows()]
+        if not all(oks):
+            return False
+        return True if len(c) >= n_planned else None
+
+    def is_num(v):
+        return isinstance(v, (int, float)) and v == v
+
+    rows = []
+    pw = cell("0.26.0", "PIECEWISE", False)
+    rows.append({"matrix": ACC6_RELEASE_MATRIX, "predicted": "(a) 0.26.0 PIECEWISE counts exactly 6.000 in 3 of 3 runs at 8",
+                 "measured": f"{len(pw)} run(s): {counted(pw)}",
+                 "held": judge(pw, 3, lambda r: r["outcome"] == "ok" and is_num(r["counted acceptance"])
+                               and abs(r["counted acceptance"] - 6.0) < 1e-9)})
+    fu = cell("0.26.0", "FULL_AND_PIECEWISE", False)
+    rows.append({"matrix": ACC6_RELEASE_MATRIX,
+                 "predicted": f"(b) 0.26.0 FULL_AND_PIECEWISE counts below 6 in 3 of 3 runs at 8, each {lo:.2f}-{hi:.2f}",
+                 "measured": f"{len(fu)} run(s): {counted(fu)}",
+                 "held": judge(fu, 3, lambda r: r["outcome"] == "ok" and is_num(r["counted acceptance"])
+                               and lo <= r["counted acceptance"] <= hi)})
+    rel = d[d["matrix"] == ACC6_RELEASE_MATRIX]
+    agree = pd.DataFrame()
+    if len(rel):
+        agree = pd.concat([output_agreement(rel, s) for s in sorted(set(rel["gpu_session"]))], ignore_index=True)
+    gf, gp = cell("0.26.0", "FULL_AND_PIECEWISE", True), cell("0.26.0", "PIECEWISE", True)
+    n_greedy = planned(ACC6_RELEASE_MATRIX, "r0260-full-acc6", True)
+    parts, verdicts = [], []
+    for _, r in gf.iterrows():
+        a = agree[agree["run"] == r["run"]] if len(agree) else agree
+        nonfin = r["non-finite log-probabilities"]
+        if a.empty:
+            parts.append(f"{r['run']}: no PIECEWISE run of its round")
+            continue
+        differs = not bool(a.iloc[0]["all identical"])
+        parts.append(f"{r['run']}: {a.iloc[0]['identical requests']} requests identical to PIECEWISE, "
+                     f"{nonfin if nonfin is not None else 'no'} non-finite log-probabilities")
+        verdicts.append(differs or bool(nonfin))
+    pw_nonfin = [x for x in gp["non-finite log-probabilities"] if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    parts.append(f"PIECEWISE greedy: {sum(pw_nonfin)} non-finite log-probabilities over {len(gp)} run(s)")
+    c_held = (False if (verdicts and not all(verdicts)) or sum(pw_nonfin) else
+              True if len(verdicts) >= n_greedy and len(gp) >= n_greedy else None)
+    rows.append({"matrix": ACC6_RELEASE_MATRIX,
+                 "predicted": "(c) greedy at 8: each 0.26.0 FULL run differs from the PIECEWISE run of its round in at least "
+                              "one request's token ids, or carries a non-finite log-probability; no PIECEWISE request "
+                              "carries one",
+                 "measured": "; ".join(parts), "held": c_held})
+    both = t[t["vLLM"] == "0.26.0"] if len(t) else t
+    n_rel = len(plan[ACC6_RELEASE_MATRIX])
+    crashed = int((both["outcome"] == "crash").sum()) if len(both) else 0
+    rows.append({"matrix": ACC6_RELEASE_MATRIX, "predicted": "(d) no run of either 0.26.0 engine crashes",
+                 "measured": f"{crashed} of {len(both)} run(s) crashed",
+                 "held": False if crashed else (True if len(both) >= n_rel else None)})
+    ct = cell("0.22.1", "FULL_AND_PIECEWISE", False)
+    rows.append({"matrix": ACC6_CONTROL_MATRIX,
+                 "predicted": f"(a) 0.22.1 stock FULL_AND_PIECEWISE counts below 6 in 3 of 3 runs at 8, each {lo:.2f}-{hi:.2f}",
+                 "measured": f"{len(ct)} run(s): {counted(ct)}",
+                 "held": judge(ct, 3, lambda r: r["outcome"] == "ok" and is_num(r["counted acceptance"])
+                               and lo <= r["counted acceptance"] <= hi)})
+    ca = t[t["vLLM"] == "0.22.1"] if len(t) else t
+    n_ctl = len(plan[ACC6_CONTROL_MATRIX])
+    crashed = int((ca["outcome"] == "crash").sum()) if len(ca) else 0
+    rows.append({"matrix": ACC6_CONTROL_MATRIX, "predicted": "(b) no 0.22.1 run crashes",
+                 "measured": f"{crashed} of {len(ca)} run(s) crashed",
+                 "held": False if crashed else (True if len(ca) >= n_ctl else None)})
+    return pd.DataFrame(rows), t, agree

@@ -257,3 +257,74 @@ def test_the_recorded_0_26_0_runs_and_their_control():
     assert (row["runs"], row["crashed"], row["requests completed"]) == (6, 0, 192)
     assert row["0.22.1 crashed"] == row["0.22.1 controls (same session and configuration)"] == 1
     assert row["0.22.1 cores"] == "copy_and_expand_dflash_inputs_kernel"
+
+
+def _acc6_lines(vllm, engine, graphs, counted, greedy_counted=(6.0, 6.0), **kw):
+    matrix = "release-0.26.0-acc6-c8-tp1" if vllm else "release-control-0.22.1-acc6-c8-tp1"
+    kw = {"attempt": 1, **kw}
+    out = [_line(vllm_release=vllm, matrix=matrix, engine_id=engine, run_id=f"{engine}/c8/r{i}", round=i, concurrency=8,
+                 acceptance=6.0, cudagraph_mode=graphs, spec_decode_metrics={"acceptance_length": c, "num_drafts": 807},
+                 requests_completed=8, **kw)
+           for i, c in enumerate(counted)]
+    out += [_line(vllm_release=vllm, matrix=matrix, engine_id=engine, run_id=f"{engine}/c8/greedy-r{i}", round=i,
+                  concurrency=8, acceptance=6.0, cudagraph_mode=graphs, temperature=0.0, record_outputs=True,
+                  output_digests=[f"d{i}"] * 8, spec_decode_metrics={"acceptance_length": c, "num_drafts": 688},
+                  requests_completed=8, **kw)
+            for i, c in enumerate(greedy_counted)]
+    return out
+
+
+def _acc6_data(tmp_path, full_counted, pw_counted, ctl_counted, full_digests=None, full_logprob=-1.0):
+    """The s66 matrices' lines in tmp_path (data/upstream/runs, data/runs) with the greedy runs' recorded outputs."""
+    data = tmp_path / "data"
+    (data / "upstream" / "runs").mkdir(parents=True)
+    (data / "runs").mkdir()
+    full = _acc6_lines("0.26.0", "r0260-full-acc6", "FULL_AND_PIECEWISE", full_counted)
+    for r in full:
+        if full_digests and r["temperature"] == 0:
+            r["output_digests"] = full_digests
+    pw = _acc6_lines("0.26.0", "r0260-piecewise-acc6", "PIECEWISE", pw_counted)
+    ctl = _acc6_lines(None, "r0221-full-acc6", "FULL_AND_PIECEWISE", ctl_counted)
+    for stem, lines, where in (("rel", full + pw, data / "upstream" / "runs"), ("ctl", ctl, data / "runs")):
+        (where / f"{stem}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+        for r in lines:
+            if r["temperature"] == 0:
+                lp = full_logprob if r["engine_id"] == "r0260-full-acc6" else -1.0
+                d = data / "gpu" / stem / f"{r['engine_id']}.a1.outputs"
+                d.mkdir(parents=True, exist_ok=True)
+                (d / (r["run_id"].replace("/", "_") + ".json")).write_text(
+                    json.dumps({"token_ids": [[1, 2]] * 8, "logprobs": [[-1.0, lp]] * 8}))
+    return data
+
+
+def _acc6(data):
+    from dflash_lab import upstream
+
+    p, t, agree = upstream.acc6_predictions(str(data / "upstream" / "runs" / "*.jsonl"), str(data / "runs" / "*.jsonl"),
+                                            data_dir=str(data), matrices_dir=str(ROOT / "matrices"))
+    return dict(zip(p["predicted"].str[:3] + " " + p["matrix"].str[8:12], p["held"])), p, t, agree
+
+
+def test_the_acc6_predictions_are_judged_from_the_counters_and_the_recorded_outputs(tmp_path):
+    """s66's matrices against their headers: (b) holds only when 0.26.0's FULL counts fall in the lossy range, (c) when
+    its greedy runs differ from PIECEWISE's or carry a NaN log-probability, and a missing run leaves a prediction open."""
+    lossy, exact = (5.107, 5.11, 5.12), (6.0, 6.0, 6.0)
+    held, p, t, agree = _acc6(_acc6_data(tmp_path / "1", lossy, exact, lossy, full_logprob=float("nan")))
+    assert list(held.values()) == [True] * 6, p.to_string()
+    assert t.set_index("run").loc["r0260-full-acc6/c8/greedy-r0", "non-finite log-probabilities"] == 8
+    assert list(agree["all identical"]) == [True, True]      # the tokens agree: (c) holds on the NaN alone
+    # 0.26.0 counting the schedule exactly, its greedy outputs identical and finite: (b) and (c) fail, the rest hold
+    held, p, _, _ = _acc6(_acc6_data(tmp_path / "2", exact, exact, lossy))
+    # sorted: (a) 0.26.0, (a) control, (b) 0.26.0, (b) control, (c), (d)
+    assert [held[k] for k in sorted(held)] == [True, True, False, True, False, True], p.to_string()
+    # greedy tokens differing in one request are enough for (c); a PIECEWISE count below 6 fails (a)
+    held, p, _, _ = _acc6(_acc6_data(tmp_path / "3", lossy, (6.0, 5.99, 6.0), lossy, full_digests=["x"] + ["d0"] * 7))
+    assert not held["(a) 0.26"] and held["(c) 0.26"] is not False
+    assert "7/8 requests identical to PIECEWISE" in p.set_index("predicted").filter(like="(c)", axis=0).iloc[0]["measured"]
+
+
+def test_an_acc6_prediction_with_a_run_missing_is_not_decided(tmp_path):
+    data = _acc6_data(tmp_path, (5.107, 5.11), (6.0, 6.0, 6.0), (5.107, 5.11, 5.12))
+    held, p, _, _ = _acc6(data)
+    assert held["(b) 0.26"] is None and held["(a) 0.26"] is True, p.to_string()
+    assert held["(d) 0.26"] is None     # 9 of the 10 planned runs measured
