@@ -568,6 +568,7 @@ def gpu_runs(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/
 
     from .analysis import recorded_lines
     from .runner import is_deadline_cut
+    from .verification import fault_kernel
 
     def counted(r):
         if r.get("outcome") == "startup_error" or is_deadline_cut(r):
@@ -581,8 +582,7 @@ def gpu_runs(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/
         acc = [a for a in acc if isinstance(a, (int, float))]
         return {"runs": len(runs), "crashed": len(crashed),
                 "completed": sum(1 for r in runs if r.get("outcome") == "ok"),
-                "cores": ", ".join(sorted({(r.get("fault") or {}).get("kernel") or "no core"
-                                           for r in crashed})) or "-",
+                "cores": ", ".join(sorted({fault_kernel(r) or "no core" for r in crashed})) or "-",
                 "counted acceptance": (f"{min(acc):.2f}-{max(acc):.2f}" if acc else "-"),
                 "requests completed": sum(int(r.get("requests_completed") or 0) for r in runs),
                 "not counted": len(lines) - len(runs)}
@@ -674,7 +674,7 @@ def acc6_runs(d, data_dir: str = "data"):
     import pandas as pd
 
     from .runner import is_deadline_cut
-    from .verification import output_record
+    from .verification import fault_kernel, output_record
 
     rows = []
     for _, r in d.iterrows():
@@ -682,10 +682,9 @@ def acc6_runs(d, data_dir: str = "data"):
             continue
         sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
         rec = output_record(r, data_dir) if r.get("record_outputs") else None
-        fault = r.get("fault") if isinstance(r.get("fault"), dict) else {}
         rows.append({"vLLM": r["vLLM"], "graphs": r["cudagraph_mode"], "run": r["run_id"],
                      "temperature": float(r["temperature"]), "outcome": r["outcome"],
-                     "core": fault.get("kernel") or ("-" if r["outcome"] != "crash" else "no core"),
+                     "core": fault_kernel(r) or ("-" if r["outcome"] != "crash" else "no core"),
                      "counted acceptance": sd.get("acceptance_length"), "drafts counted": sd.get("num_drafts"),
                      "requests completed": int(r.get("requests_completed") or 0),
                      "distinct outputs": len({tuple(x) for x in rec["token_ids"]}) if rec else None,
