@@ -681,7 +681,8 @@ def acc6_runs(d, data_dir: str = "data"):
         if r.get("outcome") == "startup_error" or is_deadline_cut(dict(r)):
             continue
         sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
-        rec = output_record(r, data_dir) if r.get("record_outputs") else None
+        # a run line says it recorded its outputs by its digests (the runner writes no record_outputs key)
+        rec = output_record(r, data_dir) if isinstance(r.get("output_digests"), list) else None
         rows.append({"vLLM": r["vLLM"], "graphs": r["cudagraph_mode"], "run": r["run_id"],
                      "temperature": float(r["temperature"]), "outcome": r["outcome"],
                      "core": fault_kernel(r) or ("-" if r["outcome"] != "crash" else "no core"),
@@ -793,3 +794,105 @@ def acc6_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str 
                  "measured": f"{crashed} of {len(ca)} run(s) crashed",
                  "held": False if crashed else (True if len(ca) >= n_ctl else None)})
     return pd.DataFrame(rows), t, agree
+
+
+#: what two greedy runs must share for one's outputs to stand as the other's expected tokens: the weights (dummy
+#: weights are seeded, so one architecture gives one model), the prompt and the length of the answer
+WORKLOAD_KEYS = ("weights", "prompt_tokens", "max_tokens", "ignore_eos")
+
+
+def _reference_path(r) -> bool:
+    """A stock engine with nothing of the lab inside it that replays no FULL graph: PIECEWISE or eager."""
+    return _stock_plain(r) and (r.get("enforce_eager") is True or r.get("cudagraph_mode") == "PIECEWISE")
+
+
+def _greedy_recorded(r) -> bool:
+    return (r.get("outcome") == "ok" and isinstance(r.get("output_digests"), list)
+            and isinstance(r.get("temperature"), (int, float)) and float(r["temperature"]) == 0.0)
+
+
+def greedy_against_reference(runs, pool, data_dir: str = "data"):
+    """Each request of each greedy run in ``runs`` (a :func:`release_frame`) against the tokens that reference-path
+    runs of the same workload produced: every greedy, completed run in ``pool`` (:func:`release_frame` of any
+    matrices, or :func:`analysis.load_runs`) on PIECEWISE or eager with nothing of the lab inside its engine, the same
+    target and :data:`WORKLOAD_KEYS`, of any vLLM, concurrency or synthetic acceptance. The synthetic acceptance
+    accepts drafts whatever their token, so those differ only where the draft and the target would choose
+    differently; the reference columns say what the references ran, so a reader can judge. Per request: whether its
+    tokens equal a reference output, the tokens off the closest reference output (fewest differing positions), the
+    first of them, how many fall on a step's end (positions k*L at an integer acceptance L: the token the target
+    samples after the accepted drafts), and its non-finite log-probabilities. Raises when a run has no reference."""
+    import math
+
+    import pandas as pd
+
+    from .verification import output_record
+
+    def rows_of(df):   # a frame's rows as lines again: a key another line had and this one lacks reads None, not NaN
+        return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+                for _, r in df.iterrows()] if len(df) else []
+
+    refs, ref_lines = {}, {}
+    for x in rows_of(pool):
+        if not (_greedy_recorded(x) and _reference_path(x)):
+            continue
+        rec = output_record(x, data_dir)
+        if not rec:
+            continue
+        key = (_target(x),) + tuple(_cfg(x, k) for k in WORKLOAD_KEYS)
+        refs.setdefault(key, set()).update(tuple(t) for t in rec["token_ids"])
+        ref_lines.setdefault(key, []).append(x)
+
+    out = []
+    for r in rows_of(runs):
+        if not _greedy_recorded(r):
+            continue
+        key = (_target(r),) + tuple(_cfg(r, k) for k in WORKLOAD_KEYS)
+        if key not in refs:
+            raise LabError(f"{r['run_id']}: no greedy reference-path run (PIECEWISE or eager, stock) of the same "
+                           f"target, {', '.join(WORKLOAD_KEYS)} has recorded outputs")
+        rec = output_record(r, data_dir)
+        if not rec:
+            raise LabError(f"{r['run_id']}: its recorded outputs are missing under {data_dir}/gpu")
+        acc = r.get("acceptance")
+        step = int(acc) if isinstance(acc, (int, float)) and float(acc).is_integer() and acc >= 2 else None
+        lines = ref_lines[key]
+        logprobs = rec.get("logprobs") or [None] * len(rec["token_ids"])
+        for i, (toks, lps) in enumerate(zip(rec["token_ids"], logprobs)):
+            best = min(refs[key], key=lambda ref: (sum(a != b for a, b in zip(toks, ref)) + abs(len(toks) - len(ref))))
+            off = [p for p, (a, b) in enumerate(zip(toks, best)) if a != b] + list(range(min(len(toks), len(best)),
+                                                                                           max(len(toks), len(best))))
+            nonfin = None if lps is None else [p for p, v in enumerate(lps)
+                                               if v is not None and isinstance(v, (int, float)) and not math.isfinite(v)]
+            out.append({"vLLM": r.get("vLLM") or r.get("vllm_release") or "0.22.1", "graphs": r.get("cudagraph_mode"),
+                        "run": r["run_id"], "request": i, "tokens": len(toks),
+                        "equals a reference output": tuple(toks) in refs[key],
+                        "tokens off the reference": len(off), "first off": off[0] if off else None,
+                        "off at step ends": (sum(1 for p in off if p and p % step == 0) if step else None),
+                        "non-finite log-probabilities": None if nonfin is None else len(nonfin),
+                        "first non-finite": (nonfin[0] if nonfin else None),
+                        "reference runs": len(lines), "reference outputs": len(refs[key]),
+                        "reference acceptance": ", ".join(sorted({str(x.get("acceptance")) for x in lines})),
+                        "reference vLLM": ", ".join(sorted({x.get("vllm_release") or "0.22.1" for x in lines})),
+                        "reference graphs": ", ".join(sorted({"eager" if x.get("enforce_eager") is True
+                                                              else str(x.get("cudagraph_mode")) for x in lines}))})
+    return pd.DataFrame(out)
+
+
+def reference_summary(per_request):
+    """:func:`greedy_against_reference` per run: requests, those equal to a reference output, tokens off it (and of
+    them on step ends), the earliest first-off position, non-finite log-probabilities."""
+    import pandas as pd
+
+    rows = []
+    for run, g in per_request.groupby("run", sort=False):
+        firsts = [int(v) for v in g["first off"] if v is not None and v == v]
+        ends = [v for v in g["off at step ends"] if v is not None and v == v]
+        nf = [v for v in g["non-finite log-probabilities"] if v is not None and v == v]
+        rows.append({"vLLM": g["vLLM"].iloc[0], "graphs": g["graphs"].iloc[0], "run": run,
+                     "requests equal to a reference output": f"{int(g['equals a reference output'].sum())}/{len(g)}",
+                     "tokens off the reference": int(g["tokens off the reference"].sum()),
+                     "of them at step ends": int(sum(ends)) if ends else None,
+                     "tokens": int(g["tokens"].sum()),
+                     "earliest off position": min(firsts) if firsts else None,
+                     "non-finite log-probabilities": int(sum(nf)) if nf else (0 if len(nf) == 0 and g["non-finite log-probabilities"].notna().any() else None)})
+    return pd.DataFrame(rows)

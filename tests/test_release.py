@@ -267,7 +267,7 @@ def _acc6_lines(vllm, engine, graphs, counted, greedy_counted=(6.0, 6.0), **kw):
                  requests_completed=8, **kw)
            for i, c in enumerate(counted)]
     out += [_line(vllm_release=vllm, matrix=matrix, engine_id=engine, run_id=f"{engine}/c8/greedy-r{i}", round=i,
-                  concurrency=8, acceptance=6.0, cudagraph_mode=graphs, temperature=0.0, record_outputs=True,
+                  concurrency=8, acceptance=6.0, cudagraph_mode=graphs, temperature=0.0,
                   output_digests=[f"d{i}"] * 8, spec_decode_metrics={"acceptance_length": c, "num_drafts": 688},
                   requests_completed=8, **kw)
             for i, c in enumerate(greedy_counted)]
@@ -328,3 +328,93 @@ def test_an_acc6_prediction_with_a_run_missing_is_not_decided(tmp_path):
     held, p, _, _ = _acc6(data)
     assert held["(b) 0.26"] is None and held["(a) 0.26"] is True, p.to_string()
     assert held["(d) 0.26"] is None     # 9 of the 10 planned runs measured
+
+
+def _greedy(tmp_path, stem, lines, outputs, where="runs"):
+    """Greedy lines written as data/<where>/<stem>.jsonl with their recorded outputs: {run_id: (tokens, logprobs)}."""
+    data = tmp_path / "data"
+    (data / where).mkdir(parents=True, exist_ok=True)
+    (data / where / f"{stem}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    for l in lines:
+        toks, lps = outputs[l["run_id"]]
+        d = data / "gpu" / stem / f"{l['engine_id']}.a1.outputs"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / (l["run_id"].replace("/", "_") + ".json")).write_text(json.dumps({"token_ids": toks, "logprobs": lps}))
+    return data
+
+
+def test_greedy_requests_are_judged_against_the_reference_paths_of_their_workload(tmp_path):
+    """s67: a 0.26.0 FULL request off the reference output only at step ends (every L-th token, the target's own
+    sample) is counted there; off elsewhere it is not; NaN log-probabilities are counted; only stock PIECEWISE or
+    eager runs of the same prompt and length stand as references (a FULL run, another prompt and a sampled run do not),
+    whatever their acceptance."""
+    import pandas as pd
+
+    from dflash_lab import analysis, upstream
+
+    good = [201] + [7] * 11                                   # 12 tokens; at acceptance 6 steps end at 6 and 12
+    alt = [201, 201] + [7] * 10                               # the engine's own near-tie between identical prompts
+    g = dict(attempt=1, temperature=0.0, output_digests=["x"], acceptance=1.86, concurrency=2, prompt_tokens=49, max_tokens=12,
+             weights="dummy")
+    refs = [_line(run_id="pw/c2/r0", engine_id="pw", cudagraph_mode="PIECEWISE", **g),
+            _line(run_id="eager/c2/r0", engine_id="eager", cudagraph_mode=None, enforce_eager=True, **g),
+            _line(run_id="full/c2/r0", engine_id="full", **g),                           # replays FULL graphs
+            _line(run_id="pw/c2/p", engine_id="pw", cudagraph_mode="PIECEWISE", **{**g, "prompt_tokens": 50}),
+            _line(run_id="pw/c2/t", engine_id="pw", cudagraph_mode="PIECEWISE", **{**g, "temperature": 0.7})]
+    lp = [[-1.0] * 12] * 2
+    out = {"pw/c2/r0": ([good, alt], lp), "eager/c2/r0": ([good, good], lp), "full/c2/r0": ([[9] * 12] * 2, lp),
+           "pw/c2/p": ([[9] * 12] * 2, lp), "pw/c2/t": ([[9] * 12] * 2, lp)}
+    data = _greedy(tmp_path, "ref", refs, out)
+    step_end = [201] + [7] * 5 + [5] + [7] * 4 + [5]              # off at 6 and 11 (11 is no step end)
+    mid = [201, 7, 7, 8] + [7] * 8
+    run = [_line(run_id="r/c3/greedy-r0", engine_id="r", vllm_release="0.26.0", **{**g, "acceptance": 6.0,
+                                                                                 "concurrency": 3})]
+    nan = float("nan")
+    data = _greedy(tmp_path, "rel", run, {"r/c3/greedy-r0": ([alt, step_end, mid],
+                                                             [[-1.0] * 12, [-1.0] * 12, [-1.0] * 3 + [nan] * 9])},
+                   where="upstream/runs")
+    pool = pd.concat([analysis.load_runs(str(data / "runs" / "*.jsonl")),
+                      analysis.load_runs(str(data / "upstream" / "runs" / "*.jsonl"))], ignore_index=True)
+    runs = analysis.load_runs(str(data / "upstream" / "runs" / "*.jsonl"))
+    t = upstream.greedy_against_reference(runs, pool, data_dir=str(data)).set_index("request")
+    assert list(t["equals a reference output"]) == [True, False, False]
+    assert list(t["tokens off the reference"]) == [0, 2, 1]
+    assert t.loc[1, "first off"] == 6 and t.loc[1, "off at step ends"] == 1    # position 11 is not a step end
+    assert t.loc[2, "first off"] == 3 and t.loc[2, "off at step ends"] == 0
+    assert list(t["non-finite log-probabilities"]) == [0, 0, 9] and t.loc[2, "first non-finite"] == 3
+    assert (t["reference runs"] == 2).all() and (t["reference outputs"] == 2).all()
+    assert set(t["reference graphs"]) == {"PIECEWISE, eager"} and set(t["reference acceptance"]) == {"1.86"}
+    s = upstream.reference_summary(t.reset_index()).iloc[0]
+    assert (s["requests equal to a reference output"], s["tokens off the reference"], s["of them at step ends"],
+            s["earliest off position"], s["non-finite log-probabilities"]) == ("1/3", 3, 1, 3, 9)
+    # no reference of the same workload: said, not an empty table
+    with pytest.raises(LabError, match="no greedy reference-path run"):
+        upstream.greedy_against_reference(runs, pool[pool["run_id"].isin(["full/c2/r0", "pw/c2/p", "pw/c2/t"])],
+                                          data_dir=str(data))
+
+
+def test_0_26_0_full_greedy_requests_leave_the_reference_only_at_step_ends():
+    """The recorded s67 runs: in each greedy run at acceptance 6 and concurrency 8, request 0 equals the reference
+    output and the other 7 do not. On 0.26.0 every token off the reference is a step's last token (the target's own
+    sample), with finite log-probabilities; on 0.22.1 the same 7 requests carry non-finite log-probabilities from the
+    first or second step and are off elsewhere too."""
+    import pandas as pd
+
+    from dflash_lab import analysis, upstream
+
+    d = upstream.release_frame([upstream.ACC6_RELEASE_MATRIX, upstream.ACC6_CONTROL_MATRIX],
+                               str(ROOT / "data/upstream/runs/*.jsonl"), str(ROOT / "data/runs/*.jsonl"))
+    pool = pd.concat([analysis.load_runs(str(ROOT / "data/runs/*.jsonl")),
+                      analysis.load_runs(str(ROOT / "data/upstream/runs/*.jsonl"))], ignore_index=True)
+    s = upstream.reference_summary(upstream.greedy_against_reference(d, pool, data_dir=str(ROOT / "data")))
+    s = s[s["run"].str.contains("greedy-r[01]$") & s["graphs"].eq("FULL_AND_PIECEWISE")].set_index("run")
+    new = s[s["vLLM"] == "0.26.0"]
+    old = s[s["vLLM"] == "0.22.1"]
+    assert len(new) == 2 and len(old) == 2
+    assert (new["requests equal to a reference output"] == "1/8").all()
+    assert (new["tokens off the reference"] == new["of them at step ends"]).all()
+    assert (new["tokens off the reference"] > 500).all() and (new["non-finite log-probabilities"] == 0).all()
+    assert (old["requests equal to a reference output"] == "1/8").all()
+    assert (old["non-finite log-probabilities"] > 3500).all()
+    assert (old["tokens off the reference"] > old["of them at step ends"]).all()
+    assert (s["earliest off position"] == 6).all()
