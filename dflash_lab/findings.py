@@ -369,11 +369,16 @@ def release_runs_clause(root) -> str:
     said = []
     for _, r in t.iterrows():
         ctrl = r["0.22.1 controls (same session and configuration)"]
+        if not ctrl:
+            beside = ", with no 0.22.1 control in that session"
+        elif r["0.22.1 crashed"]:
+            beside = (f", where the same engine on 0.22.1 crashed {r['0.22.1 crashed']} of {ctrl} in that session "
+                      f"(core: {r['0.22.1 cores']})")
+        else:
+            beside = f", and the same engine on 0.22.1 crashed in none of {ctrl} in that session"
         said.append(f"{r['vLLM']} {'crashed ' + str(r['crashed']) + ' of ' if r['crashed'] else 'completed '}"
                     f"{r['runs'] if r['crashed'] else str(r['completed']) + ' of ' + str(r['runs'])} runs "
-                    f"({r['configuration']}; session {analysis.short_session(r['GPU session'])})"
-                    + (f", where the same engine on 0.22.1 crashed {r['0.22.1 crashed']} of {ctrl} in that session "
-                       f"(core: {r['0.22.1 cores']})" if ctrl else ", with no 0.22.1 control in that session"))
+                    f"({r['configuration']}; session {analysis.short_session(r['GPU session'])})" + beside)
     out = PARA + "On the GPU (notebook 04): " + "; ".join(said) + "."
     quiet = t[(t["crashed"] == 0) & (t["0.22.1 crashed"] > 0) & (t["vLLM"] == "0.26.0")]
     rec = Path(root) / "data" / "upstream" / "releases.jsonl"
@@ -383,9 +388,57 @@ def release_runs_clause(root) -> str:
         out += (" Read from 0.26.0's source, not measured: the grouping, the V1 runner's reuse and the FlashAttention "
                 f"builder's schedule are as in 0.22.1, while vLLM PR #44744 (from {kept[0]}, by upstream-check's reading of "
                 "each release's kernel) keeps the rejection sampler's recovered id inside the vocabulary, so a NaN row no "
-                "longer loses its token, which the GDN and DFlash input kernels then misread; its FULL graphs most likely "
-                "still read the stale schedule, silently. Releases after 0.26.0 pin torch 2.13 or 2.14, which the GPU "
-                "host lacks.")
+                "longer loses its token, which the GDN and DFlash input kernels then misread: wrong values need no "
+                "longer end in a crash.")
+    out += release_greedy_clause(root)
+    if len(quiet) and "0.26.0" in kept:
+        out += " Releases after 0.26.0 pin torch 2.13 or 2.14, which the GPU host lacks."
+    return out
+
+
+def release_greedy_clause(root) -> str:
+    """What the greedy runs of the acceptance-6.0 matrices (s66's, run in s67) measured against the reference-path
+    outputs of their workload (:func:`upstream.greedy_against_reference`); empty while none is recorded."""
+    import pandas as pd
+
+    from . import upstream
+
+    up, runs = str(Path(root) / "data" / "upstream" / "runs" / "*.jsonl"), str(Path(root) / "data" / "runs" / "*.jsonl")
+    try:
+        d = upstream.release_frame([upstream.ACC6_RELEASE_MATRIX, upstream.ACC6_CONTROL_MATRIX], up, runs)
+    except LabError:
+        return ""
+    pool = pd.concat([analysis.load_runs(p) for p in (runs, up) if glob.glob(p)], ignore_index=True)
+    per = upstream.greedy_against_reference(d, pool, data_dir=str(Path(root) / "data"))
+    s = upstream.reference_summary(per)
+    s = s[s["graphs"] == "FULL_AND_PIECEWISE"] if len(s) else s
+    new, old = (s[s["vLLM"] == v] if len(s) else s for v in ("0.26.0", "0.22.1"))
+    if new.empty:
+        return ""
+
+    def off(g):   # "k of n" requests off the reference, per run
+        return ", ".join(sorted({f"{int(b) - int(a)} of {b}" for a, b in (x.split("/") for x in
+                                                                           g["requests equal to a reference output"])}))
+
+    t = upstream.acc6_runs(d, str(Path(root) / "data"))
+    counted = sorted({f"{v:.3f}" for v in t[(t["vLLM"] == "0.26.0") & (t["temperature"] == 0)
+                                             & (t["graphs"] == "FULL_AND_PIECEWISE")]["counted acceptance"]})
+    ends = bool((new["tokens off the reference"] == new["of them at step ends"]).all())
+    sess = analysis.short_session(d[d["vLLM"] == "0.26.0"]["gpu_session"].iloc[0])
+    ref = per.iloc[0]
+    out = (f" Measured in session {sess} (concurrency 8, synthetic acceptance 6.0, greedy; notebook 04): in each of "
+           f"0.26.0's {len(new)} FULL_AND_PIECEWISE runs {off(new)} requests left the output that the reference-path "
+           f"runs of this prompt give ({ref['reference runs']} runs, {ref['reference graphs']}, vLLM "
+           f"{ref['reference vLLM']})"
+           + (", every wrong token a step's last one, the target's own sample," if ends else "")
+           + f" with {int(new['non-finite log-probabilities'].sum())} non-finite log-probabilities, while vLLM counted "
+           f"{', '.join(counted)} tokens per step: wrong, silently.")
+    if len(old):
+        out += (f" The same engine on 0.22.1 in that session left it in {off(old)} requests, with "
+                f"{int(old['non-finite log-probabilities'].sum())} non-finite log-probabilities.")
+    if not len(t[(t["vLLM"] == "0.26.0") & (t["graphs"] == "PIECEWISE")]):
+        out += (" Not run yet: 0.26.0's own PIECEWISE engine at that shape, and any test that the stale schedule is the "
+                "cause on 0.26.0.")
     return out
 
 

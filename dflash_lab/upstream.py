@@ -820,7 +820,8 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
     differently; the reference columns say what the references ran, so a reader can judge. Per request: whether its
     tokens equal a reference output, the tokens off the closest reference output (fewest differing positions), the
     first of them, how many fall on a step's end (positions k*L at an integer acceptance L: the token the target
-    samples after the accepted drafts), and its non-finite log-probabilities. Raises when a run has no reference."""
+    samples after the accepted drafts), and its non-finite log-probabilities (counts, and the positions for a figure).
+    Raises when a run has no reference."""
     import math
 
     import pandas as pd
@@ -870,6 +871,7 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
                         "off at step ends": (sum(1 for p in off if p and p % step == 0) if step else None),
                         "non-finite log-probabilities": None if nonfin is None else len(nonfin),
                         "first non-finite": (nonfin[0] if nonfin else None),
+                        "off positions": off, "non-finite positions": nonfin,
                         "reference runs": len(lines), "reference outputs": len(refs[key]),
                         "reference acceptance": ", ".join(sorted({str(x.get("acceptance")) for x in lines})),
                         "reference vLLM": ", ".join(sorted({x.get("vllm_release") or "0.22.1" for x in lines})),
@@ -894,5 +896,5 @@ def reference_summary(per_request):
                      "of them at step ends": int(sum(ends)) if ends else None,
                      "tokens": int(g["tokens"].sum()),
                      "earliest off position": min(firsts) if firsts else None,
-                     "non-finite log-probabilities": int(sum(nf)) if nf else (0 if len(nf) == 0 and g["non-finite log-probabilities"].notna().any() else None)})
+                     "non-finite log-probabilities": int(sum(nf)) if nf else None})
     return pd.DataFrame(rows)

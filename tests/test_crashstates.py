@@ -24,10 +24,12 @@ def test_side_by_side_puts_the_report_first_and_merges_identical_dumps():
 def test_path_rates_counts_only_natural_stock_runs():
     r = C.path_rates(analysis.load_runs()).set_index("path")
     # the crash configuration's acceptance first on each path; s21's acceptance-8.8 runs get a row of their own
-    # s48: the stock server at 6.0 (beside the upstream diff's) gets its own row, never pooled with 1.86
-    assert list(r.index) == ["offline, TP=1", "offline, TP=1, acceptance 8.8", "server, TP=1", "server, TP=1, acceptance 6",
-                             "offline, TP=2", "server, TP=2"]
+    # s48: the stock server at 6.0 (beside the upstream diff's) gets its own row, never pooled with 1.86; s67: so does
+    # the offline 0.22.1 control at 6.0 (release-control-0.22.1-acc6-c8-tp1: 5 runs at 8, sampled and greedy)
+    assert list(r.index) == ["offline, TP=1", "offline, TP=1, acceptance 6", "offline, TP=1, acceptance 8.8",
+                             "server, TP=1", "server, TP=1, acceptance 6", "offline, TP=2", "server, TP=2"]
     assert r.loc["server, TP=1, acceptance 6", 8] == "0/3"
+    assert r.loc["offline, TP=1, acceptance 6", 8] == "0/5"
     k, n = C.parse_rate(r.loc["offline, TP=1", 32])
     assert k == n >= 15
     # s21: a plain c16 (keep-running core dumps are passive) joined the hooked runs, so the cell is no longer marked;

@@ -656,9 +656,17 @@ def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path)
             "at run time; the DFlash input kernel is gone too)") in text
     assert "not decided" not in text and "has not been run" not in text
     assert (findings.PARA + "On the GPU (notebook 04): 0.26.0 completed 6 of 6 runs (FULL_AND_PIECEWISE, offline, TP=1, "
-            "concurrency 32, acceptance 1.86, 512 tokens; session s65), where the same engine on 0.22.1 crashed 1 of 1 in "
-            "that session (core: copy_and_expand_dflash_inputs_kernel).") in text
-    assert "vLLM PR #44744" in text and "most likely still read the stale schedule, silently" in text
+            "concurrency 32, acceptance 1.86, 512 tokens, temperature 0.7; session s65), where the same engine on 0.22.1 "
+            "crashed 1 of 1 in that session (core: copy_and_expand_dflash_inputs_kernel);") in text
+    assert "vLLM PR #44744" in text and "wrong values need no longer end in a crash" in text
+    # s67: what the greedy tokens measured, beside the 0.22.1 control of the session (controls that did not crash are
+    # said as such, not as "crashed 0 of 3")
+    assert ("512 tokens, greedy; session s67), and the same engine on 0.22.1 crashed in none of 2 in that session") in text
+    assert ("in each of 0.26.0's 2 FULL_AND_PIECEWISE runs 7 of 8 requests left the output that the reference-path runs "
+            "of this prompt give (5 runs, PIECEWISE, vLLM 0.22.1), every wrong token a step's last one, the target's own "
+            "sample, with 0 non-finite log-probabilities, while vLLM counted 6.000 tokens per step: wrong, silently.") in text
+    assert "Not run yet: 0.26.0's own PIECEWISE engine at that shape" in text
+    assert "crashed 0 of" not in text
     assert findings.upstream_clause(tmp_path) == ""     # nothing recorded: nothing said
     # sources recorded, no GPU run of a release: says so
     (tmp_path / "data" / "upstream").mkdir(parents=True)
