@@ -796,9 +796,12 @@ def acc6_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str 
     return pd.DataFrame(rows), t, agree
 
 
-#: what two greedy runs must share for one's outputs to stand as the other's expected tokens: the weights (dummy
-#: weights are seeded, so one architecture gives one model), the prompt and the length of the answer
-WORKLOAD_KEYS = ("weights", "prompt_tokens", "max_tokens", "ignore_eos")
+#: what two greedy runs must share (beside the target) for one's outputs to stand as the other's expected tokens: the
+#: weights (dummy weights are seeded, so one architecture gives one model), the prompt (the runner sends one fixed
+#: prompt; its length is what a line records), the length of the answer, and the drafter, whose tokens the synthetic
+#: acceptance accepts
+WORKLOAD_KEYS = ("weights", "prompt_tokens", "max_tokens", "ignore_eos", "spec_method", "num_speculative_tokens",
+                 "draft")
 
 
 def _reference_path(r) -> bool:
@@ -815,26 +818,32 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
     """Each request of each greedy run in ``runs`` (a :func:`release_frame`) against the tokens that reference-path
     runs of the same workload produced: every greedy, completed run in ``pool`` (:func:`release_frame` of any
     matrices, or :func:`analysis.load_runs`) on PIECEWISE or eager with nothing of the lab inside its engine, the same
-    target and :data:`WORKLOAD_KEYS`, of any vLLM, concurrency or synthetic acceptance. The synthetic acceptance
+    target and :data:`WORKLOAD_KEYS`, of any vLLM, concurrency or synthetic acceptance, and of none of the matrices
+    ``runs`` belong to (a run under judgement, or its own matrix's PIECEWISE engine, is no reference for it: their
+    pairing inside one session is :func:`acc6_predictions`' (c)). The synthetic acceptance
     accepts drafts whatever their token, so those differ only where the draft and the target would choose
     differently; the reference columns say what the references ran, so a reader can judge. Per request: whether its
     tokens equal a reference output, the tokens off the closest reference output (fewest differing positions), the
     first of them, how many fall on a step's end (positions k*L at an integer acceptance L: the token the target
-    samples after the accepted drafts), and its non-finite log-probabilities (counts, and the positions for a figure).
+    samples after the accepted drafts; None where vLLM counted less than L for the run, as a lost token moves the
+    step ends), its non-finite log-probabilities (counts, and the positions for a figure), and the largest difference of
+    its log-probabilities from request 0's along their common token prefix (the same prompt in another batch slot).
     Raises when a run has no reference."""
     import math
 
     import pandas as pd
 
-    from .verification import output_record
+    from .verification import _prefix_logprob_diff, output_record
 
     def rows_of(df):   # a frame's rows as lines again: a key another line had and this one lacks reads None, not NaN
         return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
                 for _, r in df.iterrows()] if len(df) else []
 
+    judged = rows_of(runs)
+    own = {x.get("matrix") for x in judged}
     refs, ref_lines = {}, {}
     for x in rows_of(pool):
-        if not (_greedy_recorded(x) and _reference_path(x)):
+        if not (_greedy_recorded(x) and _reference_path(x)) or x.get("matrix") in own:
             continue
         rec = output_record(x, data_dir)
         if not rec:
@@ -844,7 +853,7 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
         ref_lines.setdefault(key, []).append(x)
 
     out = []
-    for r in rows_of(runs):
+    for r in judged:
         if not _greedy_recorded(r):
             continue
         key = (_target(r),) + tuple(_cfg(r, k) for k in WORKLOAD_KEYS)
@@ -855,9 +864,13 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
         if not rec:
             raise LabError(f"{r['run_id']}: its recorded outputs are missing under {data_dir}/gpu")
         acc = r.get("acceptance")
-        step = int(acc) if isinstance(acc, (int, float)) and float(acc).is_integer() and acc >= 2 else None
+        sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
+        counted = sd.get("acceptance_length")
+        step = (int(acc) if isinstance(acc, (int, float)) and float(acc).is_integer() and acc >= 2
+                and isinstance(counted, (int, float)) and abs(counted - acc) < 1e-9 else None)
         lines = ref_lines[key]
         logprobs = rec.get("logprobs") or [None] * len(rec["token_ids"])
+        first_toks, first_lps = rec["token_ids"][0], logprobs[0]
         for i, (toks, lps) in enumerate(zip(rec["token_ids"], logprobs)):
             best = min(refs[key], key=lambda ref: (sum(a != b for a, b in zip(toks, ref)) + abs(len(toks) - len(ref))))
             off = [p for p, (a, b) in enumerate(zip(toks, best)) if a != b] + list(range(min(len(toks), len(best)),
@@ -872,6 +885,8 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
                         "non-finite log-probabilities": None if nonfin is None else len(nonfin),
                         "first non-finite": (nonfin[0] if nonfin else None),
                         "off positions": off, "non-finite positions": nonfin,
+                        "max |dlogprob| vs request 0": (None if lps is None or first_lps is None or i == 0 else
+                                                        _prefix_logprob_diff(toks, lps, first_toks, first_lps)[1]),
                         "reference runs": len(lines), "reference outputs": len(refs[key]),
                         "reference acceptance": ", ".join(sorted({str(x.get("acceptance")) for x in lines})),
                         "reference vLLM": ", ".join(sorted({x.get("vllm_release") or "0.22.1" for x in lines})),
@@ -880,12 +895,23 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
     return pd.DataFrame(out)
 
 
+def _max_known(values):
+    """The largest of the values that are numbers (NaN included: a NaN difference must show), None if none is."""
+    import math
+
+    vals = [float(v) for v in values if isinstance(v, (int, float))]
+    return None if not vals else (math.nan if any(math.isnan(v) for v in vals) else max(vals))
+
+
 def reference_summary(per_request):
     """:func:`greedy_against_reference` per run: requests, those equal to a reference output, tokens off it (and of
-    them on step ends), the earliest first-off position, non-finite log-probabilities."""
+    them on step ends), the earliest first-off position, non-finite log-probabilities, and the largest log-probability
+    difference from request 0 along a common token prefix. Empty for no rows."""
     import pandas as pd
 
     rows = []
+    if not len(per_request):
+        return pd.DataFrame(rows)
     for run, g in per_request.groupby("run", sort=False):
         firsts = [int(v) for v in g["first off"] if v is not None and v == v]
         ends = [v for v in g["off at step ends"] if v is not None and v == v]
@@ -896,5 +922,7 @@ def reference_summary(per_request):
                      "of them at step ends": int(sum(ends)) if ends else None,
                      "tokens": int(g["tokens"].sum()),
                      "earliest off position": min(firsts) if firsts else None,
-                     "non-finite log-probabilities": int(sum(nf)) if nf else None})
+                     "non-finite log-probabilities": int(sum(nf)) if nf else None,
+                     # request 0 has no difference from itself (its None reads NaN in a frame): left out
+                     "max |dlogprob| vs request 0": _max_known(g[g["request"] != 0]["max |dlogprob| vs request 0"])})
     return pd.DataFrame(rows)

@@ -662,10 +662,12 @@ def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path)
     # s67: what the greedy tokens measured, beside the 0.22.1 control of the session (controls that did not crash are
     # said as such, not as "crashed 0 of 3")
     assert ("512 tokens, greedy; session s67), and the same engine on 0.22.1 crashed in none of 2 in that session") in text
-    assert ("in each of 0.26.0's 2 FULL_AND_PIECEWISE runs 7 of 8 requests left the output that the reference-path runs "
-            "of this prompt give (5 runs, PIECEWISE, vLLM 0.22.1), every wrong token a step's last one, the target's own "
-            "sample, with 0 non-finite log-probabilities, while vLLM counted 6.000 tokens per step: wrong, silently.") in text
-    assert "Not run yet: 0.26.0's own PIECEWISE engine at that shape" in text
+    assert ("in each of 0.26.0's 2 FULL_AND_PIECEWISE runs, 7 of 8 requests left the outputs that the reference-path "
+            "runs of this prompt give (5 stock PIECEWISE runs on vLLM 0.22.1). Every wrong token was a step's last one, "
+            "the target's own sample. None had a non-finite log-probability, and vLLM counted 6.000 tokens per step.") in text
+    assert "0.26.0's own PIECEWISE engine has not run at that shape." in text
+    assert text.endswith("No run has tested the stale schedule as the cause on 0.26.0. Releases after 0.26.0 pin torch "
+                         "2.13 or 2.14, which the GPU host lacks.")
     assert "crashed 0 of" not in text
     assert findings.upstream_clause(tmp_path) == ""     # nothing recorded: nothing said
     # sources recorded, no GPU run of a release: says so

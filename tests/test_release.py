@@ -344,52 +344,67 @@ def _greedy(tmp_path, stem, lines, outputs, where="runs"):
 
 
 def test_greedy_requests_are_judged_against_the_reference_paths_of_their_workload(tmp_path):
-    """s67: a 0.26.0 FULL request off the reference output only at step ends (every L-th token, the target's own
-    sample) is counted there; off elsewhere it is not; NaN log-probabilities are counted; only stock PIECEWISE or
-    eager runs of the same prompt and length stand as references (a FULL run, another prompt and a sampled run do not),
+    """s67: a 0.26.0 FULL request off the reference output at step ends (every L-th token, the target's own sample) is
+    counted there, off elsewhere it is not; NaN and infinite log-probabilities are counted; only completed stock
+    PIECEWISE or eager runs of the same prompt, length and drafter stand as references (not a FULL run, another prompt,
+    a sampled run, an instrumented or crashed PIECEWISE run, nor a PIECEWISE run of the judged run's own matrix),
     whatever their acceptance."""
     import pandas as pd
 
     from dflash_lab import analysis, upstream
 
-    good = [201] + [7] * 11                                   # 12 tokens; at acceptance 6 steps end at 6 and 12
-    alt = [201, 201] + [7] * 10                               # the engine's own near-tie between identical prompts
-    g = dict(attempt=1, temperature=0.0, output_digests=["x"], acceptance=1.86, concurrency=2, prompt_tokens=49, max_tokens=12,
-             weights="dummy")
-    refs = [_line(run_id="pw/c2/r0", engine_id="pw", cudagraph_mode="PIECEWISE", **g),
+    good = [201] + [7] * 12                                   # 13 tokens; at acceptance 6 steps end at 6 and 12
+    alt = [201, 201] + [7] * 11                               # the engine's own near-tie between identical prompts
+    g = dict(attempt=1, temperature=0.0, output_digests=["x"], acceptance=1.86, concurrency=2, prompt_tokens=49,
+             max_tokens=13, weights="dummy", matrix="ref")
+    pw = dict(engine_id="pw", cudagraph_mode="PIECEWISE")
+    refs = [_line(run_id="pw/c2/r0", **pw, **g),
             _line(run_id="eager/c2/r0", engine_id="eager", cudagraph_mode=None, enforce_eager=True, **g),
             _line(run_id="full/c2/r0", engine_id="full", **g),                           # replays FULL graphs
-            _line(run_id="pw/c2/p", engine_id="pw", cudagraph_mode="PIECEWISE", **{**g, "prompt_tokens": 50}),
-            _line(run_id="pw/c2/t", engine_id="pw", cudagraph_mode="PIECEWISE", **{**g, "temperature": 0.7})]
-    lp = [[-1.0] * 12] * 2
-    out = {"pw/c2/r0": ([good, alt], lp), "eager/c2/r0": ([good, good], lp), "full/c2/r0": ([[9] * 12] * 2, lp),
-           "pw/c2/p": ([[9] * 12] * 2, lp), "pw/c2/t": ([[9] * 12] * 2, lp)}
-    data = _greedy(tmp_path, "ref", refs, out)
-    step_end = [201] + [7] * 5 + [5] + [7] * 4 + [5]              # off at 6 and 11 (11 is no step end)
-    mid = [201, 7, 7, 8] + [7] * 8
-    run = [_line(run_id="r/c3/greedy-r0", engine_id="r", vllm_release="0.26.0", **{**g, "acceptance": 6.0,
-                                                                                 "concurrency": 3})]
-    nan = float("nan")
-    data = _greedy(tmp_path, "rel", run, {"r/c3/greedy-r0": ([alt, step_end, mid],
-                                                             [[-1.0] * 12, [-1.0] * 12, [-1.0] * 3 + [nan] * 9])},
-                   where="upstream/runs")
+            _line(run_id="pw/c2/p", **pw, **{**g, "prompt_tokens": 50}),                 # another prompt
+            _line(run_id="pw/c2/k", **pw, **{**g, "num_speculative_tokens": 7}),         # another drafter
+            _line(run_id="pw/c2/t", **pw, **{**g, "temperature": 0.7}),                  # sampled
+            _line(run_id="pw/c2/h", **pw, **{**g, "probe": True}),                       # the lab inside the engine
+            _line(run_id="pw/c2/x", **pw, **{**g, "outcome": "crash"}),
+            _line(run_id="pw/c2/own", **pw, **{**g, "matrix": "rel"})]                   # the judged run's matrix
+    lp = [[-1.0] * 13] * 2
+    out = {r["run_id"]: ([[9] * 13] * 2, lp) for r in refs}
+    out.update({"pw/c2/r0": ([good, alt], lp), "eager/c2/r0": ([good, good], lp)})
+    _greedy(tmp_path, "ref", refs, out)
+    step_end = [201] + [7] * 5 + [5] + [7] * 4 + [5, 5]       # off at 6, 11 and 12: 6 and 12 are step ends
+    mid = [201, 7, 7, 8] + [7] * 9
+    nan, inf = float("nan"), float("inf")
+    run = dict(engine_id="r", vllm_release="0.26.0", **{**g, "acceptance": 6.0, "concurrency": 3, "matrix": "rel",
+                                                        "spec_decode_metrics": {"acceptance_length": 6.0}})
+    lossy = {**run, "spec_decode_metrics": {"acceptance_length": 5.5}}
+    runs = [_line(run_id="r/c3/greedy-r0", **run), _line(run_id="r/c3/greedy-r1", **lossy)]
+    toks = [alt, step_end, mid]
+    lps = [[-1.0] * 13, [-1.25] + [-1.0] * 12, [-1.0] * 3 + [nan] * 9 + [inf]]
+    data = _greedy(tmp_path, "rel", runs, {r["run_id"]: (toks, lps) for r in runs}, where="upstream/runs")
     pool = pd.concat([analysis.load_runs(str(data / "runs" / "*.jsonl")),
                       analysis.load_runs(str(data / "upstream" / "runs" / "*.jsonl"))], ignore_index=True)
-    runs = analysis.load_runs(str(data / "upstream" / "runs" / "*.jsonl"))
-    t = upstream.greedy_against_reference(runs, pool, data_dir=str(data)).set_index("request")
+    judged = analysis.load_runs(str(data / "upstream" / "runs" / "*.jsonl"))
+    every = upstream.greedy_against_reference(judged, pool, data_dir=str(data))
+    t = every[every["run"] == "r/c3/greedy-r0"].set_index("request")
     assert list(t["equals a reference output"]) == [True, False, False]
-    assert list(t["tokens off the reference"]) == [0, 2, 1]
-    assert t.loc[1, "first off"] == 6 and t.loc[1, "off at step ends"] == 1    # position 11 is not a step end
+    assert list(t["tokens off the reference"]) == [0, 3, 1]
+    assert t.loc[1, "first off"] == 6 and t.loc[1, "off at step ends"] == 2    # 6 and 12, not 11
     assert t.loc[2, "first off"] == 3 and t.loc[2, "off at step ends"] == 0
-    assert list(t["non-finite log-probabilities"]) == [0, 0, 9] and t.loc[2, "first non-finite"] == 3
+    assert list(t["non-finite log-probabilities"]) == [0, 0, 10] and t.loc[2, "first non-finite"] == 3
     assert (t["reference runs"] == 2).all() and (t["reference outputs"] == 2).all()
     assert set(t["reference graphs"]) == {"PIECEWISE, eager"} and set(t["reference acceptance"]) == {"1.86"}
-    s = upstream.reference_summary(t.reset_index()).iloc[0]
+    # request 1 against request 0 (alt): their common prefix is position 0 alone, where they differ by 0.25
+    assert t.loc[1, "max |dlogprob| vs request 0"] == pytest.approx(0.25)
+    # a run whose counted acceptance is below its schedule lost tokens: its step ends are not where k*L puts them
+    assert every[every["run"] == "r/c3/greedy-r1"]["off at step ends"].isna().all()
+    s = upstream.reference_summary(every).set_index("run").loc["r/c3/greedy-r0"]
     assert (s["requests equal to a reference output"], s["tokens off the reference"], s["of them at step ends"],
-            s["earliest off position"], s["non-finite log-probabilities"]) == ("1/3", 3, 1, 3, 9)
+            s["earliest off position"], s["non-finite log-probabilities"]) == ("1/3", 4, 2, 3, 10)
+    assert s["max |dlogprob| vs request 0"] == pytest.approx(0.25)
+    assert upstream.reference_summary(every.iloc[0:0]).empty
     # no reference of the same workload: said, not an empty table
     with pytest.raises(LabError, match="no greedy reference-path run"):
-        upstream.greedy_against_reference(runs, pool[pool["run_id"].isin(["full/c2/r0", "pw/c2/p", "pw/c2/t"])],
+        upstream.greedy_against_reference(judged, pool[~pool["run_id"].isin(["pw/c2/r0", "eager/c2/r0"])],
                                           data_dir=str(data))
 
 
@@ -414,7 +429,26 @@ def test_0_26_0_full_greedy_requests_leave_the_reference_only_at_step_ends():
     assert (new["requests equal to a reference output"] == "1/8").all()
     assert (new["tokens off the reference"] == new["of them at step ends"]).all()
     assert (new["tokens off the reference"] > 500).all() and (new["non-finite log-probabilities"] == 0).all()
+    # where requests 1-7 still agree with request 0's tokens, their log-probabilities already differ by about 0.3
+    assert (new["max |dlogprob| vs request 0"] > 0.3).all()
     assert (old["requests equal to a reference output"] == "1/8").all()
     assert (old["non-finite log-probabilities"] > 3500).all()
     assert (old["tokens off the reference"] > old["of them at step ends"]).all()
     assert (s["earliest off position"] == 6).all()
+
+
+def test_the_findings_say_when_the_greedy_runs_cannot_be_judged(tmp_path):
+    """The findings page's release clause with s67's 0.26.0 lines but no reference-path run recorded: one sentence
+    saying why, not a broken page; with no line of the matrices at all: nothing."""
+    import shutil
+
+    from dflash_lab import findings
+
+    name = "2026-12-05_h200_release-0.26.0-acc6-c8-tp1"
+    (tmp_path / "data" / "upstream" / "runs").mkdir(parents=True)
+    shutil.copy(ROOT / "data" / "upstream" / "runs" / f"{name}.jsonl", tmp_path / "data" / "upstream" / "runs")
+    shutil.copytree(ROOT / "data" / "gpu" / name, tmp_path / "data" / "gpu" / name)
+    text = findings.release_greedy_clause(tmp_path)
+    assert text.startswith(" The greedy runs of release-0.26.0-acc6-c8-tp1 could not be judged: ")
+    assert "no greedy reference-path run" in text
+    assert findings.release_greedy_clause(tmp_path / "nothing") == ""
