@@ -138,6 +138,18 @@ def check_loaded() -> str:
     where = Path(vllm.__file__).resolve()
     if got != version:
         raise LabError(f"{ENV}: this process imported vllm {got} from {where}, not {version}")
-    if Path(folder).resolve() not in where.parents:
-        raise LabError(f"{ENV}: this process imported vllm {got} from {where}, not from {folder}")
-    return f"vllm release {version} from {folder}"
+    if Path(folder).resolve() in where.parents:
+        return f"vllm release {version} from {folder}"
+    # a vllm_diff engine on a release imports the overlay made from that release (its stamp names the package it was
+    # made from; vllmdiff.check_loaded checks the overlay's files in the same process)
+    from . import vllmdiff
+
+    ov = os.environ.get(vllmdiff.ENV)
+    stamp = Path(ov) / vllmdiff.STAMP if ov else None
+    if stamp is not None and stamp.is_file() and Path(ov).resolve() in where.parents:
+        import json
+
+        source = Path(json.loads(stamp.read_text()).get("source") or "/nonexistent").resolve()
+        if source.parent == Path(folder).resolve():
+            return f"vllm release {version} from {folder}, through the overlay {ov} made from it"
+    raise LabError(f"{ENV}: this process imported vllm {got} from {where}, not from {folder}")

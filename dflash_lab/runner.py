@@ -348,10 +348,13 @@ def validate_matrix(m, where="matrix") -> dict:
                 raise LabError(f"{where}: engine {e['id']}: {err}") from None
             # what the lab adds to an engine reaches into 0.22.1's own modules: on another release it would test
             # neither (only the core dump and the hang snapshot, which read the process from outside, go with it)
-            tied = [k for k in ("fix", "hook", "probe", "canary", "sched_snapshot", "sched_ledger", "vllm_diff",
+            # (a vllm_diff is the exception: it is applied, strictly, to the release's own files, so a diff written
+            # for 0.22.1 that does not fit the release ends the engine before it starts)
+            tied = [k for k in ("fix", "hook", "probe", "canary", "sched_snapshot", "sched_ledger",
                                 "fa_splits", "first_step_requests") if eng[k] not in (None, False)]
             _check(not tied, f"{where}: engine {e['id']}: vllm_release {vr} with {', '.join(tied)}: those instrument "
-                             "vLLM 0.22.1's own modules; a release engine runs stock (core dump and hang snapshot allowed)")
+                             "vLLM 0.22.1's own modules; a release engine runs stock or with a vllm_diff made for it "
+                             "(core dump and hang snapshot allowed)")
             _check("PYTHONPATH" not in eng["env"],
                    f"{where}: engine {e['id']}: vllm_release sets PYTHONPATH itself; leave it out of env")
         k = eng["first_step_requests"]
@@ -625,36 +628,44 @@ class Runner:
         if e["first_step_requests"]:
             # validate_matrix allows it only on an engine with one measured run: N is that run's concurrency
             env[admit.ENV] = f"{e['first_step_requests']}/{eng['runs'][0].concurrency}"
+        rsite = release.site(e["vllm_release"]) if e["vllm_release"] else None
+        if rsite is not None and not (rsite / "vllm" / "__init__.py").is_file():
+            err = (f"vllm_release {e['vllm_release']}: not staged at {rsite} (scripts/gpu/stage-release.sh, then "
+                   "scripts/gpu/setup-release.sh on the host)")
+            self.log(f"{tag}: {err}")
+            for r in pending:
+                self.line(eng, r, "startup_error", attempt, error=err)
+            return []
         diff_stamp = None
         if e["vllm_diff"]:
+            # on a release engine the diff applies to that release's package (it must fit it exactly), else to the
+            # vllm this interpreter would import (0.22.1)
+            okey = (e["vllm_diff"], str(rsite) if rsite else None)
             try:
-                ov = self.overlays.get(e["vllm_diff"])
-                ov = {**ov, "reused": True} if ov else vllmdiff.overlay(e["vllm_diff"])
+                ov = self.overlays.get(okey)
+                ov = {**ov, "reused": True} if ov else vllmdiff.overlay(
+                    e["vllm_diff"], package=(rsite / "vllm") if rsite else None)
             except LabError as err:
                 # the diff does not apply (or no vllm to apply it to): every run of this engine says so, none runs
                 self.log(f"{tag}: vllm_diff: {err}")
                 for r in pending:
                     self.line(eng, r, "startup_error", attempt, error=f"vllm_diff: {err}")
                 return []
-            self.overlays[e["vllm_diff"]] = ov
+            self.overlays[okey] = ov
             diff_stamp = {k: ov.get(k) for k in ("diff_sha256", "hunks_sha256", "files", "path", "source",
                                                  "installed_record_sha256")}
-            env["PYTHONPATH"] = os.pathsep.join(x for x in (ov["path"], env.get("PYTHONPATH")) if x)
-            env[vllmdiff.ENV] = ov["path"]
-            self.log(f"{tag}: vllm_diff {e['vllm_diff']} ({'reused' if ov['reused'] else 'built'} overlay {ov['path']}"
-                     + (f"; {ov.get('linked')} files linked, {ov.get('copied')} copied" if not ov["reused"] else "") + ")")
-        if e["vllm_release"]:
-            rsite = release.site(e["vllm_release"])
-            if not (rsite / "vllm" / "__init__.py").is_file():
-                err = (f"vllm_release {e['vllm_release']}: not staged at {rsite} (scripts/gpu/stage-release.sh, then "
-                       "scripts/gpu/setup-release.sh on the host)")
-                self.log(f"{tag}: {err}")
-                for r in pending:
-                    self.line(eng, r, "startup_error", attempt, error=err)
-                return []
+        if rsite is not None:
+            # the release's folder first; no entry of the runner's that holds another vllm
             env["PYTHONPATH"] = release.pythonpath(rsite, env.get("PYTHONPATH"))
             env[release.ENV] = f"{e['vllm_release']}={rsite}"
             self.log(f"{tag}: vllm_release {e['vllm_release']} from {rsite}")
+        if diff_stamp:
+            # the overlay ahead of everything (on a release engine, ahead of the release it was made from)
+            env["PYTHONPATH"] = os.pathsep.join(x for x in (ov["path"], env.get("PYTHONPATH")) if x)
+            env[vllmdiff.ENV] = ov["path"]
+            self.log(f"{tag}: vllm_diff {e['vllm_diff']} ({'reused' if ov['reused'] else 'built'} overlay {ov['path']}"
+                     + (f" of {ov['source']}" if rsite is not None else "")
+                     + (f"; {ov.get('linked')} files linked, {ov.get('copied')} copied" if not ov["reused"] else "") + ")")
         if e["canary"]:
             env["DFLASH_LAB_CANARY"] = "1"
         if e["fix"]:

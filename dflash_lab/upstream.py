@@ -592,7 +592,10 @@ def gpu_runs(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/
     if bad:
         raise LabError(f"{release_pattern}: lines without vllm_release: {bad[:5]}")
     controls = [r for _, _, r in recorded_lines(controls_pattern)] if glob_any(controls_pattern) else []
-    key = lambda r: (r.get("vllm_release"), r.get("gpu_session"), _target(r), *(_cfg(r, k) for k in SAME_CONFIG))
+    # a release engine with a vllm_diff (the fix's part 1 ported, say) is another engine than the stock one: a row of
+    # its own, and no stock 0.22.1 line is its control
+    key = lambda r: (r.get("vllm_release"), r.get("gpu_session"), _target(r), *(_cfg(r, k) for k in SAME_CONFIG),
+                     r.get("vllm_diff") or "")
     groups: dict = {}
     for r in releases:
         groups.setdefault(key(r), []).append(r)
@@ -600,7 +603,7 @@ def gpu_runs(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/
     for k, lines in sorted(groups.items(), key=lambda kv: (version_key(kv[0][0]), str(kv[0][1]))):
         r0 = lines[0]
         ctrl = [c for c in controls if c.get("gpu_session") == r0.get("gpu_session") and _target(c) == _target(r0)
-                and not c.get("vllm_release") and _stock_plain(c)
+                and not c.get("vllm_release") and _stock_plain(c) and not r0.get("vllm_diff")
                 and all(_cfg(c, x) == _cfg(r0, x) for x in SAME_CONFIG)]
         rel, c = summary(lines), summary(ctrl)
         out.append({
@@ -608,7 +611,8 @@ def gpu_runs(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/
             "configuration": (f"{r0.get('cudagraph_mode') or 'eager'}, {r0.get('mode')}, TP={r0.get('tensor_parallel_size')}, "
                               f"concurrency {r0.get('concurrency')}, acceptance {r0.get('acceptance')}, "
                               f"{r0.get('max_tokens')} tokens, "
-                              + ("greedy" if r0.get("temperature") == 0 else f"temperature {r0.get('temperature')}")),
+                              + ("greedy" if r0.get("temperature") == 0 else f"temperature {r0.get('temperature')}")
+                              + (f", with {os.path.basename(str(r0['vllm_diff']))}" if r0.get("vllm_diff") else "")),
             "runs": rel["runs"], "crashed": rel["crashed"], "completed": rel["completed"], "cores": rel["cores"],
             "counted acceptance": rel["counted acceptance"], "requests completed": rel["requests completed"],
             "0.22.1 controls (same session and configuration)": c["runs"],

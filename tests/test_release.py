@@ -101,7 +101,8 @@ def test_the_plugin_runs_the_check_in_every_engine_process(tmp_path):
     ({"vllm_release": "0.26.0"}, "with hook: those instrument"),
     ({"vllm_release": "0.26.0", "hook": False, "fix": True}, "with fix"),
     ({"vllm_release": "0.26.0", "hook": False, "probe": True}, "with probe"),
-    ({"vllm_release": "0.26.0", "hook": False, "vllm_diff": "patches/vllm-0.22.1-dflash.diff"}, "vllm_diff"),
+    ({"vllm_release": "0.26.0", "hook": False, "vllm_diff": "patches/vllm-0.26.0-part1.diff", "fix": True},
+     "the diff is the fix"),
     ({"vllm_release": "0.26.0", "hook": False, "first_step_requests": 1}, "with first_step_requests"),
     ({"vllm_release": "0.26.0", "hook": False, "env": {"PYTHONPATH": "/x"}}, "leave it out of env"),
     ({"vllm_release": "0.26", "hook": False}, "release version such as"),
@@ -243,6 +244,14 @@ def test_a_release_run_is_set_beside_the_0_22_1_controls_of_its_session_and_conf
     t = upstream.gpu_runs(str(tmp_path / "up" / "*.jsonl"), str(tmp_path / "runs" / "*.jsonl"))
     assert sorted(t["matrices"]) == ["ctl, rel", "greedy"]
     assert t.set_index("matrices").loc["ctl, rel", "0.22.1 controls (same session and configuration)"] == 1
+    # the same configuration with a vllm_diff (the fix's part 1 ported) is another engine: its own row, no stock control
+    (tmp_path / "up" / "d.jsonl").write_text(
+        json.dumps(_line(vllm_release="0.26.0", matrix="part1", vllm_diff="patches/vllm-0.26.0-part1.diff")) + "\n")
+    t = upstream.gpu_runs(str(tmp_path / "up" / "*.jsonl"), str(tmp_path / "runs" / "*.jsonl")).set_index("matrices")
+    assert sorted(t.index) == ["ctl, rel", "greedy", "part1"]
+    assert t.loc["part1", "0.22.1 controls (same session and configuration)"] == 0
+    assert t.loc["part1", "configuration"].endswith(", with vllm-0.26.0-part1.diff")
+    assert t.loc["ctl, rel", "runs"] == 2
     (tmp_path / "up" / "c.jsonl").write_text(json.dumps(_line()) + "\n")
     with pytest.raises(LabError, match="without vllm_release"):
         upstream.gpu_runs(str(tmp_path / "up" / "*.jsonl"), str(tmp_path / "runs" / "*.jsonl"))
@@ -452,3 +461,84 @@ def test_the_findings_say_when_the_greedy_runs_cannot_be_judged(tmp_path):
     assert text.startswith(" The greedy runs of release-0.26.0-acc6-c8-tp1 could not be judged: ")
     assert "no greedy reference-path run" in text
     assert findings.release_greedy_clause(tmp_path / "nothing") == ""
+
+
+def _release_with_diff(tmp_path):
+    """A staged stand-in release 0.26.0 with a file, and a diff made for that file (not for 0.22.1's)."""
+    import difflib
+
+    site = _site(tmp_path / "rel", "0.26.0", "0.26.0")
+    old = "".join(f"v{i} = {i}\n" for i in range(1, 20))
+    (site / "vllm" / "a.py").write_text(old)
+    new = old.replace("v5 = 5\n", "v5 = 'five'\n")
+    d = tmp_path / "rel.diff"
+    d.write_text("why\n" + "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), "a/vllm/a.py",
+                                                         "b/vllm/a.py")))
+    (tmp_path / "tmp").mkdir()
+    return site, d
+
+
+def test_a_release_engine_can_run_a_diff_made_for_that_release(tmp_path):
+    """s67: whether the stale schedule is the cause on 0.26.0 needs the fix's part 1 on 0.26.0, as a diff: the overlay is
+    made from the release's own package (the diff must fit it exactly), put ahead of it on PYTHONPATH, and the line
+    says both the release and the diff; a plain release engine beside it stays stock."""
+    from dflash_lab import vllmdiff
+
+    site, d = _release_with_diff(tmp_path)
+    lines, logs = run_fake_matrix(tmp_path, [
+        {"id": "reldiff", "vllm_release": "0.26.0", "vllm_diff": str(d), "runs": [{"concurrency": 1}]},
+        {"id": "rel", "vllm_release": "0.26.0", "runs": [{"concurrency": 1}]}],
+        {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "DFLASH_LAB_RELEASES": str(tmp_path / "rel"),
+         "TMPDIR": str(tmp_path / "tmp")})
+    by = {l["run_id"]: l for l in lines}
+    assert [l["outcome"] for l in lines] == ["ok", "ok"]
+    rd = by["reldiff/c1/r0"]
+    st = rd["vllm_diff_stamp"]
+    assert rd["vllm_release"] == rd["vllm_version"] == "0.26.0" and rd["vllm_diff"] == str(d)
+    assert st["source"] == str((site / "vllm").resolve()) and list(st["files"]) == ["vllm/a.py"]
+    assert (f"DFLASH_LAB_VLLM_DIFF={st['path']} PYTHONPATH={st['path']}{os.pathsep}{site}{os.pathsep}{ROOT}"
+            in logs["reldiff"])
+    assert f"DFLASH_LAB_VLLM_RELEASE=0.26.0={site} " in logs["reldiff"]
+    assert by["rel/c1/r0"]["vllm_diff"] is None and "DFLASH_LAB_VLLM_DIFF= " in logs["rel"]
+    # in the engine process both checks pass: the overlay's files as stamped, and a vllm of that release through it
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([st["path"], str(site), str(ROOT)]),
+               DFLASH_LAB_VLLM_RELEASE=f"0.26.0={site}", **{vllmdiff.ENV: st["path"]})
+    code = "from dflash_lab import release, vllmdiff; print(release.check_loaded()); print(vllmdiff.check_loaded())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"vllm release 0.26.0 from {site}, through the overlay {st['path']} made from it" in r.stdout
+    # an overlay made from another folder's vllm is not that release, whatever its version says
+    other = _site(tmp_path / "elsewhere", "0.26.0", "x")
+    (other / "vllm" / "a.py").write_text((site / "vllm" / "a.py").read_text())
+    ov = vllmdiff.overlay(d, package=other / "vllm", base=tmp_path / "ov2")
+    env.update(PYTHONPATH=os.pathsep.join([ov["path"], str(site), str(ROOT)]), **{vllmdiff.ENV: ov["path"]})
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and f"not from {site}" in r.stderr
+
+
+def test_a_diff_that_does_not_fit_the_release_ends_its_engine_with_one_clear_line_per_run(tmp_path):
+    """0.22.1's diff on 0.26.0 moved by 140 lines in flash_attn.py: the strict applier refuses such a diff, so a
+    release engine never runs a diff made for another vLLM."""
+    site, d = _release_with_diff(tmp_path)
+    (site / "vllm" / "a.py").write_text("v0 = 0\n" + (site / "vllm" / "a.py").read_text())   # the file moved by a line
+    lines, logs = run_fake_matrix(tmp_path, [
+        {"id": "reldiff", "vllm_release": "0.26.0", "vllm_diff": str(d), "runs": [{"concurrency": 1, "rounds": 2}]}],
+        {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "DFLASH_LAB_RELEASES": str(tmp_path / "rel"),
+         "TMPDIR": str(tmp_path / "tmp")})
+    assert [l["outcome"] for l in lines] == ["startup_error"] * 2
+    assert lines[0]["error"].startswith("vllm_diff: vllm/a.py: hunk 1 does not apply at line 2")
+    assert "reldiff" not in logs                                       # no engine was started
+
+
+def test_the_committed_0_26_0_part1_diff_is_0_22_1s_part1_moved(root):
+    """patches/vllm-0.26.0-part1.diff is the flash_attn.py hunk of patches/vllm-0.22.1-dflash.diff, its lines unchanged,
+    its place moved to 0.26.0's (read from the 0.26.0 wheel in s67; the overlay's strict applier checks the rest on the
+    host): what it adds and removes is exactly 0.22.1's part 1."""
+    from dflash_lab import vllmdiff
+
+    old = vllmdiff.parse((root / "patches" / "vllm-0.22.1-dflash.diff").read_text())
+    new = vllmdiff.parse((root / "patches" / "vllm-0.26.0-part1.diff").read_text())
+    rel = "vllm/v1/attention/backends/flash_attn.py"
+    assert list(new) == [rel] and len(new[rel]) == len(old[rel]) == 1
+    (a,), (b,) = old[rel], new[rel]
+    assert b.lines == a.lines and b.old_start == a.old_start + 140
