@@ -832,6 +832,7 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
     samples after the accepted drafts; None where vLLM counted less than L for the run, as a lost token moves the
     step ends), its non-finite log-probabilities (counts, and the positions for a figure), and the largest difference of
     its log-probabilities from request 0's along their common token prefix (the same prompt in another batch slot).
+    ``reference outputs differ within the first`` N tokens: the references' own spread (their near-ties).
     Raises when a run has no reference."""
     import math
 
@@ -867,6 +868,9 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
         rec = output_record(r, data_dir)
         if not rec:
             raise LabError(f"{r['run_id']}: its recorded outputs are missing under {data_dir}/gpu")
+        # how far the reference outputs themselves spread: the engine's own near-ties between identical prompts
+        spread = max((p + 1 for x in refs[key] for y in refs[key] for p, (u, v) in enumerate(zip(x, y)) if u != v),
+                     default=0)
         acc = r.get("acceptance")
         sd = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
         counted = sd.get("acceptance_length")
@@ -892,6 +896,7 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
                         "max |dlogprob| vs request 0": (None if lps is None or first_lps is None or i == 0 else
                                                         _prefix_logprob_diff(toks, lps, first_toks, first_lps)[1]),
                         "reference runs": len(lines), "reference outputs": len(refs[key]),
+                        "reference outputs differ within the first": spread,
                         "reference acceptance": ", ".join(sorted({str(x.get("acceptance")) for x in lines})),
                         "reference vLLM": ", ".join(sorted({x.get("vllm_release") or "0.22.1" for x in lines})),
                         "reference graphs": ", ".join(sorted({"eager" if x.get("enforce_eager") is True

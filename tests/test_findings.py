@@ -666,6 +666,8 @@ def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path)
             "runs of this prompt give (5 stock PIECEWISE runs on vLLM 0.22.1). Every wrong token was a step's last one, "
             "the target's own sample. None had a non-finite log-probability, and vLLM counted 6.000 tokens per step.") in text
     assert "0.26.0's own PIECEWISE engine has not run at that shape." in text
+    assert "so a small numerical difference can flip a greedy choice; the reference outputs differ only within their " \
+           "first 3 tokens." in text
     assert text.endswith("No run has tested the stale schedule as the cause on 0.26.0. Releases after 0.26.0 pin torch "
                          "2.13 or 2.14, which the GPU host lacks.")
     assert "crashed 0 of" not in text

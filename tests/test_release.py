@@ -402,6 +402,7 @@ def test_greedy_requests_are_judged_against_the_reference_paths_of_their_workloa
     assert list(t["non-finite log-probabilities"]) == [0, 0, 10] and t.loc[2, "first non-finite"] == 3
     assert (t["reference runs"] == 2).all() and (t["reference outputs"] == 2).all()
     assert set(t["reference graphs"]) == {"PIECEWISE, eager"} and set(t["reference acceptance"]) == {"1.86"}
+    assert (t["reference outputs differ within the first"] == 2).all()      # good and alt differ at position 1
     # request 1 against request 0 (alt): their common prefix is position 0 alone, where they differ by 0.25
     assert t.loc[1, "max |dlogprob| vs request 0"] == pytest.approx(0.25)
     # a run whose counted acceptance is below its schedule lost tokens: its step ends are not where k*L puts them
