@@ -935,3 +935,64 @@ def reference_summary(per_request):
                      # request 0 has no difference from itself (its None reads NaN in a frame): left out
                      "max |dlogprob| vs request 0": _max_known(g[g["request"] != 0]["max |dlogprob| vs request 0"])})
     return pd.DataFrame(rows)
+
+
+#: s67's question for the next GPU session (pre-registered in the matrix's header): does the fix's part 1, ported to
+#: 0.26.0 as a diff, give 0.26.0's FULL engine the reference-path tokens?
+PART1_RELEASE_MATRIX = "release-0.26.0-part1-acc6-c8-tp1"
+
+
+def part1_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/runs/*.jsonl",
+                      data_dir: str = "data", matrices_dir: str | None = None):
+    """:data:`PART1_RELEASE_MATRIX` against the predictions its header wrote before its runs, one row each, ``held``
+    True, False or None (not decided: a planned run has no measured line). Returns (predictions, the
+    :func:`reference_summary` of its greedy runs). Raises when the matrix has no line."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .analysis import load_runs
+    from .runner import is_deadline_cut
+    from .verification import planned_runs
+
+    d = release_frame([PART1_RELEASE_MATRIX], release_pattern, controls_pattern)
+    mdir = Path(matrices_dir) if matrices_dir else Path(__file__).resolve().parents[1] / "matrices"
+    plan = planned_runs(mdir / f"{PART1_RELEASE_MATRIX}.yaml")
+    n_greedy = sum(1 for x in plan if "/greedy-" in x)
+    lines = [dict(r) for _, r in d.iterrows()]
+    measured = [r for r in lines if r.get("outcome") != "startup_error" and not is_deadline_cut(r)]
+    errors = [r for r in lines if r.get("outcome") == "startup_error"]
+    rows = []
+
+    def verdict(fail, complete):
+        return False if fail else (True if complete else None)
+
+    rows.append({"predicted": "(a) the diff applies to the staged 0.26.0 and the engine starts: no startup_error",
+                 "measured": f"{len(errors)} startup_error line(s)"
+                             + (f" ({errors[0].get('error')})" if errors else "") + f", {len(measured)} run(s) measured",
+                 "held": verdict(bool(errors), len(measured) >= 1)})
+    pool = pd.concat([load_runs(p) for p in (controls_pattern, release_pattern) if glob_any(p)], ignore_index=True)
+    greedy = d[[isinstance(x, list) for x in d["output_digests"]]] if "output_digests" in d else d.iloc[0:0]
+    s = reference_summary(greedy_against_reference(greedy, pool, data_dir=data_dir)) if len(greedy) else pd.DataFrame()
+    if len(s):
+        ok = [(x == f"{x.split('/')[1]}/{x.split('/')[1]}") and nf == 0
+              for x, nf in zip(s["requests equal to a reference output"], s["non-finite log-probabilities"])]
+        said = "; ".join(f"{r}: {x} requests equal a reference output, {nf} non-finite log-probabilities"
+                         for r, x, nf in zip(s["run"], s["requests equal to a reference output"],
+                                             s["non-finite log-probabilities"]))
+    else:
+        ok, said = [], "no greedy run measured"
+    rows.append({"predicted": "(b) greedy: in each run 8 of 8 requests equal a reference-path output, no non-finite "
+                              "log-probability",
+                 "measured": said, "held": verdict(not all(ok), len(ok) >= n_greedy)})
+    counted = [(r.get("spec_decode_metrics") or {}).get("acceptance_length") for r in measured
+               if r.get("outcome") == "ok"]
+    exact = [isinstance(c, (int, float)) and abs(c - 6.0) < 1e-9 for c in counted]
+    rows.append({"predicted": "(c) vLLM counts exactly 6.000 tokens per step in every run",
+                 "measured": ", ".join(f"{c:.3f}" if isinstance(c, (int, float)) else "not read" for c in counted)
+                             or "none",
+                 "held": verdict(not all(exact), len(exact) >= len(plan))})
+    crashed = sum(1 for r in measured if r.get("outcome") == "crash")
+    rows.append({"predicted": "(d) no run crashes", "measured": f"{crashed} of {len(measured)} run(s) crashed",
+                 "held": verdict(crashed > 0, len(measured) >= len(plan))})
+    return pd.DataFrame(rows), s

@@ -543,3 +543,52 @@ def test_the_committed_0_26_0_part1_diff_is_0_22_1s_part1_moved(root):
     assert list(new) == [rel] and len(new[rel]) == len(old[rel]) == 1
     (a,), (b,) = old[rel], new[rel]
     assert b.lines == a.lines and b.old_start == a.old_start + 140
+
+
+def test_the_part1_predictions_are_judged_against_the_reference_paths(tmp_path):
+    """The s67 matrix for the next session: its four predictions from fabricated runs of the planned engine. A greedy
+    request off the reference fails (b); a run without a measured line leaves (b)-(d) open; a startup_error fails (a)."""
+    import shutil
+
+    from dflash_lab import upstream
+
+    good = [201] + [7] * 12
+    g = dict(attempt=1, output_digests=["x"], acceptance=6.0, concurrency=8, prompt_tokens=49, max_tokens=13,
+             weights="dummy")
+    ref = [_line(run_id="pw/c2/r0", engine_id="pw", cudagraph_mode="PIECEWISE", matrix="ref",
+                 **{**g, "temperature": 0.0, "acceptance": 1.86})]
+    _greedy(tmp_path, "ref", ref, {"pw/c2/r0": ([good] * 2, [[-1.0] * 13] * 2)})
+    eng = dict(engine_id="r0260-part1-acc6", vllm_release="0.26.0", matrix=upstream.PART1_RELEASE_MATRIX,
+               vllm_diff="patches/vllm-0.26.0-part1.diff", spec_decode_metrics={"acceptance_length": 6.0}, **g)
+
+    def judge(greedy_tokens, sampled=3, greedy=2):
+        data_dir = tmp_path / f"d{len(list(tmp_path.iterdir()))}"        # a fresh copy of the reference per case
+        shutil.copytree(tmp_path / "data", data_dir / "data")
+        lines = [_line(run_id=f"r0260-part1-acc6/c8/r{i}", temperature=0.7, **{**eng, "output_digests": None})
+                 for i in range(sampled)]
+        lines += [_line(run_id=f"r0260-part1-acc6/c8/greedy-r{i}", temperature=0.0, **eng) for i in range(greedy)]
+        lp = [[-1.0] * 13] * len(greedy_tokens)
+        data = _greedy(data_dir, "part1", lines, {l["run_id"]: (greedy_tokens, lp) for l in lines},
+                       where="upstream/runs")
+        p, s = upstream.part1_predictions(str(data / "upstream" / "runs" / "*.jsonl"), str(data / "runs" / "*.jsonl"),
+                                          data_dir=str(data), matrices_dir=str(ROOT / "matrices"))
+        return list(p["held"]), p, s
+
+    held, p, s = judge([good] * 8)
+    assert held == [True, True, True, True], p.to_string()
+    assert list(s["requests equal to a reference output"]) == ["8/8", "8/8"]
+    held, p, _ = judge([good] * 7 + [[201] + [7] * 5 + [5] + [7] * 6])
+    assert held == [True, False, True, True] and "7/8 requests equal" in p.iloc[1]["measured"]
+    held, _, _ = judge([good] * 8, greedy=1)
+    assert held == [True, None, None, None]
+    # an engine whose diff did not apply: (a) fails, the rest is open
+    data = tmp_path / "err" / "data"
+    (data / "upstream" / "runs").mkdir(parents=True)
+    err = [_line(run_id=f"r0260-part1-acc6/c8/r{i}", outcome="startup_error", requests_completed=0,
+                 error="vllm_diff: vllm/v1/attention/backends/flash_attn.py: hunk 1 does not apply", **eng)
+           for i in range(5)]
+    (data / "upstream" / "runs" / "e.jsonl").write_text("".join(json.dumps(l) + "\n" for l in err))
+    p, s = upstream.part1_predictions(str(data / "upstream" / "runs" / "*.jsonl"), str(data / "runs" / "*.jsonl"),
+                                      data_dir=str(data), matrices_dir=str(ROOT / "matrices"))
+    assert list(p["held"]) == [False, None, None, None] and "hunk 1 does not apply" in p.iloc[0]["measured"]
+    assert s.empty
