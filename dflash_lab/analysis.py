@@ -29,16 +29,35 @@ def diff_of(r) -> str | None:
     return d if isinstance(d, str) and d else None
 
 
+#: which fix part a file of the upstream diff carries (patches/vllm-0.22.1-dflash.diff's hunks, by the file they change)
+DIFF_FILE_PARTS = {"vllm/v1/attention/backends/flash_attn.py": "fa3_schedule_refresh",
+                   "vllm/v1/spec_decode/utils.py": "dflash_kernel_edits",
+                   "vllm/v1/spec_decode/dflash.py": "dflash_kernel_edits",
+                   "vllm/v1/core/sched/scheduler.py": "dflash_lookahead_k_plus_1"}
+
+
 def as_fix(r: dict) -> dict:
     """A run line for the analysis: an engine started on vLLM with the upstream diff applied (runner key
     ``vllm_diff``; the plugin's fix off, so its line says ``fix: false``) had the fix, all three parts, as the diff's
     hunks: ``fix`` True, ``fix_parts`` all of them, and ``fix_via`` says how ("plugin" or "upstream diff"). Every
-    table that separates stock from fixed runs then leaves the diff's runs out of stock."""
+    table that separates stock from fixed runs then leaves the diff's runs out of stock. A diff made for a later
+    release (a line with ``vllm_release``) is fixed too, with the parts of the files its overlay stamp names
+    (:data:`DIFF_FILE_PARTS`; ``patches/vllm-0.26.0-part1.diff``: part 1 alone), ``fix_via`` naming the release."""
     r["plugin_fix"] = bool(r.get("fix"))             # what the line itself says: the plugin's fix on or off
     if diff_of(r):
         if r["plugin_fix"]:
             raise LabError(f"run {r.get('run_id')}: both the upstream diff and the plugin's fix (the runner refuses that)")
-        r.update(fix=True, fix_parts=list(FIX_PARTS), fix_via="upstream diff")
+        rel = r.get("vllm_release")
+        if isinstance(rel, str) and rel:
+            # a diff made for a later release (patches/vllm-0.26.0-part1.diff: part 1 alone) is not 0.22.1's whole
+            # diff: its parts come from what it changes, and no 0.22.1 table reads release lines
+            st = r.get("vllm_diff_stamp") if isinstance(r.get("vllm_diff_stamp"), dict) else {}
+            parts = sorted({DIFF_FILE_PARTS.get(f, "unknown") for f in st.get("files") or {}},
+                           key=lambda p: (p not in FIX_PARTS, FIX_PARTS.index(p) if p in FIX_PARTS else 0))
+            # (no stamp: "unknown", never the legacy reading of a missing fix_parts as parts 2 and 3)
+            r.update(fix=True, fix_parts=parts or ["unknown"], fix_via=f"diff for {rel}")
+        else:
+            r.update(fix=True, fix_parts=list(FIX_PARTS), fix_via="upstream diff")
     elif r.get("fix"):
         r["fix_via"] = "plugin"
     return r
@@ -105,6 +124,9 @@ def fix_label(r: dict) -> str | None:
     if not r.get("fix"):
         return None
     if diff_of(r):
+        if isinstance(r.get("vllm_release"), str) and r.get("vllm_release"):
+            return (f"diff for {r['vllm_release']} applied ({os.path.basename(diff_of(r))}: "
+                    f"{', '.join(r['fix_parts'])})")
         return f"upstream diff applied ({os.path.basename(diff_of(r))})"
     parts = fix_parts_of(r)
     if parts == set(FIX_PARTS):

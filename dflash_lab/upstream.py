@@ -615,6 +615,7 @@ def gpu_runs(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/
                               + (f", with {os.path.basename(str(r0['vllm_diff']))}" if r0.get("vllm_diff") else "")),
             "runs": rel["runs"], "crashed": rel["crashed"], "completed": rel["completed"], "cores": rel["cores"],
             "counted acceptance": rel["counted acceptance"], "requests completed": rel["requests completed"],
+            "diff": os.path.basename(str(r0["vllm_diff"])) if r0.get("vllm_diff") else "",
             "0.22.1 controls (same session and configuration)": c["runs"],
             "0.22.1 crashed": c["crashed"], "0.22.1 cores": c["cores"],
             "matrices": ", ".join(sorted({x.get("matrix") for x in lines + ctrl})),
@@ -813,6 +814,14 @@ def _reference_path(r) -> bool:
     return _stock_plain(r) and (r.get("enforce_eager") is True or r.get("cudagraph_mode") == "PIECEWISE")
 
 
+def _lines_of(df) -> list[dict]:
+    """A frame's rows as run lines again: a key another line had and this one lacks reads None, not NaN."""
+    import math
+
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for _, r in df.iterrows()] if len(df) else []
+
+
 def _greedy_recorded(r) -> bool:
     return (r.get("outcome") == "ok" and isinstance(r.get("output_digests"), list)
             and isinstance(r.get("temperature"), (int, float)) and float(r["temperature"]) == 0.0)
@@ -840,14 +849,10 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
 
     from .verification import _prefix_logprob_diff, output_record
 
-    def rows_of(df):   # a frame's rows as lines again: a key another line had and this one lacks reads None, not NaN
-        return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-                for _, r in df.iterrows()] if len(df) else []
-
-    judged = rows_of(runs)
+    judged = _lines_of(runs)
     own = {x.get("matrix") for x in judged}
     refs, ref_lines = {}, {}
-    for x in rows_of(pool):
+    for x in _lines_of(pool):
         if not (_greedy_recorded(x) and _reference_path(x)) or x.get("matrix") in own:
             continue
         rec = output_record(x, data_dir)
@@ -959,7 +964,9 @@ def part1_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str
     mdir = Path(matrices_dir) if matrices_dir else Path(__file__).resolve().parents[1] / "matrices"
     plan = planned_runs(mdir / f"{PART1_RELEASE_MATRIX}.yaml")
     n_greedy = sum(1 for x in plan if "/greedy-" in x)
-    lines = [dict(r) for _, r in d.iterrows()]
+    from .vllmdiff import hunks_sha256
+
+    lines = _lines_of(d)
     measured = [r for r in lines if r.get("outcome") != "startup_error" and not is_deadline_cut(r)]
     errors = [r for r in lines if r.get("outcome") == "startup_error"]
     rows = []
@@ -967,16 +974,27 @@ def part1_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str
     def verdict(fail, complete):
         return False if fail else (True if complete else None)
 
+    # that the runs ran the committed diff's code on the release: each measured line's overlay stamp names the
+    # committed diff's hunks and, as the package it was made from, the release's own vllm folder
+    diff_path = Path(__file__).resolve().parents[1] / "patches" / "vllm-0.26.0-part1.diff"
+    want = hunks_sha256(diff_path.read_text())
+    stamps = [r.get("vllm_diff_stamp") if isinstance(r.get("vllm_diff_stamp"), dict) else {} for r in measured]
+    unstamped = [r["run_id"] for r, st in zip(measured, stamps)
+                 if st.get("hunks_sha256") != want
+                 or not str(st.get("source") or "").endswith(f"/{r.get('vllm_release')}/vllm")]
     rows.append({"predicted": "(a) the diff applies to the staged 0.26.0 and the engine starts: no startup_error",
                  "measured": f"{len(errors)} startup_error line(s)"
-                             + (f" ({errors[0].get('error')})" if errors else "") + f", {len(measured)} run(s) measured",
-                 "held": verdict(bool(errors), len(measured) >= 1)})
+                             + (f" ({errors[0].get('error')})" if errors else "") + f", {len(measured)} run(s) measured"
+                             + (f"; runs whose overlay stamp is not the committed diff on the release: {unstamped}"
+                                if unstamped else ""),
+                 "held": verdict(bool(errors) or bool(unstamped), len(measured) >= 1)})
     pool = pd.concat([load_runs(p) for p in (controls_pattern, release_pattern) if glob_any(p)], ignore_index=True)
     greedy = d[[isinstance(x, list) for x in d["output_digests"]]] if "output_digests" in d else d.iloc[0:0]
     s = reference_summary(greedy_against_reference(greedy, pool, data_dir=data_dir)) if len(greedy) else pd.DataFrame()
     if len(s):
-        ok = [(x == f"{x.split('/')[1]}/{x.split('/')[1]}") and nf == 0
-              for x, nf in zip(s["requests equal to a reference output"], s["non-finite log-probabilities"])]
+        conc = {r["run_id"]: int(r.get("concurrency") or 0) for r in lines}
+        ok = [x == f"{conc[run]}/{conc[run]}" and nf == 0
+              for run, x, nf in zip(s["run"], s["requests equal to a reference output"], s["non-finite log-probabilities"])]
         said = "; ".join(f"{r}: {x} requests equal a reference output, {nf} non-finite log-probabilities"
                          for r, x, nf in zip(s["run"], s["requests equal to a reference output"],
                                              s["non-finite log-probabilities"]))

@@ -251,6 +251,7 @@ def test_a_release_run_is_set_beside_the_0_22_1_controls_of_its_session_and_conf
     assert sorted(t.index) == ["ctl, rel", "greedy", "part1"]
     assert t.loc["part1", "0.22.1 controls (same session and configuration)"] == 0
     assert t.loc["part1", "configuration"].endswith(", with vllm-0.26.0-part1.diff")
+    assert t.loc["part1", "diff"] == "vllm-0.26.0-part1.diff" and t.loc["ctl, rel", "diff"] == ""
     assert t.loc["ctl, rel", "runs"] == 2
     (tmp_path / "up" / "c.jsonl").write_text(json.dumps(_line()) + "\n")
     with pytest.raises(LabError, match="without vllm_release"):
@@ -547,10 +548,12 @@ def test_the_committed_0_26_0_part1_diff_is_0_22_1s_part1_moved(root):
 
 def test_the_part1_predictions_are_judged_against_the_reference_paths(tmp_path):
     """The s67 matrix for the next session: its four predictions from fabricated runs of the planned engine. A greedy
-    request off the reference fails (b); a run without a measured line leaves (b)-(d) open; a startup_error fails (a)."""
+    request off the reference or a NaN log-probability fails (b); a count below 6 fails (c); a crash fails (d); a run
+    without a measured line leaves (b)-(d) open; a startup_error, or an overlay stamp that is not the committed diff on
+    the release, fails (a)."""
     import shutil
 
-    from dflash_lab import upstream
+    from dflash_lab import upstream, vllmdiff
 
     good = [201] + [7] * 12
     g = dict(attempt=1, output_digests=["x"], acceptance=6.0, concurrency=8, prompt_tokens=49, max_tokens=13,
@@ -558,17 +561,21 @@ def test_the_part1_predictions_are_judged_against_the_reference_paths(tmp_path):
     ref = [_line(run_id="pw/c2/r0", engine_id="pw", cudagraph_mode="PIECEWISE", matrix="ref",
                  **{**g, "temperature": 0.0, "acceptance": 1.86})]
     _greedy(tmp_path, "ref", ref, {"pw/c2/r0": ([good] * 2, [[-1.0] * 13] * 2)})
+    stamp = {"hunks_sha256": vllmdiff.hunks_sha256((ROOT / "patches" / "vllm-0.26.0-part1.diff").read_text()),
+             "source": "/tmp/vllm-releases/0.26.0/vllm"}
     eng = dict(engine_id="r0260-part1-acc6", vllm_release="0.26.0", matrix=upstream.PART1_RELEASE_MATRIX,
-               vllm_diff="patches/vllm-0.26.0-part1.diff", spec_decode_metrics={"acceptance_length": 6.0}, **g)
+               vllm_diff="patches/vllm-0.26.0-part1.diff", vllm_diff_stamp=stamp,
+               spec_decode_metrics={"acceptance_length": 6.0}, **g)
 
-    def judge(greedy_tokens, sampled=3, greedy=2):
+    def judge(greedy_tokens, sampled=3, greedy=2, lp=-1.0, **last):
         data_dir = tmp_path / f"d{len(list(tmp_path.iterdir()))}"        # a fresh copy of the reference per case
         shutil.copytree(tmp_path / "data", data_dir / "data")
         lines = [_line(run_id=f"r0260-part1-acc6/c8/r{i}", temperature=0.7, **{**eng, "output_digests": None})
                  for i in range(sampled)]
         lines += [_line(run_id=f"r0260-part1-acc6/c8/greedy-r{i}", temperature=0.0, **eng) for i in range(greedy)]
-        lp = [[-1.0] * 13] * len(greedy_tokens)
-        data = _greedy(data_dir, "part1", lines, {l["run_id"]: (greedy_tokens, lp) for l in lines},
+        lines[-1].update(last)
+        lps = [[lp] * 13] * len(greedy_tokens)
+        data = _greedy(data_dir, "part1", lines, {l["run_id"]: (greedy_tokens, lps) for l in lines},
                        where="upstream/runs")
         p, s = upstream.part1_predictions(str(data / "upstream" / "runs" / "*.jsonl"), str(data / "runs" / "*.jsonl"),
                                           data_dir=str(data), matrices_dir=str(ROOT / "matrices"))
@@ -579,6 +586,14 @@ def test_the_part1_predictions_are_judged_against_the_reference_paths(tmp_path):
     assert list(s["requests equal to a reference output"]) == ["8/8", "8/8"]
     held, p, _ = judge([good] * 7 + [[201] + [7] * 5 + [5] + [7] * 6])
     assert held == [True, False, True, True] and "7/8 requests equal" in p.iloc[1]["measured"]
+    held, p, _ = judge([good] * 7)                                    # a request missing from the record
+    assert held[1] is False and "7/7 requests equal" in p.iloc[1]["measured"]
+    assert judge([good] * 8, lp=float("nan"))[0] == [True, False, True, True]
+    assert judge([good] * 8, spec_decode_metrics={"acceptance_length": 5.5})[0] == [True, True, False, True]
+    assert judge([good] * 8, outcome="crash")[0][3] is False
+    held, p, _ = judge([good] * 8, vllm_diff_stamp={**stamp, "hunks_sha256": "0" * 64})
+    assert held[0] is False and "not the committed diff on the release" in p.iloc[0]["measured"]
+    assert judge([good] * 8, vllm_diff_stamp={**stamp, "source": "/tmp/vllm-site/vllm"})[0][0] is False
     held, _, _ = judge([good] * 8, greedy=1)
     assert held == [True, None, None, None]
     # an engine whose diff did not apply: (a) fails, the rest is open
@@ -592,3 +607,24 @@ def test_the_part1_predictions_are_judged_against_the_reference_paths(tmp_path):
                                       data_dir=str(data), matrices_dir=str(ROOT / "matrices"))
     assert list(p["held"]) == [False, None, None, None] and "hunk 1 does not apply" in p.iloc[0]["measured"]
     assert s.empty
+
+
+def test_a_release_diff_line_is_fixed_with_the_parts_its_stamp_names(tmp_path):
+    """analysis.as_fix marked every vllm_diff line as 0.22.1's whole fix; a line of patches/vllm-0.26.0-part1.diff on
+    0.26.0 had part 1 alone, which its overlay stamp's files say. The findings page says such a row has no stock
+    control, rather than that its session lacked one."""
+    from dflash_lab import analysis, findings
+
+    st = {"files": {"vllm/v1/attention/backends/flash_attn.py": "x"}}
+    r = analysis.as_fix({"vllm_diff": "patches/vllm-0.26.0-part1.diff", "vllm_release": "0.26.0", "vllm_diff_stamp": st})
+    assert r["fix"] and r["fix_parts"] == ["fa3_schedule_refresh"] and r["fix_via"] == "diff for 0.26.0"
+    assert analysis.fix_label(r) == "diff for 0.26.0 applied (vllm-0.26.0-part1.diff: fa3_schedule_refresh)"
+    assert analysis.as_fix({"vllm_diff": "x.diff", "vllm_release": "0.26.0"})["fix_parts"] == ["unknown"]
+    whole = analysis.as_fix({"vllm_diff": "patches/vllm-0.22.1-dflash.diff"})
+    assert whole["fix_parts"] == list(analysis.FIX_PARTS) and whole["fix_via"] == "upstream diff"
+    (tmp_path / "data" / "upstream" / "runs").mkdir(parents=True)
+    (tmp_path / "data" / "upstream" / "runs" / "p.jsonl").write_text(json.dumps(_line(
+        vllm_release="0.26.0", matrix="part1", engine_id="p", attempt=1, vllm_diff="patches/vllm-0.26.0-part1.diff"))
+        + "\n")
+    text = findings.release_runs_clause(tmp_path)
+    assert "with vllm-0.26.0-part1.diff; session s65) (an engine with a diff: no stock 0.22.1 engine is its control)" in text
