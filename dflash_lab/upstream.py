@@ -742,6 +742,18 @@ def acc6_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str 
     def is_num(v):
         return isinstance(v, (int, float)) and v == v
 
+    def lossy(c):
+        """(b) of the release and (a) of the control: every run completed and counted inside the lossy range."""
+        return judge(c, 3, lambda r: r["outcome"] == "ok" and is_num(r["counted acceptance"])
+                     and lo <= r["counted acceptance"] <= hi)
+
+    def no_crash(matrix, vllm, predicted):
+        """A matrix's no-crash prediction over every measured run of its vLLM: decided once all planned runs ran."""
+        c = t[t["vLLM"] == vllm] if len(t) else t
+        crashed = int((c["outcome"] == "crash").sum()) if len(c) else 0
+        return {"matrix": matrix, "predicted": predicted, "measured": f"{crashed} of {len(c)} run(s) crashed",
+                "held": False if crashed else (True if len(c) >= len(plan[matrix]) else None)}
+
     rows = []
     pw = cell("0.26.0", "PIECEWISE", False)
     rows.append({"matrix": ACC6_RELEASE_MATRIX, "predicted": "(a) 0.26.0 PIECEWISE counts exactly 6.000 in 3 of 3 runs at 8",
@@ -751,9 +763,7 @@ def acc6_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str 
     fu = cell("0.26.0", "FULL_AND_PIECEWISE", False)
     rows.append({"matrix": ACC6_RELEASE_MATRIX,
                  "predicted": f"(b) 0.26.0 FULL_AND_PIECEWISE counts below 6 in 3 of 3 runs at 8, each {lo:.2f}-{hi:.2f}",
-                 "measured": f"{len(fu)} run(s): {counted(fu)}",
-                 "held": judge(fu, 3, lambda r: r["outcome"] == "ok" and is_num(r["counted acceptance"])
-                               and lo <= r["counted acceptance"] <= hi)})
+                 "measured": f"{len(fu)} run(s): {counted(fu)}", "held": lossy(fu)})
     rel = d[d["matrix"] == ACC6_RELEASE_MATRIX]
     agree = pd.DataFrame()
     if len(rel):
@@ -780,24 +790,12 @@ def acc6_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str 
                               "one request's token ids, or carries a non-finite log-probability; no PIECEWISE request "
                               "carries one",
                  "measured": "; ".join(parts), "held": c_held})
-    both = t[t["vLLM"] == "0.26.0"] if len(t) else t
-    n_rel = len(plan[ACC6_RELEASE_MATRIX])
-    crashed = int((both["outcome"] == "crash").sum()) if len(both) else 0
-    rows.append({"matrix": ACC6_RELEASE_MATRIX, "predicted": "(d) no run of either 0.26.0 engine crashes",
-                 "measured": f"{crashed} of {len(both)} run(s) crashed",
-                 "held": False if crashed else (True if len(both) >= n_rel else None)})
+    rows.append(no_crash(ACC6_RELEASE_MATRIX, "0.26.0", "(d) no run of either 0.26.0 engine crashes"))
     ct = cell("0.22.1", "FULL_AND_PIECEWISE", False)
     rows.append({"matrix": ACC6_CONTROL_MATRIX,
                  "predicted": f"(a) 0.22.1 stock FULL_AND_PIECEWISE counts below 6 in 3 of 3 runs at 8, each {lo:.2f}-{hi:.2f}",
-                 "measured": f"{len(ct)} run(s): {counted(ct)}",
-                 "held": judge(ct, 3, lambda r: r["outcome"] == "ok" and is_num(r["counted acceptance"])
-                               and lo <= r["counted acceptance"] <= hi)})
-    ca = t[t["vLLM"] == "0.22.1"] if len(t) else t
-    n_ctl = len(plan[ACC6_CONTROL_MATRIX])
-    crashed = int((ca["outcome"] == "crash").sum()) if len(ca) else 0
-    rows.append({"matrix": ACC6_CONTROL_MATRIX, "predicted": "(b) no 0.22.1 run crashes",
-                 "measured": f"{crashed} of {len(ca)} run(s) crashed",
-                 "held": False if crashed else (True if len(ca) >= n_ctl else None)})
+                 "measured": f"{len(ct)} run(s): {counted(ct)}", "held": lossy(ct)})
+    rows.append(no_crash(ACC6_CONTROL_MATRIX, "0.22.1", "(b) no 0.22.1 run crashes"))
     return pd.DataFrame(rows), t, agree
 
 
