@@ -437,7 +437,9 @@ def release_greedy_clause(root) -> str:
            f"runs of this prompt give ({ref['reference runs']} stock {ref['reference graphs']} runs on vLLM "
            f"{ref['reference vLLM']})."
            + (" Every wrong token was a step's last one, the target's own sample." if ends else "")
-           + f" None had a non-finite log-probability, and vLLM counted {', '.join(counted)} tokens per step.")
+           + (" None had a non-finite log-probability" if not new["non-finite log-probabilities"].sum() else
+              f" {int(new['non-finite log-probabilities'].sum())} sampled tokens had a non-finite log-probability")
+           + f", and vLLM counted {', '.join(counted)} tokens per step.")
     if len(old):
         out += (f" The same engine on 0.22.1 in that session left them in {off(old)} requests, with "
                 f"{int(old['non-finite log-probabilities'].sum())} non-finite log-probabilities.")
