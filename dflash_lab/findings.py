@@ -401,8 +401,6 @@ def release_runs_clause(root) -> str:
 def release_greedy_clause(root) -> str:
     """What the greedy runs of the acceptance-6.0 matrices (s66's, run in s67) measured against the reference-path
     outputs of their workload (:func:`upstream.greedy_against_reference`); empty while none is recorded."""
-    import pandas as pd
-
     from . import upstream
 
     up, runs = str(Path(root) / "data" / "upstream" / "runs" / "*.jsonl"), str(Path(root) / "data" / "runs" / "*.jsonl")
@@ -411,7 +409,7 @@ def release_greedy_clause(root) -> str:
         d = upstream.release_frame([upstream.ACC6_RELEASE_MATRIX, upstream.ACC6_CONTROL_MATRIX], up, runs)
     except LabError:        # no line of these matrices recorded: nothing to say
         return ""
-    pool = pd.concat([analysis.load_runs(p) for p in (runs, up) if glob.glob(p)], ignore_index=True)
+    pool = upstream.run_pool(up, runs)
     try:
         per = upstream.greedy_against_reference(d, pool, data_dir=data)
     except LabError as e:   # a greedy run without a reference or without its outputs: said, not a broken page

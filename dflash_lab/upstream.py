@@ -812,6 +812,16 @@ def _reference_path(r) -> bool:
     return _stock_plain(r) and (r.get("enforce_eager") is True or r.get("cudagraph_mode") == "PIECEWISE")
 
 
+def run_pool(release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/runs/*.jsonl"):
+    """Every recorded run line, 0.22.1's and the releases', as one frame (:func:`analysis.load_runs` of each pattern
+    that matches a file): the pool :func:`greedy_against_reference` draws its references from."""
+    import pandas as pd
+
+    from .analysis import load_runs
+
+    return pd.concat([load_runs(p) for p in (controls_pattern, release_pattern) if glob_any(p)], ignore_index=True)
+
+
 def _lines_of(df) -> list[dict]:
     """A frame's rows as run lines again: a key another line had and this one lacks reads None, not NaN."""
     import math
@@ -954,7 +964,6 @@ def part1_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str
 
     import pandas as pd
 
-    from .analysis import load_runs
     from .runner import is_deadline_cut
     from .verification import planned_runs
 
@@ -986,7 +995,7 @@ def part1_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str
                              + (f"; runs whose overlay stamp is not the committed diff on the release: {unstamped}"
                                 if unstamped else ""),
                  "held": verdict(bool(errors) or bool(unstamped), len(measured) >= 1)})
-    pool = pd.concat([load_runs(p) for p in (controls_pattern, release_pattern) if glob_any(p)], ignore_index=True)
+    pool = run_pool(release_pattern, controls_pattern)
     greedy = d[[isinstance(x, list) for x in d["output_digests"]]] if "output_digests" in d else d.iloc[0:0]
     s = reference_summary(greedy_against_reference(greedy, pool, data_dir=data_dir)) if len(greedy) else pd.DataFrame()
     if len(s):
