@@ -133,7 +133,7 @@ def _write_findings(root: Path, out: Path) -> Path:
                     "offline")
     cv = crashstates.client_view(df)
     server_line = (
-        (f"The OpenAI server at TP=1 (streamed chat completions from N concurrent clients, the report's prompt, 512 tokens): "
+        ("The OpenAI server at TP=1 (streamed chat completions from N concurrent clients, the report's prompt, 512 tokens): "
          + "; ".join(f"concurrency {c}: {analysis.breakdown(server[server.concurrency == c])}" for c in sorted(set(server["concurrency"])))
          + (f". Clients of a crashed server got HTTP {', '.join(sorted(set(cv['HTTP statuses']), key=_numbers_in))} and then, inside the stream, "
             f"{', '.join(sorted(set(cv['first error body'].dropna())))}; requests already finished completed." if len(cv) else "."))
@@ -163,7 +163,7 @@ def _write_findings(root: Path, out: Path) -> Path:
            + (f" (each of these concurrencies also ran in GPU session {', '.join(_short(x) for x in common)})" if (common := _common_sessions(
                stock, low_crash + mid_ok)) else " (never in one GPU session)") + "."
            if low_crash and mid_ok else "")
-        + (PARA + f"At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: "
+        + (PARA + "At synthetic acceptance 8.8 (the report's crash A acceptance), stock offline TP=1: "
            + "; ".join(f"concurrency {c}: {analysis.breakdown(acc88[acc88.concurrency == c])}" for c in sorted(set(acc88["concurrency"])))
            + _first_position(acc88) + "." if len(acc88) else ""),
         server_line,
@@ -1224,7 +1224,7 @@ def _prefill_clause(df, pt, probe_of=None) -> str:
                       + plain_sites_text(verification.plain_sites(other)) + "; what a probed engine's graph memory held "
                       "there" + first_sites_text(verification.first_sites(sites)) + ") (" + per + odds
                       + "; a run without a pre-fill counts as not NaN-filled)." + admit_clause(df, sites, probe_of))
-    return out + (f". Within each session and concurrency the crashes were not all NaN-filled runs, and the others are "
+    return out + (". Within each session and concurrency the crashes were not all NaN-filled runs, and the others are "
                   "not shown to have had NaN of their own in the unwritten rows first (" + per + odds + "): these runs do "
                   "not show the crash following the unwritten rows' NaN." + admitted())
 
@@ -1487,8 +1487,8 @@ def _ledger2_sentence(df, pattern: str, data_dir: str) -> str:
         got = asyncsched.replay_spins(spins, [k - 1 for k in per])   # per: 1 + k placeholders a step; one child
         if got:
             same = all(g == c and h == len(s) for (g, c, h), s in zip(got, spins))
-            replay = (f"; vLLM 0.22.1's own AsyncScheduler, run on the CPU (dflash_lab.asyncsched) with those counts and "
-                      f"each request's last empty row on its final step, "
+            replay = ("; vLLM 0.22.1's own AsyncScheduler, run on the CPU (dflash_lab.asyncsched) with those counts and "
+                      "each request's last empty row on its final step, "
                       + ("ends in the ledgers' state, request for request (output, computed tokens, placeholders), and "
                          "never schedules them again" if same else "does not end in the ledgers' state"))
     except LabError as e:   # the CPU environment without vLLM's Python dependencies: said, not skipped silently

@@ -263,7 +263,7 @@ def read(path: str | os.PathLike) -> list[dict]:
     return out
 
 
-def table(pattern: str = "data/gpu/*/sigstages*.jsonl") -> "pd.DataFrame":
+def table(pattern: str = "data/gpu/*/sigstages*.jsonl"):
     """Every recorded sigstages line but the provenance, one row each: record (folder/file), stage, ok, outcome,
     handler (in words), object (the file holding the handler, path dropped), replaced, SigCgt, watcher."""
     import glob

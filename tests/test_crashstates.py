@@ -286,8 +286,6 @@ def test_log_asserts_reads_a_log_once_per_version(tmp_path, monkeypatch):
 
 def test_path_rates_never_drop_a_run_for_its_acceptance():
     """A stock run at "natural" acceptance, a per-position list or no usable value gets a row of its own."""
-    import pandas as pd
-
     df = analysis.load_runs()
     d = df.copy()
     c12 = d.index[(d["run_id"].str.startswith("stock-threshold-mid/c12"))]

@@ -3,7 +3,6 @@ whether outcomes agree - including a control that did not draft, which must not 
 
 import json
 
-import pandas as pd
 import pytest
 
 from dflash_lab import analysis, discriminate

@@ -458,8 +458,6 @@ def test_the_glance_section_says_when_there_is_nothing_to_show():
 
 def test_the_workaround_line_says_stock_loses_tokens_where_it_does_not_crash(root, monkeypatch, tmp_path):
     """s30 at 6.0, concurrency 8: stock FULL's 3 runs counted 5.107-5.108 where fixed FULL and PIECEWISE counted 6."""
-    import pandas as pd
-
     from dflash_lab import bench, findings
 
     monkeypatch.chdir(root)

@@ -4,7 +4,6 @@ parser, the run windows, and ingest keeping the file."""
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dflash_lab import analysis, divergence as D, schedledger, verification as V
+from dflash_lab import analysis, divergence as D, verification as V
 from dflash_lab.errors import LabError
 
 SESSION = "2026-11-30-s14"
