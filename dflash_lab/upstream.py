@@ -1021,3 +1021,31 @@ def part1_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str
     rows.append({"predicted": "(d) no run crashes", "measured": f"{crashed} of {len(measured)} run(s) crashed",
                  "held": verdict(crashed > 0, len(measured) >= len(plan))})
     return pd.DataFrame(rows), s
+
+
+def session_agreement(matrices, release_pattern: str = RELEASE_RUNS, controls_pattern: str = "data/runs/*.jsonl",
+                      data_dir: str = "data"):
+    """Every greedy FULL_AND_PIECEWISE run of ``matrices`` (any mix, e.g. :data:`PART1_RELEASE_MATRIX` with
+    :data:`ACC6_RELEASE_MATRIX`, whose PIECEWISE engine then serves as the reference) against the stock PIECEWISE run of
+    the same GPU session, vLLM release, concurrency and round: identical requests (token ids) and the largest
+    log-probability difference along each request's common prefix, beside both engines' own spread between requests
+    of one run (:func:`verification.output_agreement`, :func:`verification.logprob_agreement`). A run with no such
+    PIECEWISE run in its session has no row: runs of two sessions are never paired. Empty when none pairs."""
+    import pandas as pd
+
+    from .verification import logprob_agreement, output_agreement
+
+    d = release_frame(matrices, release_pattern, controls_pattern)
+    rel = d["vLLM"].fillna("0.22.1") if "vLLM" in d else pd.Series(["0.22.1"] * len(d), index=d.index)
+    out = []
+    for (session, version), g in d.groupby([d["gpu_session"], rel]):
+        tok, lp = output_agreement(g, session), logprob_agreement(g, session, data_dir=data_dir)
+        if tok.empty:
+            continue
+        keep = ["run", "positions compared", "max |dlogprob| vs reference", "max |dlogprob| within the FULL run",
+                "max |dlogprob| within the reference run"]
+        t = tok.merge(lp[keep], on="run", how="left") if len(lp) else tok
+        t.insert(0, "vLLM", version)
+        t.insert(1, "GPU session", session)
+        out.append(t)
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
