@@ -428,7 +428,9 @@ def release_greedy_clause(root) -> str:
     counted = sorted({f"{v:.3f}" for v in t[(t["vLLM"] == "0.26.0") & (t["temperature"] == 0)
                                              & (t["graphs"] == "FULL_AND_PIECEWISE")]["counted acceptance"]})
     ends = bool((new["tokens off the reference"] == new["of them at step ends"]).all())
-    sess = analysis.short_session(d[d["vLLM"] == "0.26.0"]["gpu_session"].iloc[0])
+    full_runs = set(new["run"])
+    sess = ", ".join(sorted({analysis.short_session(x)
+                             for x in d[d["run_id"].isin(full_runs)]["gpu_session"]}))
     ref = per.iloc[0]
     out = (f" Measured in session {sess} (concurrency 8, synthetic acceptance 6.0, greedy; notebook 04): in each of "
            f"0.26.0's {len(new)} FULL_AND_PIECEWISE runs, {off(new)} requests left the outputs that the reference-path "
@@ -444,15 +446,60 @@ def release_greedy_clause(root) -> str:
     out += (" With dummy weights the distributions are nearly flat, so a small numerical difference can flip a greedy "
             f"choice; the reference outputs differ only within their first "
             f"{int(ref['reference outputs differ within the first'])} tokens.")
-    if not len(t[(t["vLLM"] == "0.26.0") & (t["graphs"] == "PIECEWISE")]):
+    pw = upstream.reference_summary(upstream.greedy_against_reference(
+        d[(d["vLLM"] == "0.26.0") & (d["cudagraph_mode"] == "PIECEWISE")], pool, data_dir=data))
+    if not len(pw):
         out += " 0.26.0's own PIECEWISE engine has not run at that shape."
-    try:   # the part-1 matrix (s67's, for a later session) is what tests the cause; until it has run, say so
-        part1 = upstream.release_frame([upstream.PART1_RELEASE_MATRIX], up, runs)
+    else:
+        out += (f" 0.26.0's own PIECEWISE engine (session "
+                f"{', '.join(sorted({analysis.short_session(x) for x in d[d['run_id'].isin(set(pw['run']))]['gpu_session']}))}"
+                f") gave the reference output in {_requests_equal(pw)} requests of its {len(pw)} greedy runs, its "
+                f"requests' log-probabilities within {pw['max |dlogprob| vs request 0'].max():.3f} of request 0's "
+                f"(FULL's: up to {new['max |dlogprob| vs request 0'].max():.2f}).")
+    return out + _release_part1_clause(up, runs, data, sess)
+
+
+def _requests_equal(summary) -> str:
+    """'k of n' requests equal to a reference output over the runs of a :func:`upstream.reference_summary`."""
+    pairs = [tuple(int(v) for v in x.split("/")) for x in summary["requests equal to a reference output"]]
+    return f"{sum(a for a, _ in pairs)} of {sum(b for _, b in pairs)}"
+
+
+def _release_part1_clause(up, runs, data, stock_sessions: str) -> str:
+    """What the fix's part 1 ported to 0.26.0 (:data:`upstream.PART1_RELEASE_MATRIX`) measured: its predictions
+    (:func:`upstream.part1_predictions`) and its greedy runs against the same session's 0.26.0 PIECEWISE runs
+    (:func:`upstream.session_agreement`); until it has run, that no run has tested the cause on 0.26.0.
+    ``stock_sessions``: where the stock FULL runs it answers ran."""
+    from . import upstream
+
+    try:
+        pred, s = upstream.part1_predictions(up, runs, data_dir=data)
     except LabError:
-        part1 = None
-    if part1 is None:
-        out += " No run has tested the stale schedule as the cause on 0.26.0."
-    return out
+        return " No run has tested the stale schedule as the cause on 0.26.0."
+    d = upstream.release_frame([upstream.PART1_RELEASE_MATRIX], up, runs)
+    sess = ", ".join(sorted({analysis.short_session(x) for x in d["gpu_session"]}))
+    held = list(pred["held"])
+    verdict = ("all four predictions written before its runs held" if all(h is True for h in held) else
+               "its predictions written before the runs: " + ", ".join(
+                   f"{p.split(')')[0]}) {'held' if h is True else 'failed' if h is False else 'not decided'}"
+                   for p, h in zip(pred["predicted"], held)))
+    out = (f" With only the fix's part 1 ported to 0.26.0 (patches/vllm-0.26.0-part1.diff: 0.22.1's FlashAttention "
+           f"schedule refresh, the same lines), the same FULL_AND_PIECEWISE engine (session {sess}) gave the reference "
+           f"output in {_requests_equal(s) if len(s) else '0 of 0'} requests of its {len(s)} greedy runs ({verdict})")
+    sa = upstream.session_agreement([upstream.ACC6_RELEASE_MATRIX, upstream.PART1_RELEASE_MATRIX], up, runs, data)
+    sa = sa[sa["run"].isin(set(d["run_id"]))] if len(sa) else sa
+    if len(sa):
+        same = [tuple(int(v) for v in x.split("/")) for x in sa["identical requests"]]
+        out += (f"; against 0.26.0 PIECEWISE of the same session, round by round, {sum(a for a, _ in same)} of "
+                f"{sum(b for _, b in same)} requests had identical tokens, log-probabilities within "
+                f"{sa['max |dlogprob| vs reference'].max():.3f} of PIECEWISE's (PIECEWISE's own spread between requests "
+                f"of one run: {sa['max |dlogprob| within the reference run'].max():.3f})")
+    ok = len(s) and all(h is True for h in held)
+    if not ok:
+        return out + "."
+    where = ("the same session" if stock_sessions == sess else f"session {stock_sessions}, on another host")
+    return out + (". Part 1 changes nothing but the schedule the FULL graph reads, so at this shape the stale schedule "
+                  f"is what made 0.26.0's target tokens wrong (its stock FULL runs ran in {where}).")
 
 
 def _bench_runs(root):

@@ -663,11 +663,20 @@ def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path)
     assert ("in each of 0.26.0's 2 FULL_AND_PIECEWISE runs, 7 of 8 requests left the outputs that the reference-path "
             "runs of this prompt give (5 stock PIECEWISE runs on vLLM 0.22.1). Every wrong token was a step's last one, "
             "the target's own sample. None had a non-finite log-probability, and vLLM counted 6.000 tokens per step.") in text
-    assert "0.26.0's own PIECEWISE engine has not run at that shape." in text
     assert "so a small numerical difference can flip a greedy choice; the reference outputs differ only within their " \
            "first 3 tokens." in text
-    assert text.endswith("No run has tested the stale schedule as the cause on 0.26.0. Releases after 0.26.0 pin torch "
-                         "2.13 or 2.14, which the GPU host lacks.")
+    # s68: 0.26.0's own PIECEWISE engine, and the fix's part 1 ported to 0.26.0, each in session s68; the stock FULL
+    # runs' session is s67's, not the first 0.26.0 line's
+    assert "Measured in session s67 (concurrency 8" in text and "Measured in session s68" not in text
+    assert ("0.26.0's own PIECEWISE engine (session s68) gave the reference output in 16 of 16 requests of its 2 greedy "
+            "runs, its requests' log-probabilities within 0.002 of request 0's (FULL's: up to 0.34).") in text
+    assert ("the same FULL_AND_PIECEWISE engine (session s68) gave the reference output in 16 of 16 requests of its 2 "
+            "greedy runs (all four predictions written before its runs held); against 0.26.0 PIECEWISE of the same "
+            "session, round by round, 16 of 16 requests had identical tokens") in text
+    assert "has not run at that shape" not in text and "No run has tested" not in text
+    assert text.endswith("the stale schedule is what made 0.26.0's target tokens wrong (its stock FULL runs ran in "
+                         "session s67, on another host). Releases after 0.26.0 pin torch 2.13 or 2.14, which the GPU "
+                         "host lacks.")
     assert "crashed 0 of" not in text
     assert findings.upstream_clause(tmp_path) == ""     # nothing recorded: nothing said
     # sources recorded, no GPU run of a release: says so

@@ -628,3 +628,95 @@ def test_a_release_diff_line_is_fixed_with_the_parts_its_stamp_names(tmp_path):
         + "\n")
     text = findings.release_runs_clause(tmp_path)
     assert "with vllm-0.26.0-part1.diff; session s65) (an engine with a diff: no stock 0.22.1 engine is its control)" in text
+
+
+def test_greedy_full_runs_pair_with_the_piecewise_run_of_their_own_session_and_round_only(tmp_path):
+    """s68: upstream.session_agreement sets the part-1 engine's greedy runs beside 0.26.0 PIECEWISE of the same session,
+    round by round (token ids from the digests, log-probabilities along each request's common prefix, each engine's
+    own spread between requests); s67's stock FULL runs, whose session ran no PIECEWISE engine, get no row: runs of
+    two sessions are never paired."""
+    from dflash_lab import upstream
+
+    good, flip = [201] + [7] * 12, [201] + [7] * 5 + [5] + [7] * 6
+    g = dict(attempt=1, acceptance=6.0, concurrency=8, prompt_tokens=49, max_tokens=13, weights="dummy",
+             temperature=0.0, vllm_release="0.26.0", spec_decode_metrics={"acceptance_length": 6.0})
+    lp = [-12.0] * 13
+
+    def run(engine, matrix, session, rnd, graphs, toks, lps, **kw):
+        return (_line(run_id=f"{engine}/c8/greedy-r{rnd}", engine_id=engine, matrix=matrix, gpu_session=session,
+                      cudagraph_mode=graphs, output_digests=[str(t) for t in toks], round=rnd, **g, **kw), (toks, lps))
+
+    s68, s67 = "2026-12-05-s68", "2026-12-05-s67"
+    part1 = dict(vllm_diff="patches/vllm-0.26.0-part1.diff")
+    runs = [run("pw", upstream.ACC6_RELEASE_MATRIX, s68, 0, "PIECEWISE", [good] * 8,
+                [lp] + [[v + 0.002 for v in lp]] * 7),
+            run("pw", upstream.ACC6_RELEASE_MATRIX, s68, 1, "PIECEWISE", [good] * 8, [lp] * 8),
+            run("full", upstream.ACC6_RELEASE_MATRIX, s67, 0, "FULL_AND_PIECEWISE", [good] + [flip] * 7, [lp] * 8),
+            run("p1", upstream.PART1_RELEASE_MATRIX, s68, 0, "FULL_AND_PIECEWISE", [good] * 8,
+                [[v + 0.001 for v in lp]] * 8, **part1),
+            run("p1", upstream.PART1_RELEASE_MATRIX, s68, 1, "FULL_AND_PIECEWISE", [good] * 7 + [flip],
+                [lp] * 7 + [[v - 0.5 for v in lp]], **part1)]
+    by_stem = {}
+    for (line, out) in runs:
+        by_stem.setdefault(line["matrix"], []).append((line, out))
+    for stem, items in by_stem.items():
+        data = _greedy(tmp_path, stem, [l for l, _ in items], {l["run_id"]: o for l, o in items}, where="upstream/runs")
+    t = upstream.session_agreement([upstream.ACC6_RELEASE_MATRIX, upstream.PART1_RELEASE_MATRIX],
+                                   str(data / "upstream" / "runs" / "*.jsonl"), str(data / "runs" / "*.jsonl"),
+                                   data_dir=str(data))
+    assert list(t["run"]) == ["p1/c8/greedy-r0", "p1/c8/greedy-r1"], t.to_string()
+    assert list(t["reference run"]) == ["pw/c8/greedy-r0", "pw/c8/greedy-r1"]
+    assert list(t["identical requests"]) == ["8/8", "7/8"] and set(t["GPU session"]) == {s68}
+    r0, r1 = t.iloc[0], t.iloc[1]
+    assert abs(r0["max |dlogprob| vs reference"] - 0.001) < 1e-9          # part 1 sits 0.001 off both kinds of request
+    assert abs(r0["max |dlogprob| within the reference run"] - 0.002) < 1e-9
+    assert r0["max |dlogprob| within the FULL run"] < 1e-9 and r0["positions compared"] == 8 * 13
+    # the flipped request is compared up to its first different token only (position 6), at 0.5 off
+    assert abs(r1["max |dlogprob| vs reference"] - 0.5) < 1e-9 and r1["positions compared"] == 7 * 13 + 6
+    # without the PIECEWISE engine's session, nothing pairs
+    only = upstream.session_agreement([upstream.PART1_RELEASE_MATRIX], str(data / "upstream" / "runs" / "*.jsonl"),
+                                      str(data / "runs" / "*.jsonl"), data_dir=str(data))
+    assert only.empty
+
+
+def test_the_findings_name_the_stale_schedule_as_0_26_0s_cause_only_when_every_part1_prediction_held(tmp_path):
+    """s68: the findings page's part-1 sentence reports the pre-registered verdicts, and concludes that the stale
+    schedule made 0.26.0's tokens wrong only when all four held; a flipped greedy request (prediction (b) failing) gets
+    the verdicts and no conclusion. Where the stock FULL runs ran in the part-1 session, it says so."""
+    from dflash_lab import findings, upstream, vllmdiff
+
+    good, flip = [201] + [7] * 12, [201] + [7] * 5 + [5] + [7] * 6
+    g = dict(attempt=1, acceptance=6.0, concurrency=8, prompt_tokens=49, max_tokens=13, weights="dummy")
+    stamp = {"hunks_sha256": vllmdiff.hunks_sha256((ROOT / "patches" / "vllm-0.26.0-part1.diff").read_text()),
+             "source": "/tmp/vllm-releases/0.26.0/vllm"}
+    eng = dict(engine_id="p1", vllm_release="0.26.0", matrix=upstream.PART1_RELEASE_MATRIX, gpu_session="2026-12-05-s68",
+               vllm_diff="patches/vllm-0.26.0-part1.diff", vllm_diff_stamp=stamp,
+               spec_decode_metrics={"acceptance_length": 6.0}, **g)
+
+    def clause(last_request, stock_sessions):
+        base = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+        ref = [_line(run_id="pw/c2/r0", engine_id="pw", cudagraph_mode="PIECEWISE", matrix="ref", output_digests=["x"],
+                     **{**g, "temperature": 0.0, "acceptance": 1.86})]
+        data = _greedy(base, "ref", ref, {"pw/c2/r0": ([good] * 2, [[-1.0] * 13] * 2)})
+        lines = [_line(run_id=f"p1/c8/r{i}", temperature=0.7, round=i, **{**eng, "output_digests": None})
+                 for i in range(3)]
+        lines += [_line(run_id=f"p1/c8/greedy-r{i}", temperature=0.0, round=i, output_digests=["x"] * 8, **eng)
+                  for i in range(2)]
+        outs = {l["run_id"]: ([good] * 7 + [last_request if l["run_id"].endswith("greedy-r1") else good],
+                              [[-1.0] * 13] * 8) for l in lines}
+        _greedy(base, "part1", lines, outs, where="upstream/runs")
+        return findings._release_part1_clause(str(data / "upstream" / "runs" / "*.jsonl"), str(data / "runs" / "*.jsonl"),
+                                              str(data), stock_sessions)
+
+    ok = clause(good, "s67")
+    assert "gave the reference output in 16 of 16 requests of its 2 greedy runs (all four predictions written before " \
+           "its runs held)" in ok
+    assert ok.endswith("is what made 0.26.0's target tokens wrong (its stock FULL runs ran in session s67, on another "
+                       "host).")
+    assert clause(good, "s68").endswith("(its stock FULL runs ran in the same session).")
+    bad = clause(flip, "s67")
+    assert "15 of 16 requests" in bad and "(b) failed" in bad and "(a) held" in bad
+    assert "is what made" not in bad and bad.endswith(").")
+    assert findings._release_part1_clause(str(tmp_path / "none" / "*.jsonl"), str(tmp_path / "none2" / "*.jsonl"),
+                                          str(tmp_path), "s67") == " No run has tested the stale schedule as the cause " \
+                                                                   "on 0.26.0."
