@@ -428,9 +428,7 @@ def release_greedy_clause(root) -> str:
     counted = sorted({f"{v:.3f}" for v in t[(t["vLLM"] == "0.26.0") & (t["temperature"] == 0)
                                              & (t["graphs"] == "FULL_AND_PIECEWISE")]["counted acceptance"]})
     ends = bool((new["tokens off the reference"] == new["of them at step ends"]).all())
-    full_runs = set(new["run"])
-    sess = ", ".join(sorted({analysis.short_session(x)
-                             for x in d[d["run_id"].isin(full_runs)]["gpu_session"]}))
+    sess = ", ".join(sorted({analysis.short_session(x) for x in new["GPU session"]}))
     ref = per.iloc[0]
     out = (f" Measured in session {sess} (concurrency 8, synthetic acceptance 6.0, greedy; notebook 04): in each of "
            f"0.26.0's {len(new)} FULL_AND_PIECEWISE runs, {off(new)} requests left the outputs that the reference-path "
@@ -452,11 +450,14 @@ def release_greedy_clause(root) -> str:
         out += " 0.26.0's own PIECEWISE engine has not run at that shape."
     else:
         out += (f" 0.26.0's own PIECEWISE engine (session "
-                f"{', '.join(sorted({analysis.short_session(x) for x in d[d['run_id'].isin(set(pw['run']))]['gpu_session']}))}"
+                f"{', '.join(sorted({analysis.short_session(x) for x in pw['GPU session']}))}"
                 f") gave the reference output in {_requests_equal(pw)} requests of its {len(pw)} greedy runs, its "
                 f"requests' log-probabilities within {pw['max |dlogprob| vs request 0'].max():.3f} of request 0's "
-                f"(FULL's: up to {new['max |dlogprob| vs request 0'].max():.2f}).")
-    return out + _release_part1_clause(up, runs, data, sess)
+                f"(stock FULL's in session {sess}, along the tokens its requests share with request 0 before they part: "
+                f"up to {new['max |dlogprob| vs request 0'].max():.2f}).")
+    wrong = {analysis.short_session(x) for x, eq in zip(new["GPU session"], new["requests equal to a reference output"])
+             if eq.split("/")[0] != eq.split("/")[1]}
+    return out + _release_part1_clause(up, runs, data, wrong)
 
 
 def _requests_equal(summary) -> str:
@@ -465,11 +466,14 @@ def _requests_equal(summary) -> str:
     return f"{sum(a for a, _ in pairs)} of {sum(b for _, b in pairs)}"
 
 
-def _release_part1_clause(up, runs, data, stock_sessions: str) -> str:
+def _release_part1_clause(up, runs, data, stock_wrong) -> str:
     """What the fix's part 1 ported to 0.26.0 (:data:`upstream.PART1_RELEASE_MATRIX`) measured: its predictions
     (:func:`upstream.part1_predictions`) and its greedy runs against the same session's 0.26.0 PIECEWISE runs
     (:func:`upstream.session_agreement`); until it has run, that no run has tested the cause on 0.26.0.
-    ``stock_sessions``: where the stock FULL runs it answers ran."""
+    ``stock_wrong``: the sessions (short labels) whose stock 0.26.0 FULL greedy runs left the reference output. The
+    stale schedule is concluded to be the cause only where such a session also ran part 1, with every prediction
+    held and the part-1 runs paired with PIECEWISE of their session (the standard: an intervention beside its own
+    control); otherwise the sentence says what the runs are consistent with and what would decide it."""
     from . import upstream
 
     try:
@@ -477,7 +481,8 @@ def _release_part1_clause(up, runs, data, stock_sessions: str) -> str:
     except LabError:
         return " No run has tested the stale schedule as the cause on 0.26.0."
     d = upstream.release_frame([upstream.PART1_RELEASE_MATRIX], up, runs)
-    sess = ", ".join(sorted({analysis.short_session(x) for x in d["gpu_session"]}))
+    sessions = {analysis.short_session(x) for x in d["gpu_session"]}
+    sess = ", ".join(sorted(sessions))
     held = list(pred["held"])
     verdict = ("all four predictions written before its runs held" if all(h is True for h in held) else
                "its predictions written before the runs: " + ", ".join(
@@ -487,19 +492,23 @@ def _release_part1_clause(up, runs, data, stock_sessions: str) -> str:
            f"schedule refresh, the same lines), the same FULL_AND_PIECEWISE engine (session {sess}) gave the reference "
            f"output in {_requests_equal(s) if len(s) else '0 of 0'} requests of its {len(s)} greedy runs ({verdict})")
     sa = upstream.session_agreement([upstream.ACC6_RELEASE_MATRIX, upstream.PART1_RELEASE_MATRIX], up, runs, data)
-    sa = sa[sa["run"].isin(set(d["run_id"]))] if len(sa) else sa
+    sa = sa[sa["run"].isin(set(d["run_id"])) & sa["GPU session"].isin(set(d["gpu_session"]))] if len(sa) else sa
     if len(sa):
         same = [tuple(int(v) for v in x.split("/")) for x in sa["identical requests"]]
         out += (f"; against 0.26.0 PIECEWISE of the same session, round by round, {sum(a for a, _ in same)} of "
                 f"{sum(b for _, b in same)} requests had identical tokens, log-probabilities within "
                 f"{sa['max |dlogprob| vs reference'].max():.3f} of PIECEWISE's (PIECEWISE's own spread between requests "
                 f"of one run: {sa['max |dlogprob| within the reference run'].max():.3f})")
-    ok = len(s) and all(h is True for h in held)
-    if not ok:
+    if not (len(s) and all(h is True for h in held)):
         return out + "."
-    where = ("the same session" if stock_sessions == sess else f"session {stock_sessions}, on another host")
-    return out + (". Part 1 changes nothing but the schedule the FULL graph reads, so at this shape the stale schedule "
-                  f"is what made 0.26.0's target tokens wrong (its stock FULL runs ran in {where}).")
+    beside = sorted(set(stock_wrong) & sessions)
+    if beside and len(sa):
+        return out + (f". In session {', '.join(beside)} stock FULL left the reference output beside it: part 1 changes "
+                      "nothing but the schedule the FULL graph reads, so at this shape the stale schedule is what makes "
+                      "0.26.0's target tokens wrong.")
+    return out + (". That is what the stale schedule as the cause predicts, but stock FULL's wrong tokens were measured in "
+                  f"session {', '.join(sorted(stock_wrong)) or 'none'}, on another host: it is decided when stock FULL "
+                  "and part 1 run in one session.")
 
 
 def _bench_runs(root):

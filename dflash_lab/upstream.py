@@ -767,12 +767,15 @@ def acc6_predictions(release_pattern: str = RELEASE_RUNS, controls_pattern: str 
     rel = d[d["matrix"] == ACC6_RELEASE_MATRIX]
     agree = pd.DataFrame()
     if len(rel):
-        agree = pd.concat([output_agreement(rel, s) for s in sorted(set(rel["gpu_session"]))], ignore_index=True)
+        # per session, and said so: a matrix run again in a later session repeats its run ids
+        agree = pd.concat([output_agreement(rel, s).assign(gpu_session=s) for s in sorted(set(rel["gpu_session"]))],
+                          ignore_index=True)
     gf, gp = cell("0.26.0", "FULL_AND_PIECEWISE", True), cell("0.26.0", "PIECEWISE", True)
     n_greedy = planned(ACC6_RELEASE_MATRIX, "r0260-full-acc6", True)
     parts, verdicts = [], []
     for _, r in gf.iterrows():
-        a = agree[agree["run"] == r["run"]] if len(agree) else agree
+        a = (agree[(agree["run"] == r["run"]) & (agree["gpu_session"] == r["gpu_session"])]
+             if len(agree) and "run" in agree else agree.iloc[0:0])
         nonfin = r["non-finite log-probabilities"]
         if a.empty:
             parts.append(f"{r['run']}: no PIECEWISE run of its round")
@@ -899,7 +902,8 @@ def greedy_against_reference(runs, pool, data_dir: str = "data"):
             nonfin = None if lps is None else [p for p, v in enumerate(lps)
                                                if v is not None and isinstance(v, (int, float)) and not math.isfinite(v)]
             out.append({"vLLM": r.get("vLLM") or r.get("vllm_release") or "0.22.1", "graphs": r.get("cudagraph_mode"),
-                        "run": r["run_id"], "request": i, "tokens": len(toks),
+                        # a matrix run again in a later session repeats its run ids: the session keeps runs apart
+                        "GPU session": r.get("gpu_session") or "", "run": r["run_id"], "request": i, "tokens": len(toks),
                         "equals a reference output": tuple(toks) in refs[key],
                         "tokens off the reference": len(off), "first off": off[0] if off else None,
                         "off at step ends": (sum(1 for p in off if p and p % step == 0) if step else None),
@@ -926,19 +930,20 @@ def _max_known(values):
 
 
 def reference_summary(per_request):
-    """:func:`greedy_against_reference` per run: requests, those equal to a reference output, tokens off it (and of
-    them on step ends), the earliest first-off position, non-finite log-probabilities, and the largest log-probability
-    difference from request 0 along a common token prefix. Empty for no rows."""
+    """:func:`greedy_against_reference` per run (GPU session and run id: a matrix run again repeats its ids): requests,
+    those equal to a reference output, tokens off it (and of them on step ends), the earliest first-off position,
+    non-finite log-probabilities, and the largest log-probability difference from request 0 along a common token
+    prefix. Empty for no rows."""
     import pandas as pd
 
     rows = []
     if not len(per_request):
         return pd.DataFrame(rows)
-    for run, g in per_request.groupby("run", sort=False):
+    for (session, run), g in per_request.groupby(["GPU session", "run"], sort=False):
         firsts = [int(v) for v in g["first off"] if v is not None and v == v]
         ends = [v for v in g["off at step ends"] if v is not None and v == v]
         nf = [v for v in g["non-finite log-probabilities"] if v is not None and v == v]
-        rows.append({"vLLM": g["vLLM"].iloc[0], "graphs": g["graphs"].iloc[0], "run": run,
+        rows.append({"vLLM": g["vLLM"].iloc[0], "graphs": g["graphs"].iloc[0], "GPU session": session, "run": run,
                      "requests equal to a reference output": f"{int(g['equals a reference output'].sum())}/{len(g)}",
                      "tokens off the reference": int(g["tokens off the reference"].sum()),
                      "of them at step ends": int(sum(ends)) if ends else None,
@@ -1027,24 +1032,42 @@ def session_agreement(matrices, release_pattern: str = RELEASE_RUNS, controls_pa
                       data_dir: str = "data"):
     """Every greedy FULL_AND_PIECEWISE run of ``matrices`` (any mix, e.g. :data:`PART1_RELEASE_MATRIX` with
     :data:`ACC6_RELEASE_MATRIX`, whose PIECEWISE engine then serves as the reference) against the stock PIECEWISE run of
-    the same GPU session, vLLM release, concurrency and round: identical requests (token ids) and the largest
-    log-probability difference along each request's common prefix, beside both engines' own spread between requests
-    of one run (:func:`verification.output_agreement`, :func:`verification.logprob_agreement`). A run with no such
-    PIECEWISE run in its session has no row: runs of two sessions are never paired. Empty when none pairs."""
+    the same GPU session, host, vLLM release, workload (target and :data:`WORKLOAD_KEYS`, synthetic acceptance),
+    concurrency and round: identical requests (token ids) and the largest log-probability difference along each
+    request's common prefix, beside both engines' own spread between requests of one run
+    (:func:`verification.output_agreement`, :func:`verification.logprob_agreement`). A run with no such PIECEWISE run
+    has no row: runs of two sessions or two hosts are never paired (a line without a session label pairs with none).
+    Empty when none pairs."""
     import pandas as pd
 
     from .verification import logprob_agreement, output_agreement
 
     d = release_frame(matrices, release_pattern, controls_pattern)
-    rel = d["vLLM"].fillna("0.22.1") if "vLLM" in d else pd.Series(["0.22.1"] * len(d), index=d.index)
+    if d.empty or "gpu_session" not in d:
+        return pd.DataFrame()
+
+    def plain(v):   # a frame's cell as the run line had it (numpy scalars and NaN back to Python values)
+        v = v.item() if hasattr(v, "item") and not isinstance(v, (list, dict, str)) else v
+        return None if isinstance(v, float) and v != v else v
+
+    def key(r):
+        r = {k: plain(v) for k, v in dict(r).items()}
+        return (r.get("gpu_session"), r.get("vLLM") or r.get("vllm_release") or PINNED, r.get("host_boot_id"),
+                _target(r), _cfg(r, "acceptance")) + tuple(_cfg(r, k) for k in WORKLOAD_KEYS)
+
+    keys = [key(r) for _, r in d.iterrows()]
     out = []
-    for (session, version), g in d.groupby([d["gpu_session"], rel]):
+    for k in dict.fromkeys(keys):
+        session, version = k[0], k[1]
+        if not isinstance(session, str) or not session:
+            continue
+        g = d[[x == k for x in keys]]
         tok, lp = output_agreement(g, session), logprob_agreement(g, session, data_dir=data_dir)
         if tok.empty:
             continue
-        keep = ["run", "positions compared", "max |dlogprob| vs reference", "max |dlogprob| within the FULL run",
+        cols = ["run", "positions compared", "max |dlogprob| vs reference", "max |dlogprob| within the FULL run",
                 "max |dlogprob| within the reference run"]
-        t = tok.merge(lp[keep], on="run", how="left") if len(lp) else tok
+        t = tok.merge(lp[cols], on="run", how="left") if len(lp) else tok.assign(**{c: None for c in cols[1:]})
         t.insert(0, "vLLM", version)
         t.insert(1, "GPU session", session)
         out.append(t)

@@ -669,14 +669,17 @@ def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path)
     # runs' session is s67's, not the first 0.26.0 line's
     assert "Measured in session s67 (concurrency 8" in text and "Measured in session s68" not in text
     assert ("0.26.0's own PIECEWISE engine (session s68) gave the reference output in 16 of 16 requests of its 2 greedy "
-            "runs, its requests' log-probabilities within 0.002 of request 0's (FULL's: up to 0.34).") in text
+            "runs, its requests' log-probabilities within 0.002 of request 0's (stock FULL's in session s67, along the "
+            "tokens its requests share with request 0 before they part: up to 0.34).") in text
     assert ("the same FULL_AND_PIECEWISE engine (session s68) gave the reference output in 16 of 16 requests of its 2 "
             "greedy runs (all four predictions written before its runs held); against 0.26.0 PIECEWISE of the same "
             "session, round by round, 16 of 16 requests had identical tokens") in text
     assert "has not run at that shape" not in text and "No run has tested" not in text
-    assert text.endswith("the stale schedule is what made 0.26.0's target tokens wrong (its stock FULL runs ran in "
-                         "session s67, on another host). Releases after 0.26.0 pin torch 2.13 or 2.14, which the GPU "
-                         "host lacks.")
+    # stock FULL's wrong tokens are s67's, part 1's runs s68's: consistent, not concluded (no same-session control)
+    assert text.endswith("That is what the stale schedule as the cause predicts, but stock FULL's wrong tokens were "
+                         "measured in session s67, on another host: it is decided when stock FULL and part 1 run in one "
+                         "session. Releases after 0.26.0 pin torch 2.13 or 2.14, which the GPU host lacks.")
+    assert "is what makes" not in text and "is what made" not in text
     assert "crashed 0 of" not in text
     assert findings.upstream_clause(tmp_path) == ""     # nothing recorded: nothing said
     # sources recorded, no GPU run of a release: says so

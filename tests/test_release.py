@@ -679,44 +679,85 @@ def test_greedy_full_runs_pair_with_the_piecewise_run_of_their_own_session_and_r
     assert only.empty
 
 
-def test_the_findings_name_the_stale_schedule_as_0_26_0s_cause_only_when_every_part1_prediction_held(tmp_path):
-    """s68: the findings page's part-1 sentence reports the pre-registered verdicts, and concludes that the stale
-    schedule made 0.26.0's tokens wrong only when all four held; a flipped greedy request (prediction (b) failing) gets
-    the verdicts and no conclusion. Where the stock FULL runs ran in the part-1 session, it says so."""
+def test_the_findings_name_the_stale_schedule_as_0_26_0s_cause_only_beside_a_same_session_stock_control(tmp_path):
+    """s68: the findings page's part-1 sentence reports the pre-registered verdicts. It concludes that the stale schedule
+    makes 0.26.0's tokens wrong only when all four held, the part-1 runs paired with 0.26.0 PIECEWISE of their session,
+    and stock FULL left the reference output in that same session; with stock FULL's wrong tokens from another session
+    (s68's case: s67) it says what would decide it; a flipped greedy request (prediction (b) failing) gets the verdicts
+    and no conclusion."""
     from dflash_lab import findings, upstream, vllmdiff
 
     good, flip = [201] + [7] * 12, [201] + [7] * 5 + [5] + [7] * 6
-    g = dict(attempt=1, acceptance=6.0, concurrency=8, prompt_tokens=49, max_tokens=13, weights="dummy")
+    g = dict(attempt=1, acceptance=6.0, concurrency=8, prompt_tokens=49, max_tokens=13, weights="dummy",
+             vllm_release="0.26.0", gpu_session="2026-12-05-s68", spec_decode_metrics={"acceptance_length": 6.0})
     stamp = {"hunks_sha256": vllmdiff.hunks_sha256((ROOT / "patches" / "vllm-0.26.0-part1.diff").read_text()),
              "source": "/tmp/vllm-releases/0.26.0/vllm"}
-    eng = dict(engine_id="p1", vllm_release="0.26.0", matrix=upstream.PART1_RELEASE_MATRIX, gpu_session="2026-12-05-s68",
-               vllm_diff="patches/vllm-0.26.0-part1.diff", vllm_diff_stamp=stamp,
-               spec_decode_metrics={"acceptance_length": 6.0}, **g)
+    eng = dict(engine_id="p1", matrix=upstream.PART1_RELEASE_MATRIX, vllm_diff="patches/vllm-0.26.0-part1.diff",
+               vllm_diff_stamp=stamp, **g)
 
-    def clause(last_request, stock_sessions):
+    def clause(last_request, stock_wrong, piecewise):
         base = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
-        ref = [_line(run_id="pw/c2/r0", engine_id="pw", cudagraph_mode="PIECEWISE", matrix="ref", output_digests=["x"],
-                     **{**g, "temperature": 0.0, "acceptance": 1.86})]
+        ref = [_line(run_id="pw/c2/r0", engine_id="pw", cudagraph_mode="PIECEWISE", matrix="ref", output_digests=["a"] * 2,
+                     **{**g, "temperature": 0.0, "acceptance": 1.86, "vllm_release": None, "gpu_session": "2026-11-30-s15"})]
         data = _greedy(base, "ref", ref, {"pw/c2/r0": ([good] * 2, [[-1.0] * 13] * 2)})
+        outs = {}
         lines = [_line(run_id=f"p1/c8/r{i}", temperature=0.7, round=i, **{**eng, "output_digests": None})
                  for i in range(3)]
-        lines += [_line(run_id=f"p1/c8/greedy-r{i}", temperature=0.0, round=i, output_digests=["x"] * 8, **eng)
-                  for i in range(2)]
-        outs = {l["run_id"]: ([good] * 7 + [last_request if l["run_id"].endswith("greedy-r1") else good],
-                              [[-1.0] * 13] * 8) for l in lines}
+        for i in range(2):
+            toks = [good] * 7 + [last_request if i == 1 else good]
+            lines.append(_line(run_id=f"p1/c8/greedy-r{i}", temperature=0.0, round=i,
+                               output_digests=[str(t) for t in toks], **eng))
+            outs[lines[-1]["run_id"]] = (toks, [[-1.0] * 13] * 8)
+        outs.update({l["run_id"]: ([], []) for l in lines[:3]})
         _greedy(base, "part1", lines, outs, where="upstream/runs")
+        if piecewise:
+            pw = [_line(run_id=f"r0260-piecewise-acc6/c8/greedy-r{i}", engine_id="r0260-piecewise-acc6", round=i,
+                        matrix=upstream.ACC6_RELEASE_MATRIX, cudagraph_mode="PIECEWISE", temperature=0.0,
+                        output_digests=[str(good)] * 8, **g) for i in range(2)]
+            _greedy(base, "acc6", pw, {l["run_id"]: ([good] * 8, [[-1.0] * 13] * 8) for l in pw}, where="upstream/runs")
         return findings._release_part1_clause(str(data / "upstream" / "runs" / "*.jsonl"), str(data / "runs" / "*.jsonl"),
-                                              str(data), stock_sessions)
+                                              str(data), stock_wrong)
 
-    ok = clause(good, "s67")
+    apart = clause(good, {"s67"}, True)
     assert "gave the reference output in 16 of 16 requests of its 2 greedy runs (all four predictions written before " \
-           "its runs held)" in ok
-    assert ok.endswith("is what made 0.26.0's target tokens wrong (its stock FULL runs ran in session s67, on another "
-                       "host).")
-    assert clause(good, "s68").endswith("(its stock FULL runs ran in the same session).")
-    bad = clause(flip, "s67")
+           "its runs held); against 0.26.0 PIECEWISE of the same session, round by round, 16 of 16 requests had " \
+           "identical tokens" in apart
+    assert apart.endswith("stock FULL's wrong tokens were measured in session s67, on another host: it is decided when "
+                          "stock FULL and part 1 run in one session.")
+    beside = clause(good, {"s67", "s68"}, True)
+    assert beside.endswith(". In session s68 stock FULL left the reference output beside it: part 1 changes nothing but "
+                           "the schedule the FULL graph reads, so at this shape the stale schedule is what makes 0.26.0's "
+                           "target tokens wrong.")
+    unpaired = clause(good, {"s68"}, False)                        # no PIECEWISE run of its session: not concluded
+    assert "against 0.26.0 PIECEWISE" not in unpaired and "is what makes" not in unpaired
+    bad = clause(flip, {"s68"}, True)
     assert "15 of 16 requests" in bad and "(b) failed" in bad and "(a) held" in bad
-    assert "is what made" not in bad and bad.endswith(").")
+    assert "15 of 16 requests had identical tokens" in bad
+    assert "is what makes" not in bad and "predicts" not in bad and bad.endswith(").")
     assert findings._release_part1_clause(str(tmp_path / "none" / "*.jsonl"), str(tmp_path / "none2" / "*.jsonl"),
-                                          str(tmp_path), "s67") == " No run has tested the stale schedule as the cause " \
-                                                                   "on 0.26.0."
+                                          str(tmp_path), {"s67"}) == " No run has tested the stale schedule as the " \
+                                                                     "cause on 0.26.0."
+
+
+@pytest.mark.parametrize("change", [{"host_boot_id": "another-host"}, {"acceptance": 3.6}, {"max_tokens": 12}])
+def test_a_piecewise_run_of_another_host_or_workload_is_no_partner(tmp_path, change):
+    """upstream.session_agreement pairs within one session only on one host and one workload: a PIECEWISE run of the
+    same session label but another host (a host lost mid-session), another synthetic acceptance or another length
+    gives the part-1 run no row."""
+    from dflash_lab import upstream
+
+    good = [201] + [7] * 12
+    g = dict(attempt=1, acceptance=6.0, concurrency=8, prompt_tokens=49, max_tokens=13, weights="dummy", round=0,
+             temperature=0.0, vllm_release="0.26.0", gpu_session="2026-12-05-s68", host_boot_id="h1",
+             output_digests=[str(good)] * 8)
+    p1 = _line(run_id="p1/c8/greedy-r0", engine_id="p1", matrix=upstream.PART1_RELEASE_MATRIX, **g)
+    pw = _line(run_id="pw/c8/greedy-r0", engine_id="pw", matrix=upstream.ACC6_RELEASE_MATRIX,
+               cudagraph_mode="PIECEWISE", **g)
+    outs = ([good] * 8, [[-1.0] * 13] * 8)
+    data = _greedy(tmp_path, "part1", [p1], {p1["run_id"]: outs}, where="upstream/runs")
+    _greedy(tmp_path, "acc6", [pw], {pw["run_id"]: outs}, where="upstream/runs")
+    args = ([upstream.ACC6_RELEASE_MATRIX, upstream.PART1_RELEASE_MATRIX], str(data / "upstream" / "runs" / "*.jsonl"),
+            str(data / "runs" / "*.jsonl"))
+    assert list(upstream.session_agreement(*args, data_dir=str(data))["identical requests"]) == ["8/8"]
+    _greedy(tmp_path, "acc6", [{**pw, **change}], {pw["run_id"]: outs}, where="upstream/runs")
+    assert upstream.session_agreement(*args, data_dir=str(data)).empty
