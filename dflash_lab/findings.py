@@ -460,9 +460,10 @@ def release_greedy_clause(root) -> str:
     return out + _release_part1_clause(up, runs, data, wrong)
 
 
-def _requests_equal(summary) -> str:
-    """'k of n' requests equal to a reference output over the runs of a :func:`upstream.reference_summary`."""
-    pairs = [tuple(int(v) for v in x.split("/")) for x in summary["requests equal to a reference output"]]
+def _requests_equal(table, column: str = "requests equal to a reference output") -> str:
+    """'k of n' over a column of per-run 'k/n' counts: requests equal to a reference output (a
+    :func:`upstream.reference_summary`), or identical to PIECEWISE's (:func:`upstream.session_agreement`)."""
+    pairs = [tuple(int(v) for v in x.split("/")) for x in table[column]]
     return f"{sum(a for a, _ in pairs)} of {sum(b for _, b in pairs)}"
 
 
@@ -492,11 +493,11 @@ def _release_part1_clause(up, runs, data, stock_wrong) -> str:
            f"schedule refresh, the same lines), the same FULL_AND_PIECEWISE engine (session {sess}) gave the reference "
            f"output in {_requests_equal(s) if len(s) else '0 of 0'} requests of its {len(s)} greedy runs ({verdict})")
     sa = upstream.session_agreement([upstream.ACC6_RELEASE_MATRIX, upstream.PART1_RELEASE_MATRIX], up, runs, data)
-    sa = sa[sa["run"].isin(set(d["run_id"])) & sa["GPU session"].isin(set(d["gpu_session"]))] if len(sa) else sa
+    ours = set(zip(d["gpu_session"], d["run_id"]))
+    sa = sa[[x in ours for x in zip(sa["GPU session"], sa["run"])]] if len(sa) else sa
     if len(sa):
-        same = [tuple(int(v) for v in x.split("/")) for x in sa["identical requests"]]
-        out += (f"; against 0.26.0 PIECEWISE of the same session, round by round, {sum(a for a, _ in same)} of "
-                f"{sum(b for _, b in same)} requests had identical tokens, log-probabilities within "
+        out += (f"; against 0.26.0 PIECEWISE of the same session, round by round, "
+                f"{_requests_equal(sa, 'identical requests')} requests had identical tokens, log-probabilities within "
                 f"{sa['max |dlogprob| vs reference'].max():.3f} of PIECEWISE's (PIECEWISE's own spread between requests "
                 f"of one run: {sa['max |dlogprob| within the reference run'].max():.3f})")
     if not (len(s) and all(h is True for h in held)):
