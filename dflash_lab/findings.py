@@ -414,8 +414,8 @@ def release_greedy_clause(root) -> str:
         per = upstream.greedy_against_reference(d, pool, data_dir=data)
     except LabError as e:   # a greedy run without a reference or without its outputs: said, not a broken page
         return f" The greedy runs of {upstream.ACC6_RELEASE_MATRIX} could not be judged: {e}."
-    s = upstream.reference_summary(per)
-    s = s[s["graphs"] == "FULL_AND_PIECEWISE"] if len(s) else s
+    every = upstream.reference_summary(per)
+    s = every[every["graphs"] == "FULL_AND_PIECEWISE"] if len(every) else every
     new, old = (s[s["vLLM"] == v] if len(s) else s for v in ("0.26.0", "0.22.1"))
     if new.empty:
         return ""
@@ -444,8 +444,7 @@ def release_greedy_clause(root) -> str:
     out += (" With dummy weights the distributions are nearly flat, so a small numerical difference can flip a greedy "
             f"choice; the reference outputs differ only within their first "
             f"{int(ref['reference outputs differ within the first'])} tokens.")
-    pw = upstream.reference_summary(upstream.greedy_against_reference(
-        d[(d["vLLM"] == "0.26.0") & (d["cudagraph_mode"] == "PIECEWISE")], pool, data_dir=data))
+    pw = every[(every["vLLM"] == "0.26.0") & (every["graphs"] == "PIECEWISE")] if len(every) else every
     if not len(pw):
         out += " 0.26.0's own PIECEWISE engine has not run at that shape."
     else:

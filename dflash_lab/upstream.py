@@ -1046,16 +1046,9 @@ def session_agreement(matrices, release_pattern: str = RELEASE_RUNS, controls_pa
     if d.empty or "gpu_session" not in d:
         return pd.DataFrame()
 
-    def plain(v):   # a frame's cell as the run line had it (numpy scalars and NaN back to Python values)
-        v = v.item() if hasattr(v, "item") and not isinstance(v, (list, dict, str)) else v
-        return None if isinstance(v, float) and v != v else v
-
-    def key(r):
-        r = {k: plain(v) for k, v in dict(r).items()}
-        return (r.get("gpu_session"), r.get("vLLM") or r.get("vllm_release") or PINNED, r.get("host_boot_id"),
-                _target(r), _cfg(r, "acceptance")) + tuple(_cfg(r, k) for k in WORKLOAD_KEYS)
-
-    keys = [key(r) for _, r in d.iterrows()]
+    # the workload key greedy_against_reference matches references by, plus session, release, host and acceptance
+    keys = [(r.get("gpu_session"), r.get("vLLM") or r.get("vllm_release") or PINNED, r.get("host_boot_id"),
+             _target(r), _cfg(r, "acceptance")) + tuple(_cfg(r, k) for k in WORKLOAD_KEYS) for r in _lines_of(d)]
     out = []
     for k in dict.fromkeys(keys):
         session, version = k[0], k[1]
