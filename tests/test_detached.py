@@ -211,3 +211,86 @@ def test_a_wait_cut_at_its_limit_still_returned_what_it_had(root, tmp_path):
         assert (tmp_path / "o2" / "status").read_text().startswith(("running", "ended"))
     finally:
         _kill_runners(tmp_path)
+
+
+def chain_matrix(tmp_path, name, engine, runs=1, **top):
+    m = {"name": name, "worker": "fake_worker", "run_timeout_s": 60, "startup_timeout_s": 30, **top,
+         "defaults": {"target": "tiny-dense"},
+         "engines": [{"id": engine, "runs": [{"concurrency": 2, "rounds": runs}]}]}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(m))
+    return path
+
+
+def test_a_chain_runs_its_matrices_in_turn_each_in_its_own_folder_and_skip_list(root, tmp_path):
+    """THEN: one start runs a release's stock matrix and then its part-1 matrix on one host (the README's plan), with
+    no deadline worked out between them; each wait returns the matrix it names, whole."""
+    a = chain_matrix(tmp_path, "chain-a", "full", runs=2)
+    b = chain_matrix(tmp_path, "chain-b", "part1", runs=2)
+    # an earlier call of chain-b measured its first run: SKIP_DONE's file goes to chain-b (chain-a's runner would
+    # refuse a line of another matrix)
+    earlier = tmp_path / "b-earlier.jsonl"
+    earlier.write_text(json.dumps({"matrix": "chain-b", "run_id": "part1/c2/r0", "outcome": "ok"}) + "\n")
+    try:
+        r = det(root, tmp_path, tmp_path / "o1", "start", str(a), "300", "0", FAKE_RUN_S="3",
+                THEN=str(b), SKIP_DONE=str(earlier))
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert "runner of chain-a chain-b started" in r.stdout
+        pid = runner_pid(tmp_path, "chain-a")
+        assert runner_pid(tmp_path, "chain-b") == pid and os.getsid(pid) == pid   # one process runs both, in turn
+        q = det(root, tmp_path, tmp_path / "oq", "wait", str(b), "0")
+        assert q.returncode == 0 and "queued" in (tmp_path / "oq" / "status").read_text()
+        assert "chain-a" in (tmp_path / "oq" / "status").read_text()
+        # another start refuses while the chain runs, whichever matrix it names
+        again = det(root, tmp_path, tmp_path / "o1b", "start", str(b), "300", "0")
+        assert again.returncode == 2 and "already running" in again.stderr
+        ra = det(root, tmp_path, tmp_path / "o2", "wait", str(a), "150")
+        assert ra.returncode == 0 and (tmp_path / "o2" / "status").read_text().strip() == "ended rc=0"
+        assert [l["run_id"] for l in read_lines(tmp_path / "o2" / "runs.jsonl")] == ["full/c2/r0", "full/c2/r1"]
+        rb = det(root, tmp_path, tmp_path / "o3", "wait", str(b), "150")
+        assert rb.returncode == 0 and (tmp_path / "o3" / "status").read_text().strip() == "ended rc=0"
+        lines_b = read_lines(tmp_path / "o3" / "runs.jsonl")
+        assert [l["run_id"] for l in lines_b] == ["part1/c2/r1"]   # r0 left out through SKIP_DONE
+        assert {l["matrix"] for l in lines_b} == {"chain-b"} and {l["gpu_session"] for l in lines_b} == {"test-session"}
+        assert "1 run(s) already measured" in (tmp_path / "o3" / "runner.log").read_text()
+        with tarfile.open(tmp_path / "o3" / "logs.tgz") as tf:
+            assert any("part1.a1" in n for n in tf.getnames()) and not any("full.a1" in n for n in tf.getnames())
+        # each ended matrix kept its own runs on the host for SKIP_HOST
+        kept = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "kept").glob("*.jsonl"))
+        assert kept == ["chain-a", "chain-b"]
+    finally:
+        _kill_runners(tmp_path)
+
+
+def test_a_chain_shares_one_deadline(root, tmp_path):
+    """The later matrix gets what is left of the start's DEADLINE_S, not a deadline of its own: with 45 s for the
+    runners and chain-a taking ~20 s, chain-b's engine (start estimate 1 s + 30 s margin) is not started."""
+    a = chain_matrix(tmp_path, "chain-a", "full", startup_estimate_s=1)
+    b = chain_matrix(tmp_path, "chain-b", "part1", startup_estimate_s=1)
+    try:
+        r = det(root, tmp_path, tmp_path / "o1", "start", str(a), "70", "150", FAKE_RUN_S="20", THEN=str(b))
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert [l["run_id"] for l in read_lines(tmp_path / "o1" / "runs.jsonl")] == ["full/c2/r0"]
+        rb = det(root, tmp_path, tmp_path / "o2", "wait", str(b), "60")
+        assert (tmp_path / "o2" / "status").read_text().strip() == "ended rc=0", rb.stdout + rb.stderr
+        log = (tmp_path / "o2" / "runner.log").read_text()
+        assert "not run before the deadline: 1 run(s): part1/c2/r0" in log or "turn came after the deadline" in log, log
+        assert not (tmp_path / "o2" / "runs.jsonl").exists()
+    finally:
+        _kill_runners(tmp_path)
+
+
+@pytest.mark.parametrize("then,skip,msg", [("{a}", "", "chain-a twice in one chain"),
+                                           ("{tmp}/nope.yaml", "", "no such matrix"),
+                                           ("{b}", "{other}", "no matrix of the chain"),
+                                           ("{b}", "{tmp}/gone.jsonl", "not a runs file")])
+def test_bad_chains_say_what_is_wrong_and_start_nothing(root, tmp_path, then, skip, msg):
+    a = chain_matrix(tmp_path, "chain-a", "full")
+    b = chain_matrix(tmp_path, "chain-b", "part1")
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"matrix": "chain-c", "run_id": "x/c2/r0", "outcome": "ok"}) + "\n")
+    fill = dict(a=a, b=b, tmp=tmp_path, other=other)
+    r = det(root, tmp_path, tmp_path / "o", "start", str(a), "300", "0", THEN=then.format(**fill),
+            SKIP_DONE=skip.format(**fill))
+    assert r.returncode == 2 and msg in r.stderr, r.stderr + r.stdout
+    assert not list((tmp_path / "det").glob("*/pid"))

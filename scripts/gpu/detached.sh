@@ -21,6 +21,14 @@
 # DFLASH_LAB_GPU_SESSION labels every line with the GPU session, as in session.sh. The runner may end up to ~2 minutes
 # after its deadline (a crash's core dump, its reading: coredump.collect): set DEADLINE_S to the device time left
 # after staging less ~120 s, so that a wait call is still in flight when it ends.
+# THEN="M2.yaml [M3.yaml ...]" on a start: one runner process runs MATRIX, then each of these in turn, every one in its
+# own runner folder and with what is left of the same DEADLINE_S (counted from the start call, as for MATRIX): a
+# session that must run several matrices on one host (stock FULL, PIECEWISE and the fix's part 1 of a release) needs
+# no deadline worked out on the host between them (s68 computed the second one from a guess, and it started nothing).
+# A wait names the matrix it follows and returns once that one has ended: `wait MATRIX`, then `wait M2`, each call's
+# files that matrix's alone (ingest each from the last call that named it). A matrix of the chain still waiting for its
+# turn says "queued". With THEN, each file of SKIP_DONE goes to the chain's matrix its lines name (the runner refuses
+# another matrix's lines); SKIP_HOST=1 adds each matrix's own kept files.
 set -uo pipefail
 T0=$(date +%s)
 ROOT=${DETACHED_ROOT:-/tmp/detached}            # the runners' folders on the host
@@ -28,7 +36,7 @@ SETUP=${DFLASH_LAB_HOST_SETUP-scripts/gpu/setup.sh}    # blank: no setup (tests)
 EVERY=${DETACHED_SNAPSHOT_S:-60}                # a wait call's snapshot period: a call cut at its limit keeps the last
 OUT=${OUT:-/tmp/out}
 die() { echo "detached.sh: $*" >&2; exit 2; }
-usage="usage: detached.sh start MATRIX DEADLINE_S WAIT_S | wait MATRIX WAIT_S | busy"
+usage="usage: [THEN='M2.yaml ...'] detached.sh start MATRIX DEADLINE_S WAIT_S | wait MATRIX WAIT_S | busy"
 isnum() { [[ "${1:-}" =~ ^[0-9]+$ ]] || die "not a whole number of seconds: '${1:-}' ($usage)"; }
 
 # a runner folder whose runner is running: a pid, no exit status yet, its process neither gone nor a zombie (an
@@ -71,6 +79,8 @@ snapshot() {   # $1 = say: also print the status and the runner's last lines
   if [ -f "$D/runner.log" ]; then put runner.log tail -c 2000000 "$D/runner.log"; fi
   if [ -f "$D/rc" ]; then
     status="ended rc=$(cat "$D/rc")"
+  elif running "$D" && [ ! -f "$D/t0" ]; then   # a chain's later matrix: its turn has not come
+    status="queued (pid $(cat "$D/pid")) behind $(cat "$D/after" 2>/dev/null || echo '?')"
   elif running "$D"; then
     status="running (pid $(cat "$D/pid"), $(( $(date +%s) - $(cat "$D/t0") )) s since its start)"
   else
@@ -80,6 +90,9 @@ snapshot() {   # $1 = say: also print the status and the runner's last lines
   if [ "${1:-}" = say ]; then
     echo "detached.sh: $NAME: runner $status; $(cat "$OUT/runs.jsonl" 2>/dev/null | grep -c .) line(s) in runs.jsonl"
     if [ -f "$OUT/runner.log" ]; then tail -20 "$OUT/runner.log"; fi
+    if [ -s "$ROOT/$(cat "$D/first" 2>/dev/null)/chain.log" ]; then   # the chain process's own errors, if any
+      echo "detached.sh: the chain's own output:"; tail -20 "$ROOT/$(cat "$D/first")/chain.log"
+    fi
   fi
   return 0
 }
@@ -99,38 +112,96 @@ case "$CMD" in
   start)
     DEADLINE=${3:-}; WAIT=${4:-}
     isnum "$DEADLINE"; isnum "$WAIT"
-    [ -f "$MATRIX" ] || die "no such matrix: $MATRIX"
+    CHAIN=("$MATRIX")
+    for m in ${THEN:-}; do CHAIN+=("$m"); done
+    NAMES=()
+    for m in "${CHAIN[@]}"; do
+      [ -f "$m" ] || die "no such matrix: $m"
+      n=$(basename "$m" .yaml)
+      [[ "$n" =~ ^[A-Za-z0-9._-]+$ ]] || die "bad matrix name: $n"
+      for seen in "${NAMES[@]}"; do [ "$seen" != "$n" ] || die "matrix $n twice in one chain (THEN)"; done
+      NAMES+=("$n")
+    done
+    # SKIP_DONE's files; with THEN each goes to the chain's matrix its lines name, checked before anything is set up
+    GIVEN=$(echo ${SKIP_DONE:-})   # globs expand here, on the host
+    ROUTED=""                      # with THEN: a line "NAME FILE" per file
+    if [ ${#CHAIN[@]} -gt 1 ] && [ -n "$GIVEN" ]; then
+      ROUTED=$(python3 - "${NAMES[*]}" $GIVEN <<'PY'
+import json, sys
+names = set(sys.argv[1].split())
+for f in sys.argv[2:]:
+    try:
+        with open(f) as fh:
+            found = {json.loads(line).get("matrix") for line in fh if line.strip()}
+    except (OSError, ValueError, AttributeError) as e:
+        sys.exit(f"detached.sh: SKIP_DONE file {f}: not a runs file ({type(e).__name__}: {e})")
+    if len(found) != 1 or not found <= names:
+        sys.exit(f"detached.sh: SKIP_DONE file {f} names matrices {sorted(map(str, found))}, no matrix of the chain "
+                 f"{sorted(names)} (THEN)")
+    print(found.pop(), f)
+PY
+) || exit 2
+    fi
     b=$(busy)
     [ -z "$b" ] || die "a runner is already running on this host: $b (one GPU, one runner; to follow it: wait)"
-    if [ -d "$D" ]; then mv "$D" "$D.$(date +%s%N)"; fi   # an ended runner's folder: kept beside, never reused
-    mkdir -p "$D/logs" "$OUT"
+    for n in "${NAMES[@]}"; do
+      if [ -d "$ROOT/$n" ]; then mv "$ROOT/$n" "$ROOT/$n.$(date +%s%N)"; fi   # an ended runner's folder: kept beside, never reused
+      mkdir -p "$ROOT/$n/logs"
+    done
+    mkdir -p "$OUT"
     if [ -n "$SETUP" ]; then
       bash "$SETUP" > "$D/setup.log" 2>&1 || { cat "$D/setup.log"; cp "$D/setup.log" "$OUT/"; exit 1; }
-      # later vLLM releases the matrix's engines run on (vllm_release; scripts/gpu/stage-release.sh)
-      bash scripts/gpu/setup-release.sh "$MATRIX" >> "$D/setup.log" 2>&1 || { cat "$D/setup.log"; cp "$D/setup.log" "$OUT/"; exit 1; }
+      # later vLLM releases the chain's engines run on (vllm_release; scripts/gpu/stage-release.sh)
+      for m in "${CHAIN[@]}"; do
+        bash scripts/gpu/setup-release.sh "$m" >> "$D/setup.log" 2>&1 || { cat "$D/setup.log"; cp "$D/setup.log" "$OUT/"; exit 1; }
+      done
       tail -3 "$D/setup.log"
       grep -h "^cache.sh:" "$D/setup.log" || true   # whether carried compile caches were used
     fi
     source scripts/gpu/env.sh
-    source scripts/gpu/skip-done.sh
-    LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
-    [ "$LEFT" -gt 0 ] || die "no time left for the runner (deadline $DEADLINE s, setup took $(( $(date +%s) - T0 )) s)"
-    echo "runner deadline: $LEFT s"
+    ARGS=()
+    for i in "${!CHAIN[@]}"; do
+      NAME=${NAMES[$i]}
+      # this matrix's skip list: its SKIP_DONE files, and with SKIP_HOST=1 its kept files on this host
+      if [ ${#CHAIN[@]} -gt 1 ]; then SKIP_DONE=$(echo "$ROUTED" | awk -v n="$NAME" '$1 == n {print $2}'); else SKIP_DONE=$GIVEN; fi
+      source scripts/gpu/skip-done.sh
+      ARGS+=("${CHAIN[$i]}" "$ROOT/$NAME" "$SKIP_DONE" "$NAME")
+      [ "$i" -eq 0 ] || echo "${NAMES[$(( i - 1 ))]}" > "$ROOT/$NAME/after"
+      echo "${NAMES[0]}" > "$ROOT/$NAME/first"
+    done
+    END=$(( T0 + DEADLINE - 25 ))   # every matrix's runner deadline: what is left of DEADLINE_S when its turn comes
+    [ "$END" -gt "$(date +%s)" ] || die "no time left for the runner (deadline $DEADLINE s, setup took $(( $(date +%s) - T0 )) s)"
+    echo "runner deadline: $(( END - $(date +%s) )) s"
     date +%s > "$D/t0"
     # Twice detached: its parent, the subshell, exits at once, so the runner is never in this call's process tree (a
     # call cut at its time limit may take its tree with it), and in its own session (setsid) it outlives the call.
-    # The GPU clock sampler runs inside it and stops with the runner; rc is written whole once the runner has ended.
+    # The GPU clock sampler runs inside it and stops with each matrix; rc is written whole once that matrix has ended.
+    # One process runs the chain's matrices in turn: each folder's pid is that process, t0 is written when its turn
+    # comes (a folder with a pid and no t0 is queued), and a matrix whose turn comes after the deadline writes no line.
     ( setsid nohup bash -c '
-        bash scripts/gpu/gpu-clocks.sh "$2/gpu_clocks.csv" $$ 1 > /dev/null 2>&1 &
-        CLOCKS=$!
-        python3 -m dflash_lab run "$1" --out "$2/runs.jsonl" --logs "$2/logs" --deadline-s "$3" ${4:+--skip-done $4}
-        echo $? > "$2/rc.part"
-        kill $CLOCKS 2>/dev/null
-        bash scripts/gpu/host-runs.sh keep "$5" "$2/runs.jsonl"
-        mv "$2/rc.part" "$2/rc"
-      ' _ "$MATRIX" "$D" "$LEFT" "$SKIP_DONE" "$NAME" > "$D/runner.log" 2>&1 < /dev/null &
+        END=$1; shift
+        while [ $# -ge 4 ]; do
+          M=$1; DIR=$2; SKIP=$3; N=$4; shift 4
+          LEFT=$(( END - $(date +%s) ))
+          date +%s > "$DIR/t0"
+          if [ "$LEFT" -lt 1 ]; then
+            echo "detached.sh: $N not started: its turn came after the deadline" > "$DIR/runner.log"
+            echo 0 > "$DIR/rc"
+            continue
+          fi
+          bash scripts/gpu/gpu-clocks.sh "$DIR/gpu_clocks.csv" $$ 1 > /dev/null 2>&1 &
+          CLOCKS=$!
+          python3 -m dflash_lab run "$M" --out "$DIR/runs.jsonl" --logs "$DIR/logs" --deadline-s "$LEFT" \
+            ${SKIP:+--skip-done $SKIP} > "$DIR/runner.log" 2>&1 < /dev/null
+          echo $? > "$DIR/rc.part"
+          kill $CLOCKS 2>/dev/null
+          bash scripts/gpu/host-runs.sh keep "$N" "$DIR/runs.jsonl" >> "$DIR/runner.log" 2>&1
+          mv "$DIR/rc.part" "$DIR/rc"
+        done
+      ' _ "$END" "${ARGS[@]}" > "$D/chain.log" 2>&1 < /dev/null &
       echo $! > "$D/pid" )
-    echo "detached.sh: runner of $NAME started (pid $(cat "$D/pid")); returning by $WAIT s after this call began"
+    for n in "${NAMES[@]:1}"; do cp "$D/pid" "$ROOT/$n/pid"; done
+    echo "detached.sh: runner of ${NAMES[*]} started (pid $(cat "$D/pid")); returning by $WAIT s after this call began"
     wait_for "$WAIT"
     ;;
   wait)
