@@ -456,7 +456,8 @@ def release_greedy_clause(root) -> str:
                 f"up to {new['max |dlogprob| vs request 0'].max():.2f}).")
     wrong = {analysis.short_session(x) for x, eq in zip(new["GPU session"], new["requests equal to a reference output"])
              if eq.split("/")[0] != eq.split("/")[1]}
-    return out + _release_part1_clause(up, runs, data, wrong)
+    right = {analysis.short_session(x) for x in new["GPU session"]} - wrong
+    return out + _release_part1_clause(up, runs, data, wrong, right)
 
 
 def _requests_equal(table, column: str = "requests equal to a reference output") -> str:
@@ -466,11 +467,13 @@ def _requests_equal(table, column: str = "requests equal to a reference output")
     return f"{sum(a for a, _ in pairs)} of {sum(b for _, b in pairs)}"
 
 
-def _release_part1_clause(up, runs, data, stock_wrong) -> str:
+def _release_part1_clause(up, runs, data, stock_wrong, stock_right=frozenset()) -> str:
     """What the fix's part 1 ported to 0.26.0 (:data:`upstream.PART1_RELEASE_MATRIX`) measured: its predictions
     (:func:`upstream.part1_predictions`) and its greedy runs against the same session's 0.26.0 PIECEWISE runs
     (:func:`upstream.session_agreement`); until it has run, that no run has tested the cause on 0.26.0.
-    ``stock_wrong``: the sessions (short labels) whose stock 0.26.0 FULL greedy runs left the reference output. The
+    ``stock_wrong``: the sessions (short labels) whose stock 0.26.0 FULL greedy runs left the reference output;
+    ``stock_right``: those whose stock FULL greedy runs all gave it (where a part-1 session has one of these, the wrong
+    tokens did not recur beside part 1 and the session tested nothing). The
     stale schedule is concluded to be the cause only where such a session also ran part 1, with every prediction
     held and the part-1 runs paired with PIECEWISE of their session (the standard: an intervention beside its own
     control); otherwise the sentence says what the runs are consistent with and what would decide it."""
@@ -506,6 +509,14 @@ def _release_part1_clause(up, runs, data, stock_wrong) -> str:
         return out + (f". In session {', '.join(beside)} stock FULL left the reference output beside it: part 1 changes "
                       "nothing but the schedule the FULL graph reads, so at this shape the stale schedule is what makes "
                       "0.26.0's target tokens wrong.")
+    if beside:
+        return out + (f". In session {', '.join(beside)} stock FULL left the reference output beside it, but no 0.26.0 "
+                      "PIECEWISE run of that session pairs with part 1's runs: not concluded.")
+    clean = sorted(set(stock_right) & sessions)
+    if clean:
+        return out + (f". In session {', '.join(clean)} stock FULL gave the reference output too, so that session "
+                      "did not test the cause: stock FULL's wrong tokens (session "
+                      f"{', '.join(sorted(stock_wrong)) or 'none'}) did not recur beside part 1.")
     return out + (". That is what the stale schedule as the cause predicts, but stock FULL's wrong tokens were measured in "
                   f"session {', '.join(sorted(stock_wrong)) or 'none'}, on another host: it is decided when stock FULL "
                   "and part 1 run in one session.")

@@ -695,7 +695,7 @@ def test_the_findings_name_the_stale_schedule_as_0_26_0s_cause_only_beside_a_sam
     eng = dict(engine_id="p1", matrix=upstream.PART1_RELEASE_MATRIX, vllm_diff="patches/vllm-0.26.0-part1.diff",
                vllm_diff_stamp=stamp, **g)
 
-    def clause(last_request, stock_wrong, piecewise):
+    def clause(last_request, stock_wrong, piecewise, stock_right=frozenset()):
         base = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
         ref = [_line(run_id="pw/c2/r0", engine_id="pw", cudagraph_mode="PIECEWISE", matrix="ref", output_digests=["a"] * 2,
                      **{**g, "temperature": 0.0, "acceptance": 1.86, "vllm_release": None, "gpu_session": "2026-11-30-s15"})]
@@ -716,7 +716,7 @@ def test_the_findings_name_the_stale_schedule_as_0_26_0s_cause_only_beside_a_sam
                         output_digests=[str(good)] * 8, **g) for i in range(2)]
             _greedy(base, "acc6", pw, {l["run_id"]: ([good] * 8, [[-1.0] * 13] * 8) for l in pw}, where="upstream/runs")
         return findings._release_part1_clause(str(data / "upstream" / "runs" / "*.jsonl"), str(data / "runs" / "*.jsonl"),
-                                              str(data), stock_wrong)
+                                              str(data), stock_wrong, stock_right)
 
     apart = clause(good, {"s67"}, True)
     assert "gave the reference output in 16 of 16 requests of its 2 greedy runs (all four predictions written before " \
@@ -730,6 +730,13 @@ def test_the_findings_name_the_stale_schedule_as_0_26_0s_cause_only_beside_a_sam
                            "target tokens wrong.")
     unpaired = clause(good, {"s68"}, False)                        # no PIECEWISE run of its session: not concluded
     assert "against 0.26.0 PIECEWISE" not in unpaired and "is what makes" not in unpaired
+    assert unpaired.endswith("In session s68 stock FULL left the reference output beside it, but no 0.26.0 PIECEWISE "
+                             "run of that session pairs with part 1's runs: not concluded.")
+    # the README's next session: stock FULL beside part 1 gives the reference output itself, so nothing is tested
+    recur = clause(good, {"s67"}, True, {"s68"})
+    assert recur.endswith(". In session s68 stock FULL gave the reference output too, so that session did not test the "
+                          "cause: stock FULL's wrong tokens (session s67) did not recur beside part 1.")
+    assert "is what makes" not in recur and "predicts" not in recur
     bad = clause(flip, {"s68"}, True)
     assert "15 of 16 requests" in bad and "(b) failed" in bad and "(a) held" in bad
     assert "15 of 16 requests had identical tokens" in bad
