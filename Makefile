@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dflash-lab-installed
 export TRITON_INTERPRET := 1
 
-.PHONY: env test report lab records clean
+.PHONY: env test report lab pair records clean
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dflash-lab needs Python 3.11+ (pyproject.toml pins the cpu extra at versions with no 3.10 release); $(PY) is " + sys.version.split()[0] + ": make ... PY=python3.11")'
@@ -30,6 +30,11 @@ report: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[cpu,lab]'
 	$(BIN)/jupyter lab notebooks/
+
+# after editing a notebook or its Markdown twin (notebooks/NN_name.md) outside a JupyterLab that has jupytext: write
+# the other from the one edited last (the tests fail while the two differ)
+pair: $(STAMP)
+	$(BIN)/jupytext --sync notebooks/[0-9][0-9]_*.ipynb
 
 # regenerate the synthetic launch records in data/records (deterministic)
 records: $(STAMP)

@@ -1,6 +1,7 @@
 """Notebooks: stored without outputs, run through papermill with other parameters, bad ones refused."""
 
 import json
+import shutil
 
 import nbformat
 import papermill as pm
@@ -33,6 +34,37 @@ def test_every_cell_is_there_once():
         sources = ["".join(c["source"]).strip() for c in cells]
         repeated = {s[:60] for s in sources if s and sources.count(s) > 1}
         assert not repeated, f"{p.name}: cells repeated: {sorted(repeated)}"
+
+
+def test_every_notebook_has_its_markdown_twin_with_the_same_cells():
+    """notebooks/NN_name.md (jupytext) is what a review reads in a diff: it must say what the notebook runs."""
+    from dflash_lab.report import pair_mismatches
+    assert pair_mismatches(ROOT) == [], "run `make pair` after editing a notebook or its twin"
+
+
+def test_a_twin_out_of_step_is_named(tmp_path):
+    from dflash_lab.report import pair_mismatches
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    for stem in ("01_buffer_vs_capture", "05_benchmark", "06_tradeoffs"):
+        for ext in (".ipynb", ".md"):
+            shutil.copy(ROOT / "notebooks" / f"{stem}{ext}", d)
+    assert pair_mismatches(tmp_path) == []
+    md = d / "01_buffer_vs_capture.md"
+    md.write_text(md.read_text().replace("max_num_seqs = 64", "max_num_seqs = 65", 1))   # the parameters cell
+    (d / "06_tradeoffs.md").unlink()
+    shutil.copy(ROOT / "notebooks" / "02_kernel_bounds.md", d)
+    md5 = d / "05_benchmark.md"
+    md5.write_text(md5.read_text().replace("requires: data/bench/*.jsonl", "requires: data/other/*.jsonl", 1))
+    out = pair_mismatches(tmp_path)
+    assert out == ["notebooks/06_tradeoffs.ipynb has no Markdown twin notebooks/06_tradeoffs.md",
+                   "notebooks/02_kernel_bounds.md has no notebook notebooks/02_kernel_bounds.ipynb",
+                   "notebooks/01_buffer_vs_capture: the notebook and its Markdown twin differ from cell 1 on (13 and 13 cells)",
+                   "notebooks/05_benchmark: the notebook and its Markdown twin differ in their dflash_lab metadata"], out
+    nb = nbformat.read(str(d / "01_buffer_vs_capture.ipynb"), as_version=4)
+    del nb.metadata["jupytext"]
+    nbformat.write(nb, str(d / "01_buffer_vs_capture.ipynb"))
+    assert "is not paired" in pair_mismatches(tmp_path)[2]
 
 
 def test_notebook01_with_other_parameters(tmp_path):

@@ -13,8 +13,19 @@ from dflash_lab import report
 def _root(tmp_path, *names):
     (tmp_path / "notebooks").mkdir()
     for n in names:
-        shutil.copy(ROOT / "notebooks" / f"{n}.ipynb", tmp_path / "notebooks")
+        for ext in (".ipynb", ".md"):   # each notebook with its Markdown twin, as in the repository
+            shutil.copy(ROOT / "notebooks" / f"{n}{ext}", tmp_path / "notebooks")
     return tmp_path
+
+
+def test_a_notebook_out_of_step_with_its_twin_is_a_warning_and_still_renders(tmp_path, stubbed, capsys):
+    root = _root(tmp_path, "05_benchmark", "06_tradeoffs")
+    _s24_shape(root)
+    (root / "notebooks" / "05_benchmark.md").unlink()
+    assert report.main(["--out", str(tmp_path / "out"), "--only", "05_benchmark"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "dflash-lab: warning: notebooks/05_benchmark.ipynb has no Markdown twin notebooks/05_benchmark.md: run `make pair`"]
+    assert [n for n, _ in stubbed] == ["05_benchmark"]
 
 
 def _s24_shape(root):
