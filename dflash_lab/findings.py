@@ -367,7 +367,7 @@ def release_runs_clause(root) -> str:
         return " Whether any of them crashes has not been run (notebook 04)."
     t = upstream.gpu_runs(str(up), str(Path(root) / "data" / "runs" / "*.jsonl"))
     said = []
-    for _, r in t.iterrows():
+    for r in _merged_sampling(t):
         ctrl = r["0.22.1 controls (same session and configuration)"]
         if r.get("diff"):
             beside = " (an engine with a diff: no stock 0.22.1 engine is its control)"
@@ -395,6 +395,36 @@ def release_runs_clause(root) -> str:
     out += release_greedy_clause(root)
     if len(quiet) and "0.26.0" in kept:
         out += " Releases after 0.26.0 pin torch 2.13 or 2.14, which the GPU host lacks."
+    return out
+
+
+def _merged_sampling(t) -> list[dict]:
+    """The rows of :func:`upstream.gpu_runs` with one engine's sampled and greedy rows of a session as one (the matrices
+    run both kinds in one engine: 3 at temperature 0.7 and 2 greedy), their counts summed and the configuration naming
+    each kind's share ("512 tokens, 3 at temperature 0.7 and 2 greedy"); rows with and without 0.22.1 controls are
+    never merged. A row alone is as it was."""
+    groups: dict[tuple, list[dict]] = {}
+    for _, r in t.iterrows():
+        parts = r["configuration"].split(", ")
+        kind = [i for i, x in enumerate(parts) if x == "greedy" or x.startswith("temperature ")]
+        rest = ", ".join(x if i not in kind else "{sampling}" for i, x in enumerate(parts))
+        key = (r["vLLM"], r["GPU session"], rest if len(kind) == 1 else r["configuration"], bool(r.get("diff")),
+               bool(r["0.22.1 controls (same session and configuration)"]))
+        groups.setdefault(key, []).append(dict(r, _sampling=parts[kind[0]] if len(kind) == 1 else None))
+    out = []
+    for (_, _, rest, _, _), rows in groups.items():
+        if len(rows) == 1:
+            out.append(rows[0])
+            continue
+        m = dict(rows[0])
+        for col in ("runs", "crashed", "completed", "0.22.1 controls (same session and configuration)", "0.22.1 crashed"):
+            m[col] = sum(int(x[col]) for x in rows)
+        m["0.22.1 cores"] = ", ".join(dict.fromkeys(c for x in rows for c in str(x["0.22.1 cores"] or "").split(", ")
+                                                    if c and c != "-")) or rows[0]["0.22.1 cores"]
+        share = " and ".join(f"{x['runs']} {'greedy' if x['_sampling'] == 'greedy' else 'at ' + x['_sampling']}"
+                             for x in rows)
+        m["configuration"] = rest.replace("{sampling}", share)
+        out.append(m)
     return out
 
 

@@ -641,6 +641,32 @@ def test_a_summary_item_renders_as_paragraphs_each_opening_topic_in_bold():
     assert findings.topic_of("offline, TP=1, FULL_AND_PIECEWISE (core dump on): a kernel") is None   # a list entry
 
 
+def test_sampled_and_greedy_rows_of_one_engine_merge_and_nothing_else_does():
+    import pandas as pd
+
+    from dflash_lab import findings
+
+    def row(cfg, session="2026-12-05-s70", runs=3, crashed=0, ctrl=0, ctrl_crashed=0, cores="-", diff=""):
+        return {"vLLM": "0.26.0", "GPU session": session, "configuration": cfg, "runs": runs, "crashed": crashed,
+                "completed": runs - crashed, "diff": diff, "0.22.1 controls (same session and configuration)": ctrl,
+                "0.22.1 crashed": ctrl_crashed, "0.22.1 cores": cores}
+
+    base = "FULL_AND_PIECEWISE, offline, TP=1, concurrency 32, acceptance 1.86, 512 tokens, "
+    t = pd.DataFrame([row(base + "temperature 0.7", crashed=1, ctrl=2, ctrl_crashed=2, cores="k_a"),
+                      row(base + "greedy", runs=2, crashed=2, ctrl=1, ctrl_crashed=1, cores="k_a, k_b"),
+                      row(base + "greedy", session="2026-12-05-s71", runs=2),            # another session
+                      row(base.replace("32", "8") + "greedy", runs=2),                  # another concurrency
+                      row(base.replace("32", "8") + "temperature 0.7", ctrl=3)])        # one with controls, one without
+    m = findings._merged_sampling(t)
+    assert len(m) == 4
+    assert m[0]["configuration"] == base + "3 at temperature 0.7 and 2 greedy"
+    assert (m[0]["runs"], m[0]["crashed"], m[0]["completed"]) == (5, 3, 2)
+    assert (m[0]["0.22.1 controls (same session and configuration)"], m[0]["0.22.1 crashed"]) == (3, 3)
+    assert m[0]["0.22.1 cores"] == "k_a, k_b"
+    assert [x["configuration"] for x in m[1:]] == [base + "greedy", base.replace("32", "8") + "greedy",
+                                                   base.replace("32", "8") + "temperature 0.7"]
+
+
 def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path):
     from dflash_lab import findings
 
@@ -659,7 +685,12 @@ def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path)
     assert "vLLM PR #44744" in text and "wrong values need no longer end in a crash" in text
     # s67: what the greedy tokens measured, beside the 0.22.1 control of the session (controls that did not crash are
     # said as such, not as "crashed 0 of 3")
-    assert ("512 tokens, greedy; session s67), and the same engine on 0.22.1 crashed in none of 2 in that session") in text
+    # one engine's sampled and greedy runs of a session are one entry (the list had seven for four engines)
+    assert ("0.26.0 completed 5 of 5 runs (FULL_AND_PIECEWISE, offline, TP=1, concurrency 8, acceptance 6.0, 512 tokens, "
+            "3 at temperature 0.7 and 2 greedy; session s67), and the same engine on 0.22.1 crashed in none of 5 in that "
+            "session") in text
+    assert ("512 tokens, 3 at temperature 0.7 and 2 greedy, with vllm-0.26.0-part1.diff; session s68) (an engine with a "
+            "diff: no stock 0.22.1 engine is its control)") in text
     assert ("in each of 0.26.0's 2 FULL_AND_PIECEWISE runs, 7 of 8 requests left the outputs that the reference-path "
             "runs of this prompt give (5 stock PIECEWISE runs on vLLM 0.22.1). Every wrong token was a step's last one, "
             "the target's own sample. None had a non-finite log-probability, and vLLM counted 6.000 tokens per step.") in text
