@@ -1,7 +1,7 @@
 """The README's summary states numbers in words: stock FULL_AND_PIECEWISE's crash counts per concurrency and path,
 the workaround's (PIECEWISE) and --enforce-eager's at 32, and the fixed FULL engine's speed ranges. These tests hold
 them to the records in data/runs and data/bench, so a new GPU run that changes one of them fails here until the README
-says it (the rendered notebooks check theirs as claims)."""
+says it (the rendered notebooks check theirs as claims). docs/evidence.md repeats the crash counts: they are held too."""
 
 import re
 from pathlib import Path
@@ -108,3 +108,24 @@ def test_speed_ranges_match_the_glance_table():
         assert f"{min(vals):.2f}-{max(vals):.2f}x" in bullet and re.search(rf"\b{sess}\b", bullet), (sess, vals)
     at64 = [m for v in fixed[64] if (m := mean(v)) is not None]
     assert f"({min(at64):.2f}-{max(at64):.2f}x)" in bullet
+
+
+EVIDENCE = (Path(__file__).resolve().parents[1] / "docs" / "evidence.md").read_text()
+
+
+def test_the_evidence_records_crash_counts_match_the_records_too(rates):
+    """docs/evidence.md, the full prose record, repeats the summary's stock crash counts twice (its threshold paragraph
+    and notebook 03's row of its table): a new run at one of those concurrencies fails here until both say it."""
+    rec = _recorded(rates.loc["offline, TP=1"])
+    text = " ".join(EVIDENCE.split())
+    i = text.index("every stock run at 8 (")
+    s = text[i:text.index(" crashed,", i)]
+    said = {int(c): (int(a), int(b)) for c, a, b in re.findall(r"(\d+) \((\d+) of (\d+)\)", s)}
+    assert len(said) >= 6 and all(a == b for a, b in said.values()), s
+    assert {c: rec.get(c) for c in said} == said, s
+    i = text.index("concurrency 32 crashed in ")
+    row = text[i:text.index("(at 20 and 28 early", i)]
+    m = re.match(r"concurrency 32 crashed in (\d+) of (\d+) stock", row)
+    assert m and rec[32] == (int(m.group(1)), int(m.group(2))), row
+    rest = {int(c): (int(a), int(b)) for c, a, b in re.findall(r"(?:,| and) (\d+) (\d+) of (\d+)", row)}
+    assert set(rest) == set(said) - {32} and {c: rec[c] for c in rest} == rest, row
