@@ -280,6 +280,28 @@ def test_a_chain_shares_one_deadline(root, tmp_path):
         _kill_runners(tmp_path)
 
 
+def test_a_chain_matrix_whose_turn_comes_after_the_deadline_is_not_started_and_says_so(root, tmp_path):
+    """chain-a's run outlasts the whole deadline (the runner cuts it there), so chain-b's turn comes after it: no runner
+    is started for chain-b (a deadline below 1 s would reach the runner as none at all), and its status says why, not
+    the 'ended rc=0' of a matrix that ran."""
+    a = chain_matrix(tmp_path, "chain-a", "full", startup_estimate_s=1)
+    b = chain_matrix(tmp_path, "chain-b", "part1", startup_estimate_s=1)
+    try:
+        r = det(root, tmp_path, tmp_path / "o1", "start", str(a), "60", "0", FAKE_RUN_S="100", THEN=str(b))
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert "chain-a: runner" in r.stdout and "chain-b: runner" not in r.stdout   # the call reports on MATRIX
+        rb = det(root, tmp_path, tmp_path / "o2", "wait", str(b), "150")
+        assert rb.returncode == 0, rb.stderr
+        assert (tmp_path / "o2" / "status").read_text().strip() == \
+            "not started (its turn in the chain came after the deadline)", rb.stdout
+        assert "not started: its turn came after the deadline" in (tmp_path / "o2" / "runner.log").read_text()
+        assert not (tmp_path / "o2" / "runs.jsonl").exists()
+        lines_a = read_lines(tmp_path / "det" / "chain-a" / "runs.jsonl")
+        assert [l["run_id"] for l in lines_a] == ["full/c2/r0"] and lines_a[0]["outcome"] != "ok"
+    finally:
+        _kill_runners(tmp_path)
+
+
 @pytest.mark.parametrize("then,skip,msg", [("{a}", "", "chain-a twice in one chain"),
                                            ("{tmp}/nope.yaml", "", "no such matrix"),
                                            ("{b}", "{other}", "no matrix of the chain"),

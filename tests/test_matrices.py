@@ -14,6 +14,18 @@ def test_there_are_matrices():
     assert len(MATRICES) >= 10
 
 
+def test_every_matrix_is_named_as_its_file():
+    """The GPU scripts know a matrix by its file's name (runner folders, kept runs, detached.sh's THEN routing of
+    SKIP_DONE files), the run lines by its name: the two must be one."""
+    import os
+
+    import yaml
+
+    for path in MATRICES:
+        with open(path) as f:
+            assert yaml.safe_load(f).get("name") == os.path.basename(path)[:-len(".yaml")], path
+
+
 # kept as it ran: its MTP engine is the failed attempt the runner now refuses (see issue 10's notes)
 HISTORICAL = {"matrices/root-discriminate-tp1.yaml": "models_dir contains 'dflash'"}
 

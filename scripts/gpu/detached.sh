@@ -27,7 +27,7 @@
 # no deadline worked out on the host between them (s68 computed the second one from a guess, and it started nothing).
 # A wait names the matrix it follows and returns once that one has ended: `wait MATRIX`, then `wait M2`, each call's
 # files that matrix's alone (ingest each from the last call that named it). A matrix of the chain still waiting for its
-# turn says "queued". With THEN, each file of SKIP_DONE goes to the chain's matrix its lines name (the runner refuses
+# turn says "queued"; one whose turn comes after the deadline is not started and says "not started". With THEN, each file of SKIP_DONE goes to the chain's matrix its lines name (the runner refuses
 # another matrix's lines); SKIP_HOST=1 adds each matrix's own kept files.
 set -uo pipefail
 T0=$(date +%s)
@@ -77,7 +77,9 @@ snapshot() {   # $1 = say: also print the status and the runner's last lines
   if [ -d "$D/logs" ]; then bash scripts/gpu/pack-logs.sh "$D/logs" "$OUT/logs.tgz"; fi
   for f in gpu_clocks.csv setup.log; do if [ -f "$D/$f" ]; then put "$f" cat "$D/$f"; fi; done
   if [ -f "$D/runner.log" ]; then put runner.log tail -c 2000000 "$D/runner.log"; fi
-  if [ -f "$D/rc" ]; then
+  if [ -f "$D/late" ]; then
+    status="not started (its turn in the chain came after the deadline)"
+  elif [ -f "$D/rc" ]; then
     status="ended rc=$(cat "$D/rc")"
   elif running "$D" && [ ! -f "$D/t0" ]; then   # a chain's later matrix: its turn has not come
     status="queued (pid $(cat "$D/pid")) behind $(cat "$D/after" 2>/dev/null || echo '?')"
@@ -169,6 +171,7 @@ PY
       [ "$i" -eq 0 ] || echo "${NAMES[$(( i - 1 ))]}" > "$ROOT/$NAME/after"
       echo "${NAMES[0]}" > "$ROOT/$NAME/first"
     done
+    NAME=${NAMES[0]}   # this call reports on MATRIX, the chain's first
     END=$(( T0 + DEADLINE - 25 ))   # every matrix's runner deadline: what is left of DEADLINE_S when its turn comes
     [ "$END" -gt "$(date +%s)" ] || die "no time left for the runner (deadline $DEADLINE s, setup took $(( $(date +%s) - T0 )) s)"
     echo "runner deadline: $(( END - $(date +%s) )) s"
@@ -183,9 +186,10 @@ PY
         while [ $# -ge 4 ]; do
           M=$1; DIR=$2; SKIP=$3; N=$4; shift 4
           LEFT=$(( END - $(date +%s) ))
-          date +%s > "$DIR/t0"
-          if [ "$LEFT" -lt 1 ]; then
+          [ -f "$DIR/t0" ] || { date +%s > "$DIR/t0.part" && mv "$DIR/t0.part" "$DIR/t0"; }   # its turn, whole
+          if [ "$LEFT" -lt 1 ]; then   # never --deadline-s 0, which the runner reads as no deadline
             echo "detached.sh: $N not started: its turn came after the deadline" > "$DIR/runner.log"
+            touch "$DIR/late"
             echo 0 > "$DIR/rc"
             continue
           fi
@@ -199,8 +203,7 @@ PY
           mv "$DIR/rc.part" "$DIR/rc"
         done
       ' _ "$END" "${ARGS[@]}" > "$D/chain.log" 2>&1 < /dev/null &
-      echo $! > "$D/pid" )
-    for n in "${NAMES[@]:1}"; do cp "$D/pid" "$ROOT/$n/pid"; done
+      for n in "${NAMES[@]}"; do echo $! > "$ROOT/$n/pid"; done )   # every folder of the chain, before this call waits
     echo "detached.sh: runner of ${NAMES[*]} started (pid $(cat "$D/pid")); returning by $WAIT s after this call began"
     wait_for "$WAIT"
     ;;
