@@ -57,10 +57,22 @@ def test_a_twin_out_of_step_is_named(tmp_path):
     md5 = d / "05_benchmark.md"
     md5.write_text(md5.read_text().replace("requires: data/bench/*.jsonl", "requires: data/other/*.jsonl", 1))
     out = pair_mismatches(tmp_path)
+    same_cells = ("the notebook and its Markdown twin have the same cells but differ in their metadata (a cell's, or "
+                  "the notebook's: kernelspec, dflash_lab)")
     assert out == ["notebooks/06_tradeoffs.ipynb has no Markdown twin notebooks/06_tradeoffs.md",
                    "notebooks/02_kernel_bounds.md has no notebook notebooks/02_kernel_bounds.ipynb",
                    "notebooks/01_buffer_vs_capture: the notebook and its Markdown twin differ from cell 1 on (13 and 13 cells)",
-                   "notebooks/05_benchmark: the notebook and its Markdown twin differ in their dflash_lab metadata"], out
+                   f"notebooks/05_benchmark: {same_cells}"], out
+    # a cell's metadata other than its tags, and the kernel papermill starts, count too
+    shutil.copy(ROOT / "notebooks" / "05_benchmark.md", d)
+    for change in ("cell", "kernel"):
+        nb5 = nbformat.read(str(ROOT / "notebooks" / "05_benchmark.ipynb"), as_version=4)
+        if change == "cell":
+            nb5.cells[2].metadata["jupyter"] = {"source_hidden": True}
+        else:
+            nb5.metadata["kernelspec"]["name"] = "python2"
+        nbformat.write(nb5, str(d / "05_benchmark.ipynb"))
+        assert pair_mismatches(tmp_path)[3] == f"notebooks/05_benchmark: {same_cells}", change
     nb = nbformat.read(str(d / "01_buffer_vs_capture.ipynb"), as_version=4)
     del nb.metadata["jupytext"]
     nbformat.write(nb, str(d / "01_buffer_vs_capture.ipynb"))
