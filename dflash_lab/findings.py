@@ -401,18 +401,20 @@ def release_runs_clause(root) -> str:
 def _merged_sampling(t) -> list[dict]:
     """The rows of :func:`upstream.gpu_runs` with one engine's sampled and greedy rows of a session as one (the matrices
     run both kinds in one engine: 3 at temperature 0.7 and 2 greedy), their counts summed and the configuration naming
-    each kind's share ("512 tokens, 3 at temperature 0.7 and 2 greedy"); rows with and without 0.22.1 controls are
-    never merged. A row alone is as it was."""
+    each kind's share ("512 tokens, 3 at temperature 0.7 and 2 greedy"). Rows merge only within one set of matrices
+    (the configuration string leaves out fields that tell engines apart: target, engine arguments, environment), only
+    when none crashed (a merged count would not say which kind crashed), and never one with 0.22.1 controls with one
+    without. A row alone is as it was."""
     groups: dict[tuple, list[dict]] = {}
     for _, r in t.iterrows():
         parts = r["configuration"].split(", ")
         kind = [i for i, x in enumerate(parts) if x == "greedy" or x.startswith("temperature ")]
         rest = ", ".join(x if i not in kind else "{sampling}" for i, x in enumerate(parts))
-        key = (r["vLLM"], r["GPU session"], rest if len(kind) == 1 else r["configuration"], bool(r.get("diff")),
-               bool(r["0.22.1 controls (same session and configuration)"]))
+        key = (r["vLLM"], r["GPU session"], rest if len(kind) == 1 and not r["crashed"] else r["configuration"],
+               bool(r.get("diff")), bool(r["0.22.1 controls (same session and configuration)"]), r.get("matrices"))
         groups.setdefault(key, []).append(dict(r, _sampling=parts[kind[0]] if len(kind) == 1 else None))
     out = []
-    for (_, _, rest, _, _), rows in groups.items():
+    for (_, _, rest, _, _, _), rows in groups.items():
         if len(rows) == 1:
             out.append(rows[0])
             continue
@@ -534,8 +536,10 @@ def _release_part1_clause(up, runs, data, stock_wrong, stock_right=frozenset()) 
                 f"of one run: {sa['max |dlogprob| within the reference run'].max():.3f})")
     if not (len(s) and all(h is True for h in held)):
         return out + "."
+    paired = {analysis.short_session(x) for x in sa["GPU session"]} if len(sa) else set()
     beside = sorted(set(stock_wrong) & sessions)
-    if beside and len(sa):
+    if set(beside) & paired:
+        beside = sorted(set(beside) & paired)
         return out + (f". In session {', '.join(beside)} stock FULL left the reference output beside it: part 1 changes "
                       "nothing but the schedule the FULL graph reads, so at this shape the stale schedule is what makes "
                       "0.26.0's target tokens wrong.")
@@ -543,12 +547,15 @@ def _release_part1_clause(up, runs, data, stock_wrong, stock_right=frozenset()) 
         return out + (f". In session {', '.join(beside)} stock FULL left the reference output beside it, but no 0.26.0 "
                       "PIECEWISE run of that session pairs with part 1's runs: not concluded.")
     clean = sorted(set(stock_right) & sessions)
-    if clean:
+    if clean and stock_wrong:
         return out + (f". In session {', '.join(clean)} stock FULL gave the reference output too, so that session "
-                      "did not test the cause: stock FULL's wrong tokens (session "
-                      f"{', '.join(sorted(stock_wrong)) or 'none'}) did not recur beside part 1.")
+                      f"did not test the cause: stock FULL's wrong tokens (session {', '.join(sorted(stock_wrong))}) "
+                      "did not recur beside part 1.")
+    if not stock_wrong:
+        return out + (". No stock FULL greedy run has left the reference output, so part 1 has no wrong tokens to be set "
+                      "against.")
     return out + (". That is what the stale schedule as the cause predicts, but stock FULL's wrong tokens were measured in "
-                  f"session {', '.join(sorted(stock_wrong)) or 'none'}, on another host: it is decided when stock FULL "
+                  f"session {', '.join(sorted(stock_wrong))}, on another host: it is decided when stock FULL "
                   "and part 1 run in one session.")
 
 

@@ -646,25 +646,30 @@ def test_sampled_and_greedy_rows_of_one_engine_merge_and_nothing_else_does():
 
     from dflash_lab import findings
 
-    def row(cfg, session="2026-12-05-s70", runs=3, crashed=0, ctrl=0, ctrl_crashed=0, cores="-", diff=""):
+    def row(cfg, session="2026-12-05-s70", runs=3, crashed=0, ctrl=0, ctrl_crashed=0, cores="-", matrices="m"):
         return {"vLLM": "0.26.0", "GPU session": session, "configuration": cfg, "runs": runs, "crashed": crashed,
-                "completed": runs - crashed, "diff": diff, "0.22.1 controls (same session and configuration)": ctrl,
-                "0.22.1 crashed": ctrl_crashed, "0.22.1 cores": cores}
+                "completed": runs - crashed, "diff": "", "0.22.1 controls (same session and configuration)": ctrl,
+                "0.22.1 crashed": ctrl_crashed, "0.22.1 cores": cores, "matrices": matrices}
 
     base = "FULL_AND_PIECEWISE, offline, TP=1, concurrency 32, acceptance 1.86, 512 tokens, "
-    t = pd.DataFrame([row(base + "temperature 0.7", crashed=1, ctrl=2, ctrl_crashed=2, cores="k_a"),
-                      row(base + "greedy", runs=2, crashed=2, ctrl=1, ctrl_crashed=1, cores="k_a, k_b"),
-                      row(base + "greedy", session="2026-12-05-s71", runs=2),            # another session
-                      row(base.replace("32", "8") + "greedy", runs=2),                  # another concurrency
-                      row(base.replace("32", "8") + "temperature 0.7", ctrl=3)])        # one with controls, one without
+    c8 = base.replace("32", "8")
+    t = pd.DataFrame([row(base + "temperature 0.7", ctrl=2, ctrl_crashed=2, cores="k_a"),
+                      row(base + "greedy", runs=2, ctrl=1, ctrl_crashed=1, cores="k_a, k_b"),
+                      row(base + "greedy", session="2026-12-05-s71", runs=2),           # another session
+                      row(c8 + "greedy", runs=2),                                       # another concurrency
+                      row(c8 + "temperature 0.7", ctrl=3),                              # with controls, the other without
+                      row(c8 + "temperature 0.7", session="2026-12-05-s72", crashed=1),  # a crash: which kind, said
+                      row(c8 + "greedy", session="2026-12-05-s72", runs=2),
+                      row(c8 + "temperature 0.7", session="2026-12-05-s73", matrices="a"),  # other matrices: maybe
+                      row(c8 + "greedy", session="2026-12-05-s73", runs=2, matrices="b")])  # other engines
     m = findings._merged_sampling(t)
-    assert len(m) == 4
     assert m[0]["configuration"] == base + "3 at temperature 0.7 and 2 greedy"
-    assert (m[0]["runs"], m[0]["crashed"], m[0]["completed"]) == (5, 3, 2)
+    assert (m[0]["runs"], m[0]["crashed"], m[0]["completed"]) == (5, 0, 5)
     assert (m[0]["0.22.1 controls (same session and configuration)"], m[0]["0.22.1 crashed"]) == (3, 3)
     assert m[0]["0.22.1 cores"] == "k_a, k_b"
-    assert [x["configuration"] for x in m[1:]] == [base + "greedy", base.replace("32", "8") + "greedy",
-                                                   base.replace("32", "8") + "temperature 0.7"]
+    assert [x["configuration"] for x in m[1:]] == [base + "greedy", c8 + "greedy", c8 + "temperature 0.7",
+                                                   c8 + "temperature 0.7", c8 + "greedy",
+                                                   c8 + "temperature 0.7", c8 + "greedy"]
 
 
 def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path):

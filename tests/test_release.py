@@ -737,6 +737,10 @@ def test_the_findings_name_the_stale_schedule_as_0_26_0s_cause_only_beside_a_sam
     assert recur.endswith(". In session s68 stock FULL gave the reference output too, so that session did not test the "
                           "cause: stock FULL's wrong tokens (session s67) did not recur beside part 1.")
     assert "is what makes" not in recur and "predicts" not in recur
+    # no stock FULL run with wrong tokens anywhere: nothing for part 1 to be set against, and no session named
+    none = clause(good, set(), True, {"s68"})
+    assert none.endswith(". No stock FULL greedy run has left the reference output, so part 1 has no wrong tokens to "
+                         "be set against.") and "none" not in none.replace("No stock", "")
     bad = clause(flip, {"s68"}, True)
     assert "15 of 16 requests" in bad and "(b) failed" in bad and "(a) held" in bad
     assert "15 of 16 requests had identical tokens" in bad
