@@ -123,6 +123,8 @@ def test_the_evidence_records_crash_counts_match_the_records_too(rates):
     said = {int(c): (int(a), int(b)) for c, a, b in re.findall(r"(\d+) \((\d+) of (\d+)\)", s)}
     assert len(said) >= 6 and all(a == b for a, b in said.values()), s
     assert {c: rec.get(c) for c in said} == said, s
+    # every concurrency at which the records crashed every run is named (a new one must be said)
+    assert set(said) == {c for c, (a, b) in rec.items() if a == b > 0}, s
     i = text.index("concurrency 32 crashed in ")
     row = text[i:text.index("(at 20 and 28 early", i)]
     m = re.match(r"concurrency 32 crashed in (\d+) of (\d+) stock", row)
