@@ -228,6 +228,9 @@ def instruments(r: dict) -> list[str]:
 # The synthetic acceptance length of the crash configuration: every stock crash recorded here ran at it (the report's
 # crash B was at 1.86 too). Runs at another acceptance are a different workload, counted apart.
 CRASH_ACCEPTANCE = 1.86
+#: the target (with its draft) of the crash counts: every run up to s68 (the assumed 5-layer draft); runs of another
+#: target, such as ``qwen36-35b-a3b-draft8`` (the published draft's shape), are counted apart, never merged into these
+CRASH_TARGET = "qwen36-35b-a3b"
 
 
 def acceptance_key(value):
@@ -275,10 +278,11 @@ def rows_where(df, keep):
     return df[pd.Series([bool(keep(r)) for _, r in df.iterrows()], index=df.index, dtype=bool)] if len(df) else df
 
 
-def stock_full(df, acceptance=CRASH_ACCEPTANCE):
+def stock_full(df, acceptance=CRASH_ACCEPTANCE, target=CRASH_TARGET):
     """Stock DFlash runs with the target's FULL_AND_PIECEWISE graphs (the crash configuration; drafter
     graphs on or off): no fix, no engine-argument variant, vLLM's default capture sizes, no one-sided FA3 split
-    bound, no probe or raising canary, at synthetic acceptance ``acceptance`` (None: any). Launch hook,
+    bound, no probe or raising canary, at synthetic acceptance ``acceptance`` (None: any), of ``target`` (None: any;
+    the default keeps the published draft's runs out of the assumed draft's counts). Launch hook,
     core dumps and extra environment may be attached: see the ``instruments`` column."""
     ea = df["engine_args"].apply(lambda x: not x if isinstance(x, dict) else True)
     sizes = (df["cudagraph_capture_sizes"].apply(lambda x: not isinstance(x, (list, tuple)) or not x)
@@ -287,9 +291,10 @@ def stock_full(df, acceptance=CRASH_ACCEPTANCE):
               if "fa_splits" in df else True)   # no one-sided FA3 split bound (plugin)
     # a frame without the column (hand-built test lines; the runner writes it on every line) is not filtered on it
     acc = True if acceptance is None or "acceptance" not in df else at_acceptance(df, acceptance)
+    tgt = True if target is None or "target_name" not in df else df["target_name"] == target
     return df[(df["spec_method"] == "dflash") & (df["cudagraph_mode"] == "FULL_AND_PIECEWISE")
               & (df["enforce_eager"] != True) & (df["fix"] != True) & (df["probe"] != True)
-              & (df["canary"] != True) & ea & sizes & splits & acc]
+              & (df["canary"] != True) & ea & sizes & splits & acc & tgt]
 
 
 def breakdown(runs) -> str:

@@ -14,9 +14,10 @@ Targets:
 - ``tiny-dense``: a 4-layer Qwen3 (no GDN, no MoE, no M-RoPE).
 
 Drafts: a DFlash draft (``DFlashDraftModel``, block size 16) at each target's hidden size.
-The real Qwen3.6-35B-A3B-DFlash draft's exact shape is not public in the material read;
-the assumption here (5 Qwen3 layers, 32 heads, 4 KV heads, head_dim 128, intermediate
-6144, target layers 1/10/19/28/37, mask token 248070) is recorded in every result line.
+Every GPU run up to s68 used ``qwen36-35b-a3b``'s assumed draft: 5 Qwen3 layers, 32 heads, 4 KV heads, head_dim
+128, intermediate 6144, target layers 1/10/19/28/37, mask token 248070 (recorded in every result line). Found in s69:
+public material quotes the published draft's config (:data:`PUBLISHED_DRAFT`) with the same shape but 8 layers;
+``qwen36-35b-a3b-draft8`` is the target with that draft.
 
 The tokenizer is a byte-level BPE trained on the spot with the ``tokenizers`` library
 (offline), with a ChatML-style chat template, so the OpenAI-compatible server and the
@@ -62,6 +63,38 @@ TINY_HYBRID_TEXT = dict(
                      "mrope_interleaved": True, "mrope_section": [6, 5, 5]},
 )
 
+#: The published Qwen3.6-35B-A3B-DFlash draft, as public material quotes its ``config.json``: not read from the Hugging
+#: Face hub (no route to it from this project's machines), found with the project's search tool on 2026-12-05 (s69).
+#: ``shape`` is in the form of :data:`TARGETS`' drafts; ``not_copied`` is what the dummy draft leaves out.
+PUBLISHED_DRAFT = {
+    "model": "z-lab/Qwen3.6-35B-A3B-DFlash",
+    "revision": "42d3b34d588423cdae7ba8f53a8cf7789346a719",
+    "shape": dict(layers=8, heads=32, kv_heads=4, head_dim=128, inter=6144,
+                  target_layer_ids=[1, 10, 19, 28, 37], mask_token_id=248070),
+    "hidden_size": 2048, "vocab_size": 248320, "block_size": 16, "layer_types": ["full_attention"] * 8,
+    "not_copied": "its RoPE (yarn, factor 64 over 4096 original positions, theta 1e7) and 262144 positions: the dummy "
+                  "draft keeps default RoPE at theta 1e7 and 65536 positions, as the 5-layer one did",
+    "sources": [
+        {"where": "https://github.com/vllm-project/speculators/issues/761",
+         "what": "its description links the unconverted config at huggingface.co/z-lab/Qwen3.6-35B-A3B-DFlash/blob/"
+                 "42d3b34d588423cdae7ba8f53a8cf7789346a719/config.json; a comment of 2026-07-09 quotes the config after "
+                 "speculators' conversion: transformer_layer_config num_hidden_layers 8 (8 x full_attention), "
+                 "num_attention_heads 32, num_key_value_heads 4, head_dim 128, hidden_size 2048, intermediate_size "
+                 "6144, vocab_size 248320, block_size 16, mask_token_id 248070, aux_hidden_state_layer_ids "
+                 "[2, 11, 20, 29, 38] (the conversion adds 1 to the target layer ids)"},
+        {"where": "public code and notes found by the same search (their repositories not named by the index)",
+         "what": "a Rust DFlash loader's test pinned to that revision asserts num_hidden_layers 8, hidden 2048, "
+                 "intermediate 6144, 32 heads, 4 KV heads, head_dim 128, vocab 248320, block 16, mask 248070, "
+                 "target_layer_ids [1, 10, 19, 28, 37]; an MLX benchmark note calls the draft an 8-layer dense "
+                 "drafter of 905 MB with those target layers (8 layers of this shape weigh 904 MiB in bf16 without the "
+                 "LM head it shares with the target; 5 layers would weigh 580 MiB); a GGUF conversion note gives "
+                 "block_count 8, 4 KV heads of key length 128"},
+        {"where": "https://github.com/z-lab/dflash/issues/68",
+         "what": "the draft was first released as a preview on 2026-04-17, 'still under training': earlier revisions "
+                 "may have had another shape, and which revision the report ran is not known"},
+    ],
+}
+
 TARGETS = {
     "qwen36-35b-a3b-mtp": {"family": "hybrid", "text": dict(QWEN36_TEXT, mtp_num_hidden_layers=1),
                            # vLLM 0.22.1 reads n_predict (mtp_num_hidden_layers) from the top-level config
@@ -75,6 +108,11 @@ TARGETS = {
                                   "hidden 2048, 256 experts top-8, M-RoPE, mamba_ssm_dtype fp32",
                        "draft": dict(layers=5, heads=32, kv_heads=4, head_dim=128, inter=6144,
                                      target_layer_ids=[1, 10, 19, 28, 37], mask_token_id=248070)},
+    "qwen36-35b-a3b-draft8": {"family": "hybrid", "text": QWEN36_TEXT,
+                              "summary": "Qwen3.6-35B-A3B architecture: 40 layers (30 GDN + 10 full attn), hidden 2048, "
+                                         "256 experts top-8, M-RoPE, mamba_ssm_dtype fp32; with the published "
+                                         "draft's shape (8 layers, PUBLISHED_DRAFT)",
+                              "draft": dict(PUBLISHED_DRAFT["shape"])},
     "tiny-hybrid": {"family": "hybrid", "text": TINY_HYBRID_TEXT,
                     "summary": "tiny Qwen3.5-MoE: 8 layers (6 GDN + 2 full attn), hidden 256, 16 experts top-4, "
                                "M-RoPE, mamba_ssm_dtype fp32",

@@ -53,6 +53,20 @@ def test_path_rates_counts_only_natural_stock_runs():
     assert r.loc["server, TP=1", 32] == "6/6"
 
 
+def test_stock_full_keeps_the_published_drafts_runs_apart():
+    """Runs of the published draft's shape (qwen36-35b-a3b-draft8, 8 layers) are another configuration: they never
+    enter the assumed draft's crash counts, and target=None takes them."""
+    import pandas as pd
+
+    df = analysis.load_runs()
+    one = analysis.stock_full(df).head(1)
+    d8 = one.assign(target_name="qwen36-35b-a3b-draft8", run_id="d8/c32/r0")
+    both = pd.concat([df, d8], ignore_index=True)
+    assert len(analysis.stock_full(both)) == len(analysis.stock_full(df))
+    assert len(analysis.stock_full(both, target=None)) == len(analysis.stock_full(df)) + 1
+    assert set(analysis.stock_full(both, target="qwen36-35b-a3b-draft8")["run_id"]) == {"d8/c32/r0"}
+
+
 def test_stock_full_keeps_one_acceptance():
     import pandas as pd
 
