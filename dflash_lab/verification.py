@@ -1275,6 +1275,85 @@ def snapcore_test(df, matrix: str = SNAPCORE_MATRIX, data_dir: str = "data"):
     return pd.DataFrame(rows, columns=PADDING_COLUMNS)
 
 
+DRAFT8_MATRIX = "draft8-c32-tp1"
+#: the target's attention layers that reuse another group's metadata, with the runs' 5-layer draft and the published 8
+DRAFT8_REUSING_LAYERS = [7, 15, 23, 31, 39]
+DRAFT8_GROUP = 5   # their group with 8 draft layers (kvgroups; tests/test_models.py); 7 with the runs' 5
+
+
+def _draft_shape(r) -> tuple | None:
+    """(layers, KV heads, head_dim) of the draft a run line names (the runner writes ``target.draft``), else None."""
+    t = r.get("target")
+    d = t.get("draft") if isinstance(t, dict) else None
+    return (d.get("layers"), d.get("kv_heads"), d.get("head_dim")) if isinstance(d, dict) else None
+
+
+def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
+    """``matrices/draft8-c32-tp1.yaml``'s predictions, written in its header before any run (s69), per run line:
+    (0) the engine ran the published draft's shape (:data:`models.PUBLISHED_DRAFT`: 8 layers, 4 KV heads of 128);
+    stock (``d8-stock-snap-c32``): (a) crashes, (b) its schedule snapshot's group holding the target's attention
+    layers 7, 15, 23, 31, 39 is group 5 and holds :data:`fa3sched.STALE_S39`, (c) its core names a kernel of
+    :data:`SNAPCORE_KERNELS` at 32; (d) the fix (``d8-fix-c32``) completes with every request, in a session where this
+    matrix's stock engine crashed; (e) PIECEWISE (``d8-piecewise-c32``) completes with every request. An empty table
+    while the matrix has not run; a stock run without its stored snapshot is an error naming it."""
+    import pandas as pd
+
+    from . import fa3sched, kvgroups, models, schedsnap
+    from .errors import LabError
+
+    runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
+    pub = models.PUBLISHED_DRAFT["shape"]
+    want = (pub["layers"], pub["kv_heads"], pub["head_dim"])
+    crashed_sessions = {r["gpu_session"] for _, r in runs.iterrows()
+                        if r["engine_id"] == "d8-stock-snap-c32" and bool(r["crashed"])}
+    rows = []
+    for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
+        r = dict(r)
+        label = f"{r['file'][: -len('.jsonl')]}/{r['run_id']}"
+        c = int(r["concurrency"])
+        add = lambda tag, what, pred, meas, held: rows.append(  # noqa: E731
+            {"run": label, "gpu_session": r["gpu_session"], "concurrency": c, "engine": r["engine_id"],
+             "prediction": f"{tag} {what}", "predicted": pred, "measured": meas, "held": held})
+        shape = _draft_shape(r)
+        add("(0)", "the draft's shape (layers, KV heads, head_dim)", str(want), str(shape), shape == want)
+        complete = r["outcome"] == "ok" and int(r.get("requests_completed") or 0) == c
+        done = f"{r['outcome']}, {int(r.get('requests_completed') or 0)} of {c} requests"
+        if r["engine_id"] == "d8-stock-snap-c32":
+            add("(a)", "stock crashes", "crash", r["outcome"], bool(r["crashed"]))
+            snaps = schedsnap.files_of_run(r, data_dir)
+            if not snaps:
+                raise LabError(f"{label}: no schedule snapshot stored for this run's engine")
+            seen = set()
+            for path in snaps:
+                for line in schedsnap.read(path):
+                    for g in line.get("groups", []):
+                        if [kvgroups.layer_index(x) for x in g.get("layers", [])] == DRAFT8_REUSING_LAYERS:
+                            v = [int(x) for x in g["buffer"]]
+                            while v and v[-1] == 0:
+                                v.pop()
+                            seen.add((int(g["gid"]), tuple(v)))
+            add("(b)", "the group of layers 7, 15, 23, 31, 39 at the first served step (snapshot)",
+                f"group {DRAFT8_GROUP} holding {fmt_schedule(fa3sched.STALE_S39)}",
+                "; ".join(f"group {gid} holding {fmt_schedule(v)}" for gid, v in sorted(seen))
+                or "no group of those layers in the snapshot",
+                seen == {(DRAFT8_GROUP, fa3sched.STALE_S39)})
+            kernel = fault_kernel(r)
+            add("(c)", "the core's faulting kernel", " or ".join(SNAPCORE_KERNELS[32]),
+                kernel or ("no core dump" if r["crashed"] else "no crash"), kernel in SNAPCORE_KERNELS[32])
+        elif r["engine_id"] == "d8-fix-c32":
+            beside = r["gpu_session"] in crashed_sessions
+            add("(d)", "the fix completes beside a crashed stock engine of its session",
+                f"ok, {c} of {c} requests; stock crashed in the session",
+                done + ("; stock crashed in the session" if beside else "; no crashed stock engine in the session"),
+                complete and beside)
+        elif r["engine_id"] == "d8-piecewise-c32":
+            add("(e)", "PIECEWISE completes", f"ok, {c} of {c} requests", done, complete)
+        else:
+            raise LabError(f"{label}: engine {r['engine_id']!r} is not one of {matrix}'s")
+    return pd.DataFrame(rows, columns=["run", "gpu_session", "concurrency", "engine", "prediction", "predicted",
+                                       "measured", "held"])
+
+
 def padding_test(df, probes, probe_of, matrix: str = PADDING_MATRIX, b: int = 8, data_dir: str = "data"):
     """``matrices/probe-padding-tp1.yaml``'s predictions, written in its header before the run, checked per run line:
     (a) a stock sentinel probe without the build ledger reads group 7's stale 1-request schedule with the padding

@@ -44,3 +44,76 @@ def test_build_writes_the_eight_layer_draft(tmp_path):
     assert paths["draft"] and cfg["num_hidden_layers"] == 8 and cfg["layer_types"] == ["full_attention"] * 8
     assert (cfg["num_key_value_heads"], cfg["head_dim"], cfg["intermediate_size"]) == (4, 128, 6144)
     assert cfg["dflash_config"] == {"mask_token_id": 248070, "target_layer_ids": [1, 10, 19, 28, 37]}
+
+
+def _draft8_lines(tmp_path, stock=("crash", "crash"), fix="ok", pw="ok", gid=5, buffer=None, layers=8,
+                  fault="copy_and_expand_dflash_inputs_kernel", fix_session="2026-12-06-s70"):
+    """draft8-c32-tp1 in small: its stock engine (each run with a stored schedule snapshot), the fix and PIECEWISE."""
+    import pandas as pd
+
+    from dflash_lab import fa3sched
+
+    data = tmp_path / "data"
+    stem = "2026-12-06_h200_draft8-c32-tp1"
+    draft = dict(models.PUBLISHED_DRAFT["shape"], layers=layers)
+    snap = data / "gpu" / stem / "d8-stock-snap-c32.a1.sched"
+    snap.mkdir(parents=True)
+    reuse = [f"language_model.model.layers.{i}.self_attn.attn" for i in (7, 15, 23, 31, 39)]
+    first = [f"language_model.model.layers.{i}.self_attn.attn" for i in (3, 11, 19, 27, 35)]
+    line = {"kind": "sched_snapshot", "pid": 1, "groups": [
+        {"gid": gid - 1, "layers": first, "use_full_cuda_graph": True, "entries": 97, "buffer": [128, 32, 7]},
+        {"gid": gid, "layers": reuse, "use_full_cuda_graph": True, "entries": 97,
+         "buffer": list(buffer or fa3sched.STALE_S39)}]}
+    (snap / "sched-1.jsonl").write_text(json.dumps(line) + "\n")
+    rows = []
+
+    def add(engine, i, outcome, session="2026-12-06-s70", **kw):
+        rows.append({"matrix": "draft8-c32-tp1", "file": f"{stem}.jsonl", "gpu_session": session,
+                     "run_id": f"{engine}/c32/r{i}", "engine_id": engine, "started_at": f"{engine}{i}",
+                     "concurrency": 32, "outcome": outcome, "crashed": outcome == "crash",
+                     "requests_completed": 32 if outcome == "ok" else 5, "log": f"/tmp/x/{engine}.a1.log",
+                     "target": {"name": "qwen36-35b-a3b-draft8", "draft": draft}, **kw})
+
+    for i, o in enumerate(stock):
+        add("d8-stock-snap-c32", i, o, fault={"kernel": fault} if o == "crash" and fault else None)
+    add("d8-fix-c32", 0, fix, session=fix_session)
+    add("d8-piecewise-c32", 0, pw)
+    return pd.DataFrame(rows), str(data)
+
+
+def test_draft8_predictions_hold_on_the_predicted_runs_and_each_can_fail(tmp_path):
+    from dflash_lab import verification as V
+
+    df, data = _draft8_lines(tmp_path)
+    t = V.draft8_predictions(df, data_dir=data)
+    assert t["held"].all() and len(t) == 2 * 4 + 2 + 2
+    assert sorted(set(t["prediction"].str.slice(0, 3))) == ["(0)", "(a)", "(b)", "(c)", "(d)", "(e)"]
+    assert "group 5 holding [128, 0, 31, 0, 1, 0, 0, 0, 2]" in set(t["measured"])
+    # the 5-layer grouping's number, another schedule, a cuBLAS kernel, a fix without a crashed control in its session,
+    # a PIECEWISE crash, a 5-layer draft: each fails on its own
+    for kw, tag in [(dict(gid=7), "(b)"), (dict(buffer=[128, 0, 31, 0, 2, 0, 0, 0, 3]), "(b)"),
+                    (dict(fault="cublasLt_gemm_kernel"), "(c)"), (dict(fix_session="2026-12-07-s71"), "(d)"),
+                    (dict(pw="crash"), "(e)"), (dict(layers=5), "(0)"), (dict(stock=("crash", "ok")), "(a)(c)")]:
+        d, dd = _draft8_lines(tmp_path / f"x{len(list(tmp_path.iterdir()))}", **kw)
+        bad = V.draft8_predictions(d, data_dir=dd)
+        failed = set(bad.loc[~bad["held"].astype(bool), "prediction"].str.slice(0, 3))
+        assert failed == {tag[i:i + 3] for i in range(0, len(tag), 3)}, (kw, failed)   # a completed run names no core
+    assert V.draft8_predictions(df.iloc[:0], data_dir=data).empty   # not run yet: nothing to judge
+
+
+def test_draft8_predictions_refuse_what_they_cannot_check(tmp_path):
+    import shutil
+
+    import pytest
+
+    from dflash_lab import verification as V
+    from dflash_lab.errors import LabError
+
+    df, data = _draft8_lines(tmp_path)
+    shutil.rmtree(tmp_path / "data" / "gpu" / "2026-12-06_h200_draft8-c32-tp1" / "d8-stock-snap-c32.a1.sched")
+    with pytest.raises(LabError, match="no schedule snapshot stored"):
+        V.draft8_predictions(df, data_dir=data)
+    df, data = _draft8_lines(tmp_path / "b")
+    df.loc[0, "engine_id"] = "other"
+    with pytest.raises(LabError, match="is not one of draft8-c32-tp1's"):
+        V.draft8_predictions(df, data_dir=data)
