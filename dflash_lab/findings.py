@@ -114,6 +114,14 @@ def _write_findings(root: Path, out: Path) -> Path:
     fd = divergence.first_divergence(stock_probe) if stock_probe else None
     nan = divergence.nan_onset(stock_probe) if stock_probe else None
     reuse = kvgroups.metadata_reusers(kvgroups.groups(kvgroups.hybrid_layers(draft_layers=5)))
+    from .models import PUBLISHED_DRAFT
+
+    pub = PUBLISHED_DRAFT["shape"]
+    reuse_pub = kvgroups.metadata_reusers(kvgroups.groups(kvgroups.hybrid_layers(
+        draft_layers=pub["layers"], draft_attn=(pub["kv_heads"], pub["head_dim"]))))
+    ran_pub = bool(len(df)) and "target_name" in df and bool((df["target_name"] == "qwen36-35b-a3b-draft8").any())
+    same_split = ([[kvgroups.layer_index(x) for x in r["layers"]] for r in reuse_pub]
+                  == [[kvgroups.layer_index(x) for x in r["layers"]] for r in reuse] != [])
     fixed = df[df["fix"] == True]
     fix2 = analysis.rows_where(fixed, lambda r: analysis.fix_label(r).startswith("fix 2"))
     fix1 = analysis.rows_where(fixed, lambda r: analysis.fix_label(r).startswith("fix 1"))
@@ -204,8 +212,14 @@ def _write_findings(root: Path, out: Path) -> Path:
     can = verification.canary_table(df)
     stock_can = can[(can["fix"] == "stock") & (can["field"] == "attn.scheduler_metadata")]
     summary.append(
-        "Root cause: the (assumed) 5-layer DFlash draft makes vLLM split the target's 10 attention layers into two KV-cache "
-        "groups of the same spec; at run time the second group "
+        "Root cause: the DFlash draft of the runs (5 layers, an assumed shape) makes vLLM split the target's 10 attention "
+        "layers into two KV-cache groups of the same spec"
+        + (f" (so does the published draft's shape, {pub['layers']} layers as public material quotes its config, by "
+           "vLLM's own grouping code on the CPU; "
+           + ("its GPU runs are judged in notebook 03)" if ran_pub else "not yet run on the GPU)") if same_split else
+           f" (the published draft's shape, {pub['layers']} layers as public material quotes its config, would not: "
+           "vLLM's own grouping code on the CPU)")
+        + "; at run time the second group "
         f"({', '.join(str(kvgroups.layer_index(x)) for r in reuse for x in r['layers'])}) reuses the first group's "
         "FlashAttention metadata (update_block_table), while its FULL graphs were captured reading its own builder's "
         "persistent FA3 scheduler_metadata, which nothing refreshes after capture. Eager and PIECEWISE read the metadata "
