@@ -131,3 +131,14 @@ def test_the_evidence_records_crash_counts_match_the_records_too(rates):
     assert m and rec[32] == (int(m.group(1)), int(m.group(2))), row
     rest = {int(c): (int(a), int(b)) for c, a, b in re.findall(r"(?:,| and) (\d+) (\d+) of (\d+)", row)}
     assert set(rest) == set(said) - {32} and {c: rec[c] for c in rest} == rest, row
+
+
+def test_the_speed_bullets_share_for_the_published_draft_is_the_models():
+    """The Speed bullet's percentage for the published draft's extra layers is notebook 06's weight-floor model."""
+    from dflash_lab import bench, models
+
+    k5 = bench.weight_floor(models.QWEN36_TEXT, 16, models.TARGETS["qwen36-35b-a3b"]["draft"])
+    k8 = bench.weight_floor(models.QWEN36_TEXT, 16, models.PUBLISHED_DRAFT["shape"])
+    share = f"{(k8['ms'] - k5['ms']) / k5['ms']:.1%}"
+    assert (f"the published draft's {models.PUBLISHED_DRAFT['shape']['layers']} layers add {share} to a concurrency-1 "
+            "step's weight-traffic floor") in " ".join(README.split())
