@@ -1282,9 +1282,9 @@ DRAFT8_GROUP = 5   # their group with 8 draft layers (kvgroups; tests/test_model
 
 
 def _draft_shape(r) -> tuple | None:
-    """(layers, KV heads, head_dim) of the draft a run line names (the runner writes ``target.draft``), else None."""
-    t = r.get("target")
-    d = t.get("draft") if isinstance(t, dict) else None
+    """(layers, KV heads, head_dim) of the draft a run line names (the runner writes it as the line's ``draft``: the
+    target's draft in ``models.TARGETS``), else None."""
+    d = r.get("draft")
     return (d.get("layers"), d.get("kv_heads"), d.get("head_dim")) if isinstance(d, dict) else None
 
 

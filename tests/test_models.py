@@ -72,7 +72,7 @@ def _draft8_lines(tmp_path, stock=("crash", "crash"), fix="ok", pw="ok", gid=5, 
                      "run_id": f"{engine}/c32/r{i}", "engine_id": engine, "started_at": f"{engine}{i}",
                      "concurrency": 32, "outcome": outcome, "crashed": outcome == "crash",
                      "requests_completed": 32 if outcome == "ok" else 5, "log": f"/tmp/x/{engine}.a1.log",
-                     "target": {"name": "qwen36-35b-a3b-draft8", "draft": draft}, **kw})
+                     "target": {"name": "qwen36-35b-a3b-draft8"}, "draft": draft, **kw})
 
     for i, o in enumerate(stock):
         add("d8-stock-snap-c32", i, o, fault={"kernel": fault} if o == "crash" and fault else None)
@@ -99,6 +99,42 @@ def test_draft8_predictions_hold_on_the_predicted_runs_and_each_can_fail(tmp_pat
         failed = set(bad.loc[~bad["held"].astype(bool), "prediction"].str.slice(0, 3))
         assert failed == {tag[i:i + 3] for i in range(0, len(tag), 3)}, (kw, failed)   # a completed run names no core
     assert V.draft8_predictions(df.iloc[:0], data_dir=data).empty   # not run yet: nothing to judge
+
+
+def test_draft8_predictions_read_the_draft_where_the_runner_writes_it(root, tmp_path):
+    """The runner's own lines (fake engine) for the matrix as committed: (0) reads their draft, the fix and PIECEWISE
+    rows judge them, and the stock run without a stored snapshot is refused by name."""
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+    import pytest
+    import yaml
+
+    from dflash_lab import verification as V
+    from dflash_lab.errors import LabError
+    from dflash_lab.runner import read_lines
+
+    m = yaml.safe_load((root / "matrices" / "draft8-c32-tp1.yaml").read_text())
+    m.update(worker="fake_worker", models_dir=str(tmp_path / "models"), run_timeout_s=30, startup_timeout_s=30,
+             coredump_wait_s=1)
+    for e in m["engines"]:
+        e["runs"] = [{"concurrency": 2, "rounds": 1}]
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(m))
+    env = {**os.environ, "PYTHONPATH": f"{root}:{root / 'tests'}", "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-m", "dflash_lab", "run", str(tmp_path / "m.yaml"), "--out",
+                        str(tmp_path / "runs.jsonl"), "--logs", str(tmp_path / "logs")], capture_output=True, text=True,
+                       env=env, cwd=root, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    df = pd.DataFrame([dict(x, file="2026-12-06_h200_draft8-c32-tp1.jsonl", crashed=x["outcome"] == "crash")
+                       for x in read_lines(tmp_path / "runs.jsonl")])
+    with pytest.raises(LabError, match="d8-stock-snap-c32/c2/r0: no schedule snapshot stored"):
+        V.draft8_predictions(df, data_dir=str(tmp_path / "data"))
+    t = V.draft8_predictions(df[df["engine_id"] != "d8-stock-snap-c32"], data_dir=str(tmp_path / "data"))
+    assert list(t["prediction"].str.slice(0, 3)) == ["(0)", "(d)", "(0)", "(e)"]
+    assert t.iloc[0]["measured"] == "(8, 4, 128)" and t.iloc[0]["held"] and t.iloc[3]["held"]
+    assert not t.iloc[1]["held"]   # the fix's row: no crashed stock engine in its session
 
 
 def test_draft8_predictions_refuse_what_they_cannot_check(tmp_path):
