@@ -372,8 +372,15 @@ def engine_positions(df):
     return df.groupby(["file", "engine_id", "attempt"], dropna=False).cumcount()
 
 
-def load_runs(pattern: str = "data/runs/*.jsonl"):
-    """All run lines matching ``pattern`` as a DataFrame (one row per run), with their file."""
+#: targets whose runs every count, table and claim of the assumed draft's configuration keeps apart: the published
+#: draft's shape (8 layers; ``models.PUBLISHED_DRAFT``), judged on its own (``verification.draft8_predictions``)
+APART_TARGETS = ("qwen36-35b-a3b-draft8",)
+
+
+def load_runs(pattern: str = "data/runs/*.jsonl", published_draft: bool = False):
+    """All run lines matching ``pattern`` as a DataFrame (one row per run), with their file. The runs of
+    :data:`APART_TARGETS` only with ``published_draft``: every analysis of the runs' own configuration (the assumed
+    5-layer draft) reads the default, so that a new configuration's lines never merge into its counts."""
     import pandas as pd
 
     rows = []
@@ -382,6 +389,8 @@ def load_runs(pattern: str = "data/runs/*.jsonl"):
         r["file"] = os.path.basename(f)
         r["cell"] = cell_label(r)
         r["target_name"] = r["target"]["name"] if isinstance(r.get("target"), dict) else r.get("target")
+        if r["target_name"] in APART_TARGETS and not published_draft:
+            continue
         rows.append(r)
     df = pd.DataFrame(rows)
     df["position"] = engine_positions(df)

@@ -119,7 +119,7 @@ def _write_findings(root: Path, out: Path) -> Path:
     pub = PUBLISHED_DRAFT["shape"]
     reuse_pub = kvgroups.metadata_reusers(kvgroups.groups(kvgroups.hybrid_layers(
         draft_layers=pub["layers"], draft_attn=(pub["kv_heads"], pub["head_dim"]))))
-    ran_pub = bool(len(df)) and "target_name" in df and bool((df["target_name"] == "qwen36-35b-a3b-draft8").any())
+    ran_pub = any(r.get("matrix") == verification.DRAFT8_MATRIX for _, _, r in analysis.recorded_lines("data/runs/*.jsonl"))
     same_split = ([[kvgroups.layer_index(x) for x in r["layers"]] for r in reuse_pub]
                   == [[kvgroups.layer_index(x) for x in r["layers"]] for r in reuse] != [])
     fixed = df[df["fix"] == True]
@@ -214,8 +214,8 @@ def _write_findings(root: Path, out: Path) -> Path:
     summary.append(
         "Root cause: the DFlash draft of the runs (5 layers, an assumed shape) makes vLLM split the target's 10 attention "
         "layers into two KV-cache groups of the same spec"
-        + (f" (so does the published draft's shape, {pub['layers']} layers as public material quotes its config, by "
-           "vLLM's own grouping code on the CPU; "
+        + (f" (so does the published draft's shape, {pub['layers']} layers as public material quotes its config and as "
+           "0.22.1 builds them, all full attention, by vLLM's own grouping code on the CPU; "
            + ("its GPU runs are judged in notebook 03)" if ran_pub else "not yet run on the GPU)") if same_split else
            f" (the published draft's shape, {pub['layers']} layers as public material quotes its config, would not: "
            "vLLM's own grouping code on the CPU)")

@@ -16,8 +16,9 @@ Targets:
 Drafts: a DFlash draft (``DFlashDraftModel``, block size 16) at each target's hidden size.
 Every GPU run up to s68 used ``qwen36-35b-a3b``'s assumed draft: 5 Qwen3 layers, 32 heads, 4 KV heads, head_dim
 128, intermediate 6144, target layers 1/10/19/28/37, mask token 248070 (recorded in every result line). Found in s69:
-public material quotes the published draft's config (:data:`PUBLISHED_DRAFT`) with the same shape but 8 layers;
-``qwen36-35b-a3b-draft8`` is the target with that draft.
+public material quotes the published draft's config (:data:`PUBLISHED_DRAFT`) with the same shape but 8 layers, some
+of them sliding-window layers, which vLLM 0.22.1 builds as full attention; ``qwen36-35b-a3b-draft8`` is the target
+with that draft.
 
 The tokenizer is a byte-level BPE trained on the spot with the ``tokenizers`` library
 (offline), with a ChatML-style chat template, so the OpenAI-compatible server and the
@@ -71,9 +72,18 @@ PUBLISHED_DRAFT = {
     "revision": "42d3b34d588423cdae7ba8f53a8cf7789346a719",
     "shape": dict(layers=8, heads=32, kv_heads=4, head_dim=128, inter=6144,
                   target_layer_ids=[1, 10, 19, 28, 37], mask_token_id=248070),
-    "hidden_size": 2048, "vocab_size": 248320, "block_size": 16, "layer_types": ["full_attention"] * 8,
-    "not_copied": "its RoPE (yarn, factor 64 over 4096 original positions, theta 1e7) and 262144 positions: the dummy "
-                  "draft keeps default RoPE at theta 1e7 and 65536 positions, as the 5-layer one did",
+    "hidden_size": 2048, "vocab_size": 248320, "block_size": 16,
+    # its attention kinds: sliding windows that vLLM 0.22.1 does not apply to a DFlash draft
+    "layer_types": "sliding-window layers interleaved with full attention (z-lab/dflash#126: a z-lab maintainer on the "
+                   "Qwen3.6 drafters; ikawrakow/ik_llama.cpp#2021: every layer but the last); #761 quotes 8 "
+                   "full_attention layers after speculators' conversion. vLLM 0.22.1's qwen3_dflash.py passes no "
+                   "per-layer sliding window to its Attention layers, and CacheConfig.sliding_window comes from the "
+                   "target (set only for a target that is all sliding window; None for this one), so 0.22.1 builds "
+                   "all 8 as full attention, as the dummy draft declares them. A release that applies the draft's "
+                   "windows would group its layers otherwise (not computed here)",
+    "not_copied": "its sliding windows (above), its RoPE (yarn, factor 64 over 4096 original positions, theta 1e7) and "
+                  "262144 positions: the dummy draft declares full attention, default RoPE at theta 1e7 and 65536 "
+                  "positions, as the 5-layer one did",
     "sources": [
         {"where": "https://github.com/vllm-project/speculators/issues/761",
          "what": "its description links the unconverted config at huggingface.co/z-lab/Qwen3.6-35B-A3B-DFlash/blob/"
@@ -87,8 +97,9 @@ PUBLISHED_DRAFT = {
                  "intermediate 6144, 32 heads, 4 KV heads, head_dim 128, vocab 248320, block 16, mask 248070, "
                  "target_layer_ids [1, 10, 19, 28, 37]; an MLX benchmark note calls the draft an 8-layer dense "
                  "drafter of 905 MB with those target layers (8 layers of this shape weigh 904 MiB in bf16 without the "
-                 "LM head it shares with the target; 5 layers would weigh 580 MiB); a GGUF conversion note gives "
-                 "block_count 8, 4 KV heads of key length 128"},
+                 "LM head it shares with the target, 948 MB; 5 layers would weigh 580 MiB: the size fits 8 layers, "
+                 "if the note's MB are MiB); a GGUF conversion note gives block_count 8, 4 KV heads of key length "
+                 "128"},
         {"where": "https://github.com/z-lab/dflash/issues/68",
          "what": "the draft was first released as a preview on 2026-04-17, 'still under training': earlier revisions "
                  "may have had another shape, and which revision the report ran is not known"},

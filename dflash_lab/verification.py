@@ -1288,14 +1288,27 @@ def _draft_shape(r) -> tuple | None:
     return (d.get("layers"), d.get("kv_heads"), d.get("head_dim")) if isinstance(d, dict) else None
 
 
+DRAFT8_PLANNED = {"d8-stock-snap-c32": ("(a)", 3), "d8-fix-c32": ("(d)", 3), "d8-piecewise-c32": ("(e)", 2)}
+
+
+def _d8_kernel(kernel) -> bool:
+    """(c)'s kernels: the DFlash input kernel, or an inductor pointwise kernel of the drafter (the RoPE kernel stock
+    cores named at 32 was triton_poi_fused_2 or _3; an 8-layer drafter's graph may number it otherwise)."""
+    return kernel == "copy_and_expand_dflash_inputs_kernel" or bool(re.fullmatch(r"triton_poi_fused_\d+", kernel or ""))
+
+
 def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
     """``matrices/draft8-c32-tp1.yaml``'s predictions, written in its header before any run (s69), per run line:
-    (0) the engine ran the published draft's shape (:data:`models.PUBLISHED_DRAFT`: 8 layers, 4 KV heads of 128);
+    (0) the line names the published draft's shape (:data:`models.PUBLISHED_DRAFT`: 8 layers, 4 KV heads of 128): what
+    the runner built the draft's folder from, not a reading of the engine (for the stock engine (b) is that reading);
     stock (``d8-stock-snap-c32``): (a) crashes, (b) its schedule snapshot's group holding the target's attention
-    layers 7, 15, 23, 31, 39 is group 5 and holds :data:`fa3sched.STALE_S39`, (c) its core names a kernel of
-    :data:`SNAPCORE_KERNELS` at 32; (d) the fix (``d8-fix-c32``) completes with every request, in a session where this
-    matrix's stock engine crashed; (e) PIECEWISE (``d8-piecewise-c32``) completes with every request. An empty table
-    while the matrix has not run; a stock run without its stored snapshot is an error naming it."""
+    layers 7, 15, 23, 31, 39 is group 5 and holds :data:`fa3sched.STALE_S39`, (c) its core names the DFlash input
+    kernel or a drafter pointwise kernel (:func:`_d8_kernel`); (d) the fix (``d8-fix-c32``) completes with every
+    request, in a session where this matrix's stock engine crashed; (e) PIECEWISE (``d8-piecewise-c32``) completes with
+    every request. A start-up error or a run the runner's deadline cut measured nothing: its row says so (held None)
+    and it needs no snapshot. Per engine, one more row: how many runs it measured of those the header plans
+    (:data:`DRAFT8_PLANNED`), held when all. An empty table while the matrix has not run; a measured stock run without
+    its stored snapshot is an error naming it."""
     import pandas as pd
 
     from . import fa3sched, kvgroups, models, schedsnap
@@ -1306,7 +1319,7 @@ def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
     want = (pub["layers"], pub["kv_heads"], pub["head_dim"])
     crashed_sessions = {r["gpu_session"] for _, r in runs.iterrows()
                         if r["engine_id"] == "d8-stock-snap-c32" and bool(r["crashed"])}
-    rows = []
+    rows, measured = [], {}
     for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
         r = dict(r)
         label = f"{r['file'][: -len('.jsonl')]}/{r['run_id']}"
@@ -1318,6 +1331,13 @@ def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
         add("(0)", "the draft's shape (layers, KV heads, head_dim)", str(want), str(shape), shape == want)
         complete = r["outcome"] == "ok" and int(r.get("requests_completed") or 0) == c
         done = f"{r['outcome']}, {int(r.get('requests_completed') or 0)} of {c} requests"
+        if r["engine_id"] not in DRAFT8_PLANNED:
+            raise LabError(f"{label}: engine {r['engine_id']!r} is not one of {matrix}'s")
+        if r["outcome"] == "startup_error" or analysis.is_deadline_cut(r):
+            add(DRAFT8_PLANNED[r["engine_id"]][0], "not judged: the run measured nothing", "-",
+                "start-up error" if r["outcome"] == "startup_error" else "cut by the runner's deadline", None)
+            continue
+        measured[r["engine_id"]] = measured.get(r["engine_id"], 0) + 1
         if r["engine_id"] == "d8-stock-snap-c32":
             add("(a)", "stock crashes", "crash", r["outcome"], bool(r["crashed"]))
             snaps = schedsnap.files_of_run(r, data_dir)
@@ -1338,18 +1358,22 @@ def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
                 or "no group of those layers in the snapshot",
                 seen == {(DRAFT8_GROUP, fa3sched.STALE_S39)})
             kernel = fault_kernel(r)
-            add("(c)", "the core's faulting kernel", " or ".join(SNAPCORE_KERNELS[32]),
-                kernel or ("no core dump" if r["crashed"] else "no crash"), kernel in SNAPCORE_KERNELS[32])
+            add("(c)", "the core's faulting kernel", "copy_and_expand_dflash_inputs_kernel or triton_poi_fused_N",
+                kernel or ("no core dump" if r["crashed"] else "no crash"), _d8_kernel(kernel))
         elif r["engine_id"] == "d8-fix-c32":
             beside = r["gpu_session"] in crashed_sessions
             add("(d)", "the fix completes beside a crashed stock engine of its session",
                 f"ok, {c} of {c} requests; stock crashed in the session",
                 done + ("; stock crashed in the session" if beside else "; no crashed stock engine in the session"),
                 complete and beside)
-        elif r["engine_id"] == "d8-piecewise-c32":
-            add("(e)", "PIECEWISE completes", f"ok, {c} of {c} requests", done, complete)
         else:
-            raise LabError(f"{label}: engine {r['engine_id']!r} is not one of {matrix}'s")
+            add("(e)", "PIECEWISE completes", f"ok, {c} of {c} requests", done, complete)
+    if len(runs):
+        for eng, (tag, planned) in DRAFT8_PLANNED.items():
+            n = measured.get(eng, 0)
+            rows.append({"run": f"{matrix}/{eng}", "gpu_session": ", ".join(sorted({str(x) for x in runs["gpu_session"]})),
+                         "concurrency": 32, "engine": eng, "prediction": f"{tag} runs measured of those planned",
+                         "predicted": str(planned), "measured": str(n), "held": n >= planned})
     return pd.DataFrame(rows, columns=["run", "gpu_session", "concurrency", "engine", "prediction", "predicted",
                                        "measured", "held"])
 

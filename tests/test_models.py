@@ -2,13 +2,20 @@
 
 import json
 
-from dflash_lab import bench, kvgroups, models
+from dflash_lab import bench, kvgroups, models, vllm_sources
 
 
 def test_the_draft8_target_carries_the_published_shape_and_differs_from_the_runs_only_in_layers():
     pub = models.PUBLISHED_DRAFT
     d8, d5 = models.TARGETS["qwen36-35b-a3b-draft8"]["draft"], models.TARGETS["qwen36-35b-a3b"]["draft"]
-    assert d8 == pub["shape"] and d8["layers"] == 8 == len(pub["layer_types"])
+    assert d8 == pub["shape"] and d8["layers"] == 8
+    # its sliding-window layers: vLLM 0.22.1 builds a DFlash draft's layers without a per-layer window
+    src = vllm_sources.read_source("vllm/model_executor/models/qwen3_dflash.py")
+    assert "per_layer_sliding_window" not in src and "layer_types" not in src and "sliding" in pub["layer_types"]
+    # ... and the engine's CacheConfig.sliding_window is the target's, set only when the target is all sliding window
+    args = vllm_sources.read_source("vllm/engine/arg_utils.py")
+    i = args.index("sliding_window: int | None = None")
+    assert "is_interleaved" in args[i:i + 600] and "sliding_window = model_config.get_sliding_window()" in args[i:i + 600]
     assert {k for k in d5 if d5[k] != d8[k]} == {"layers"} and d5["layers"] == 5
     # the rest of the published config is what the dummy draft gets from the target (hidden size, vocabulary)
     assert pub["hidden_size"] == models.QWEN36_TEXT["hidden_size"] and pub["vocab_size"] == models.QWEN36_TEXT["vocab_size"]
@@ -46,7 +53,7 @@ def test_build_writes_the_eight_layer_draft(tmp_path):
     assert cfg["dflash_config"] == {"mask_token_id": 248070, "target_layer_ids": [1, 10, 19, 28, 37]}
 
 
-def _draft8_lines(tmp_path, stock=("crash", "crash"), fix="ok", pw="ok", gid=5, buffer=None, layers=8,
+def _draft8_lines(tmp_path, stock=("crash",) * 3, fix=("ok",) * 3, pw=("ok",) * 2, gid=5, buffer=None, layers=8,
                   fault="copy_and_expand_dflash_inputs_kernel", fix_session="2026-12-06-s70"):
     """draft8-c32-tp1 in small: its stock engine (each run with a stored schedule snapshot), the fix and PIECEWISE."""
     import pandas as pd
@@ -76,8 +83,10 @@ def _draft8_lines(tmp_path, stock=("crash", "crash"), fix="ok", pw="ok", gid=5, 
 
     for i, o in enumerate(stock):
         add("d8-stock-snap-c32", i, o, fault={"kernel": fault} if o == "crash" and fault else None)
-    add("d8-fix-c32", 0, fix, session=fix_session)
-    add("d8-piecewise-c32", 0, pw)
+    for i, o in enumerate(fix):
+        add("d8-fix-c32", i, o, session=fix_session)
+    for i, o in enumerate(pw):
+        add("d8-piecewise-c32", i, o)
     return pd.DataFrame(rows), str(data)
 
 
@@ -86,18 +95,25 @@ def test_draft8_predictions_hold_on_the_predicted_runs_and_each_can_fail(tmp_pat
 
     df, data = _draft8_lines(tmp_path)
     t = V.draft8_predictions(df, data_dir=data)
-    assert t["held"].all() and len(t) == 2 * 4 + 2 + 2
+    assert t["held"].all() and len(t) == 3 * 4 + 3 * 2 + 2 * 2 + 3
     assert sorted(set(t["prediction"].str.slice(0, 3))) == ["(0)", "(a)", "(b)", "(c)", "(d)", "(e)"]
     assert "group 5 holding [128, 0, 31, 0, 1, 0, 0, 0, 2]" in set(t["measured"])
     # the 5-layer grouping's number, another schedule, a cuBLAS kernel, a fix without a crashed control in its session,
     # a PIECEWISE crash, a 5-layer draft: each fails on its own
     for kw, tag in [(dict(gid=7), "(b)"), (dict(buffer=[128, 0, 31, 0, 2, 0, 0, 0, 3]), "(b)"),
                     (dict(fault="cublasLt_gemm_kernel"), "(c)"), (dict(fix_session="2026-12-07-s71"), "(d)"),
-                    (dict(pw="crash"), "(e)"), (dict(layers=5), "(0)"), (dict(stock=("crash", "ok")), "(a)(c)")]:
+                    (dict(pw=("ok", "crash")), "(e)"), (dict(layers=5), "(0)"), (dict(stock=("crash", "crash", "ok")), "(a)(c)"),
+                    (dict(pw=("ok",)), "(e)"), (dict(fault="triton_poi_fused_7"), "")]:
         d, dd = _draft8_lines(tmp_path / f"x{len(list(tmp_path.iterdir()))}", **kw)
         bad = V.draft8_predictions(d, data_dir=dd)
         failed = set(bad.loc[~bad["held"].astype(bool), "prediction"].str.slice(0, 3))
         assert failed == {tag[i:i + 3] for i in range(0, len(tag), 3)}, (kw, failed)   # a completed run names no core
+    # a start-up error or a deadline cut measures nothing: not judged, no snapshot needed, and the count falls short
+    d, dd = _draft8_lines(tmp_path / "cut", stock=("crash", "crash", "startup_error"))
+    cut = V.draft8_predictions(d, data_dir=dd)
+    row = cut[cut["run"].str.endswith("d8-stock-snap-c32/c32/r2")]
+    assert list(row["measured"]) == ["(8, 4, 128)", "start-up error"] and row["held"].iloc[1] is None
+    assert not cut.loc[cut["prediction"] == "(a) runs measured of those planned", "held"].iloc[0]
     assert V.draft8_predictions(df.iloc[:0], data_dir=data).empty   # not run yet: nothing to judge
 
 
@@ -132,9 +148,10 @@ def test_draft8_predictions_read_the_draft_where_the_runner_writes_it(root, tmp_
     with pytest.raises(LabError, match="d8-stock-snap-c32/c2/r0: no schedule snapshot stored"):
         V.draft8_predictions(df, data_dir=str(tmp_path / "data"))
     t = V.draft8_predictions(df[df["engine_id"] != "d8-stock-snap-c32"], data_dir=str(tmp_path / "data"))
-    assert list(t["prediction"].str.slice(0, 3)) == ["(0)", "(d)", "(0)", "(e)"]
+    assert list(t["prediction"].str.slice(0, 3)) == ["(0)", "(d)", "(0)", "(e)", "(a)", "(d)", "(e)"]
     assert t.iloc[0]["measured"] == "(8, 4, 128)" and t.iloc[0]["held"] and t.iloc[3]["held"]
     assert not t.iloc[1]["held"]   # the fix's row: no crashed stock engine in its session
+    assert list(t["measured"].iloc[4:]) == ["0", "1", "1"] and not t["held"].iloc[4:].any()   # 1 run each, not 3/3/2
 
 
 def test_draft8_predictions_refuse_what_they_cannot_check(tmp_path):
@@ -153,3 +170,18 @@ def test_draft8_predictions_refuse_what_they_cannot_check(tmp_path):
     df.loc[0, "engine_id"] = "other"
     with pytest.raises(LabError, match="is not one of draft8-c32-tp1's"):
         V.draft8_predictions(df, data_dir=data)
+
+
+def test_load_runs_keeps_the_published_drafts_lines_apart_unless_asked(root, tmp_path):
+    """Every table of the runs' own configuration reads analysis.load_runs' default, so a draft8 line never joins their
+    counts (a review found seven places that would have merged it); notebook 03's draft8 section asks for it."""
+    from dflash_lab import analysis
+
+    src = sorted((root / "data" / "runs").glob("*.jsonl"))[0]
+    line = json.loads(src.read_text().splitlines()[0])
+    d8 = dict(line, run_id="d8-stock-snap-c32/c32/r0", matrix="draft8-c32-tp1",
+              target=dict(line["target"], name="qwen36-35b-a3b-draft8"), draft=models.PUBLISHED_DRAFT["shape"])
+    (tmp_path / "a.jsonl").write_text(json.dumps(line) + "\n" + json.dumps(d8) + "\n")
+    pattern = str(tmp_path / "*.jsonl")
+    assert list(analysis.load_runs(pattern)["run_id"]) == [line["run_id"]]
+    assert list(analysis.load_runs(pattern, published_draft=True)["run_id"]) == [line["run_id"], d8["run_id"]]
