@@ -27,8 +27,9 @@
 # no deadline worked out on the host between them (s68 computed the second one from a guess, and it started nothing).
 # A wait names the matrix it follows and returns once that one has ended: `wait MATRIX`, then `wait M2`, each call's
 # files that matrix's alone (ingest each from the last call that named it). A matrix of the chain still waiting for its
-# turn says "queued"; one whose turn comes after the deadline is not started and says "not started". With THEN, each file of SKIP_DONE goes to the chain's matrix its lines name (the runner refuses
-# another matrix's lines); SKIP_HOST=1 adds each matrix's own kept files.
+# turn says "queued"; one whose turn comes after the deadline is not started and says "not started". With THEN, each
+# file of SKIP_DONE goes to the chain's matrix its lines name (the runner refuses another matrix's lines); SKIP_HOST=1
+# adds each matrix's own kept files.
 set -uo pipefail
 T0=$(date +%s)
 ROOT=${DETACHED_ROOT:-/tmp/detached}            # the runners' folders on the host
