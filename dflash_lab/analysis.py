@@ -291,7 +291,8 @@ def stock_full(df, acceptance=CRASH_ACCEPTANCE, target=CRASH_TARGET):
               if "fa_splits" in df else True)   # no one-sided FA3 split bound (plugin)
     # a frame without the column (hand-built test lines; the runner writes it on every line) is not filtered on it
     acc = True if acceptance is None or "acceptance" not in df else at_acceptance(df, acceptance)
-    tgt = True if target is None or "target_name" not in df else df["target_name"] == target
+    # a line that names no target (hand-built test lines; the runner names it on every line) is not filtered on it
+    tgt = True if target is None or "target_name" not in df else (df["target_name"] == target) | df["target_name"].isna()
     return df[(df["spec_method"] == "dflash") & (df["cudagraph_mode"] == "FULL_AND_PIECEWISE")
               & (df["enforce_eager"] != True) & (df["fix"] != True) & (df["probe"] != True)
               & (df["canary"] != True) & ea & sizes & splits & acc & tgt]
