@@ -112,21 +112,23 @@ PADDING_S38 = (0x7FFF7FFF,) * 9              # ... and every one of s38 (build l
 STALE_S39 = (128, 0, 31, 0, 1, 0, 0, 0, 2)
 
 
-def snapshot_schedules(snapshot_paths, group: str = "7") -> set[tuple]:
-    """The persistent schedules ``group``'s builder held when the first served step began, one per snapshot line
-    (``dflash_lab.schedsnap``; trailing zeros dropped, as :func:`stale_vectors` drops them)."""
+def snapshot_groups(snapshot_paths):
+    """Every (group id, its layer names, its persistent schedule) of every snapshot line (``dflash_lab.schedsnap``),
+    the schedule with its trailing zeros dropped, as :func:`stale_vectors` drops them."""
     from . import schedsnap
 
-    out = set()
     for path in snapshot_paths:
         for line in schedsnap.read(path):
             for g in line.get("groups", []):
-                if g["gid"] == int(group):
-                    v = [int(x) for x in g["buffer"]]
-                    while v and v[-1] == 0:   # the writer trims them too (schedsnap._trim); a reader must not rely on it
-                        v.pop()
-                    out.add(tuple(v))
-    return out
+                v = [int(x) for x in g["buffer"]]
+                while v and v[-1] == 0:   # the writer trims them too (schedsnap._trim); a reader must not rely on it
+                    v.pop()
+                yield int(g["gid"]), list(g.get("layers", [])), tuple(v)
+
+
+def snapshot_schedules(snapshot_paths, group: str = "7") -> set[tuple]:
+    """The persistent schedules ``group``'s builder held when the first served step began, one per snapshot line."""
+    return {v for gid, _, v in snapshot_groups(snapshot_paths) if gid == int(group)}
 
 
 def padding_measured(probe: dict, snapshot_paths, b: int = 8, group: str = "7") -> dict:

@@ -1343,15 +1343,8 @@ def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
             snaps = schedsnap.files_of_run(r, data_dir)
             if not snaps:
                 raise LabError(f"{label}: no schedule snapshot stored for this run's engine")
-            seen = set()
-            for path in snaps:
-                for line in schedsnap.read(path):
-                    for g in line.get("groups", []):
-                        if [kvgroups.layer_index(x) for x in g.get("layers", [])] == DRAFT8_REUSING_LAYERS:
-                            v = [int(x) for x in g["buffer"]]
-                            while v and v[-1] == 0:
-                                v.pop()
-                            seen.add((int(g["gid"]), tuple(v)))
+            seen = {(gid, v) for gid, layers, v in fa3sched.snapshot_groups(snaps)
+                    if [kvgroups.layer_index(x) for x in layers] == DRAFT8_REUSING_LAYERS}
             add("(b)", "the group of layers 7, 15, 23, 31, 39 at the first served step (snapshot)",
                 f"group {DRAFT8_GROUP} holding {fmt_schedule(fa3sched.STALE_S39)}",
                 "; ".join(f"group {gid} holding {fmt_schedule(v)}" for gid, v in sorted(seen))
