@@ -117,11 +117,10 @@ def _write_findings(root: Path, out: Path) -> Path:
     from .models import PUBLISHED_DRAFT
 
     pub = PUBLISHED_DRAFT["shape"]
-    reuse_pub = kvgroups.metadata_reusers(kvgroups.groups(kvgroups.hybrid_layers(
-        draft_layers=pub["layers"], draft_attn=(pub["kv_heads"], pub["head_dim"]))))
     ran_pub = any(r.get("matrix") == verification.DRAFT8_MATRIX for _, _, r in analysis.recorded_lines("data/runs/*.jsonl"))
-    same_split = ([[kvgroups.layer_index(x) for x in r["layers"]] for r in reuse_pub]
-                  == [[kvgroups.layer_index(x) for x in r["layers"]] for r in reuse] != [])
+    same_split = (kvgroups.reusing_layers(kvgroups.hybrid_layers(draft_layers=pub["layers"],
+                                                                 draft_attn=(pub["kv_heads"], pub["head_dim"])))
+                  == kvgroups.reusing_layers(kvgroups.hybrid_layers(draft_layers=5)) != [])
     fixed = df[df["fix"] == True]
     fix2 = analysis.rows_where(fixed, lambda r: analysis.fix_label(r).startswith("fix 2"))
     fix1 = analysis.rows_where(fixed, lambda r: analysis.fix_label(r).startswith("fix 1"))

@@ -124,5 +124,11 @@ def metadata_reusers(gs: list[dict]) -> list[dict]:
     return out
 
 
+def reusing_layers(layers: dict) -> list[list[int]]:
+    """The layer numbers of each attention group that reuses another group's metadata (:func:`metadata_reusers`), for
+    the layers :func:`hybrid_layers` or :func:`rank_layers` gives."""
+    return [[layer_index(x) for x in r["layers"]] for r in metadata_reusers(groups(layers))]
+
+
 def layer_index(name: str) -> int:
     return int(name.split("layers.")[1].split(".")[0])

@@ -72,8 +72,9 @@ def pair_mismatches(root: Path) -> list[str]:
         if nb.metadata.get("jupytext", {}).get("formats") != "ipynb,md":
             out.append(f"notebooks/{s}.ipynb is not paired with its Markdown twin (metadata jupytext.formats 'ipynb,md')")
             continue
+        text = (d / f"{s}.md").read_text()
         try:
-            md = jupytext.read(str(d / f"{s}.md"), fmt="md")
+            md = jupytext.reads(text, fmt="md")
         except Exception as e:  # noqa: BLE001 - a twin jupytext cannot read is a mismatch, said in one line
             out.append(f"notebooks/{s}.md: jupytext cannot read it: {type(e).__name__}: {e}")
             continue
@@ -82,7 +83,7 @@ def pair_mismatches(root: Path) -> list[str]:
             i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             out.append(f"notebooks/{s}: the notebook and its Markdown twin differ from cell {i} on "
                        f"({len(a)} and {len(b)} cells)")
-        elif jupytext.writes(nb, fmt="md") != (d / f"{s}.md").read_text():
+        elif jupytext.writes(nb, fmt="md") != text:
             out.append(f"notebooks/{s}: the notebook and its Markdown twin have the same cells but differ in their "
                        "metadata (a cell's, or the notebook's: kernelspec, dflash_lab)")
     return out

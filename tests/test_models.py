@@ -39,8 +39,8 @@ def test_the_published_draft_splits_the_targets_attention_as_the_runs_draft_does
     for tp in (1, 2, 4):
         r8 = kvgroups.metadata_reusers(kvgroups.groups(kvgroups.rank_layers(tp, draft_layers=8)))
         r5 = kvgroups.metadata_reusers(kvgroups.groups(kvgroups.rank_layers(tp, draft_layers=5)))
-        lay = lambda r: [[kvgroups.layer_index(x) for x in g["layers"]] for g in r]   # noqa: E731
-        assert lay(r8) == lay(r5) == [[7, 15, 23, 31, 39]], tp
+        assert (kvgroups.reusing_layers(kvgroups.rank_layers(tp, draft_layers=8))
+                == kvgroups.reusing_layers(kvgroups.rank_layers(tp, draft_layers=5)) == [[7, 15, 23, 31, 39]]), tp
         assert [g["gid"] for g in r8] == [5] and [g["gid"] for g in r5] == [7]
     assert kvgroups.metadata_reusers(kvgroups.groups(kvgroups.hybrid_layers(draft_layers=10))) == []
 
