@@ -6,8 +6,9 @@ change as an upstream diff.
 1. **The root cause: stale FA3 scheduler metadata in FULL CUDA graphs**
    (``FlashAttentionMetadataBuilder.update_block_table``). A hybrid target with a DFlash draft
    has its full-attention layers split over two (or more) KV-cache groups of the same spec (the
-   draft's 5 layers set the group size to 5: target attention layers 3, 11, 19, 27, 35 and
-   7, 15, 23, 31, 39). Every step, vLLM builds the FlashAttention metadata for the first group
+   assumed 5-layer draft sets the group size to 5, the published draft's 8 layers to 8, and
+   either way the target's 10 attention layers go into two groups: 3, 11, 19, 27, 35 and
+   7, 15, 23, 31, 39; :func:`dflash_lab.kvgroups.reusing_layers`). Every step, vLLM builds the FlashAttention metadata for the first group
    and *reuses* it for the others through ``update_block_table`` (only the block table and slot
    mapping change), so the second group's builder never runs ``build()`` at run time. But the
    FULL CUDA graphs were captured with each group built by its own builder, and FA3's
