@@ -7,7 +7,9 @@ and :mod:`dflash_lab.kvgroups` ask of 0.22.1:
 
 - **grouping**: vLLM's own grouping function of that release, run on the target (Qwen3.6-35B-A3B's 40 layers) with
   the 5-layer DFlash draft: are the target's attention layers split into groups of one spec, so that a later group
-  reuses the first one's metadata?
+  reuses the first one's metadata? The same again with the published draft's shape (8 layers,
+  :data:`PUBLISHED_GROUPING`), since the 5 layers are the GPU runs' assumption (:mod:`dflash_lab.models`); the
+  verdict reads the 5-layer result, the draft the GPU runs had.
 - **V1 runner** (``vllm/v1/worker/gpu_model_runner.py``, ``_build_attention_metadata``): FULL-graph capture builds
   every group with its own builder, and at run time a later group of the same (spec, builder type) gets the first
   group's metadata through ``update_block_table``, for any builder that supports it;
@@ -44,6 +46,7 @@ from pathlib import Path
 
 from . import atomic
 from .errors import LabError
+from .models import PUBLISHED_DRAFT as _PUBLISHED
 
 INDEX_URL = "https://pypi.org/simple/vllm/"
 PINNED = "0.22.1"
@@ -199,23 +202,56 @@ class _Spec(tuple):
         return specs[0]
 
 
+#: the published DFlash draft's shape (:data:`dflash_lab.models.PUBLISHED_DRAFT`): its layers and attention
+PUBLISHED_SHAPE = {k: _PUBLISHED["shape"][k] for k in ("layers", "kv_heads", "head_dim")}
+#: the key in a release's ``grouping`` under which the grouping with the published draft's shape is recorded
+PUBLISHED_GROUPING = f"published draft ({PUBLISHED_SHAPE['layers']} layers)"
+
+
+def _reusing(gs: list[dict]) -> list[dict]:
+    from . import kvgroups
+
+    return [{"gid": r["gid"], "reuses": r["reuses_gid"], "layers": [kvgroups.layer_index(x) for x in r["layers"]]}
+            for r in kvgroups.metadata_reusers(gs)]
+
+
 def _grouping(texts: dict) -> dict:
-    """That release's grouping function on the target with the 5-layer DFlash draft: the reusing attention groups."""
+    """That release's grouping function on the target with the 5-layer DFlash draft: the reusing attention groups.
+
+    The 5 layers are the draft every GPU run had (an assumed shape); the published draft has 8 layers of the same
+    attention, and the draft's layer count decides how vLLM cuts the target's attention layers into groups (0.22.1
+    would not split them with 10 draft layers). So each release's function also runs with the published draft's shape
+    (:data:`PUBLISHED_SHAPE`), recorded under :data:`PUBLISHED_GROUPING` with its own ``groups`` and ``reusing
+    attention groups`` (``checked`` False, with why, where only that run fails). The 5-layer fields stay at the top,
+    as before (the verdict, :func:`table` and the findings read them). Both draft shapes are built as full attention,
+    as 0.22.1 builds the published draft's sliding-window layers (``models.PUBLISHED_DRAFT["layer_types"]``): a
+    release that applies the draft's windows would group it otherwise, which this does not compute."""
     from . import kvgroups
 
     where = [f for f in (KV_UTILS, KV_PLANNING) if texts.get(f) and f"def {kvgroups.GROUPING_FN}(" in texts[f]]
     if not where:
         return {"checked": False, "why": f"no {kvgroups.GROUPING_FN} in {KV_UTILS} or {KV_PLANNING}"}
+
+    def run(**draft):
+        layers = {k: _Spec(v) for k, v in kvgroups.hybrid_layers(**draft).items()}
+        return kvgroups.groups(layers, kvgroups.vllm_grouping(where[0], texts[where[0]]))
+
+    def failed(e):
+        return f"{kvgroups.GROUPING_FN} did not run as 0.22.1's does: {type(e).__name__}: {e}"
+
     try:
-        layers = {k: _Spec(v) for k, v in kvgroups.hybrid_layers(draft_layers=5).items()}
-        gs = kvgroups.groups(layers, kvgroups.vllm_grouping(where[0], texts[where[0]]))
+        gs = run(draft_layers=5)
     except Exception as e:  # noqa: BLE001 - another release's function may need names 0.22.1's did not
-        return {"checked": False, "file": where[0],
-                "why": f"{kvgroups.GROUPING_FN} did not run as 0.22.1's does: {type(e).__name__}: {e}"}
-    reusers = kvgroups.metadata_reusers(gs)
-    return {"checked": True, "file": where[0], "groups": len(gs),
-            "reusing attention groups": [{"gid": r["gid"], "reuses": r["reuses_gid"],
-                                          "layers": [kvgroups.layer_index(x) for x in r["layers"]]} for r in reusers]}
+        return {"checked": False, "file": where[0], "why": failed(e)}
+    try:
+        gp = run(draft_layers=PUBLISHED_SHAPE["layers"],
+                 draft_attn=(PUBLISHED_SHAPE["kv_heads"], PUBLISHED_SHAPE["head_dim"]))
+        published = {"checked": True, "draft": dict(PUBLISHED_SHAPE), "groups": len(gp),
+                     "reusing attention groups": _reusing(gp)}
+    except Exception as e:  # noqa: BLE001 - as above
+        published = {"checked": False, "draft": dict(PUBLISHED_SHAPE), "why": failed(e)}
+    return {"checked": True, "file": where[0], "groups": len(gs), "reusing attention groups": _reusing(gs),
+            PUBLISHED_GROUPING: published}
 
 
 def _chain_with(src: str, needle: str) -> list[tuple[str, str]] | None:

@@ -125,6 +125,59 @@ def test_a_release_whose_grouping_cannot_run_is_not_decided(pinned):
     assert r["grouping"]["checked"] is False and r["verdict"] == UNDECIDED
 
 
+def test_the_grouping_also_runs_with_the_published_drafts_shape_on_0_22_1s_own_code():
+    """0.22.1's own grouping function (its kv_cache_utils.py, RECORD-checked): with the published draft's 8 layers of
+    4 KV heads of 128 (models.PUBLISHED_DRAFT) the target's attention layers 7, 15, 23, 31, 39 still form a group that
+    reuses another's metadata, in 7 groups where the 5-layer draft gives 9: the key holds an 8-layer run, not the
+    5-layer one again; the 5-layer fields stay where the verdict and the findings read them."""
+    from dflash_lab import kvgroups, models
+    from dflash_lab.vllm_sources import read_source
+
+    shape = models.PUBLISHED_DRAFT["shape"]
+    assert upstream.PUBLISHED_SHAPE == {"layers": 8, "kv_heads": 4, "head_dim": 128}
+    assert upstream.PUBLISHED_SHAPE == {k: shape[k] for k in ("layers", "kv_heads", "head_dim")}
+    assert upstream.PUBLISHED_GROUPING == "published draft (8 layers)"
+    g = upstream._grouping({upstream.KV_UTILS: read_source(upstream.KV_UTILS), upstream.KV_PLANNING: None})
+    assert (g["checked"], g["file"], g["groups"]) == (True, upstream.KV_UTILS, 9)
+    assert g["reusing attention groups"] == [{"gid": 7, "reuses": 6, "layers": [7, 15, 23, 31, 39]}]
+    pub = g[upstream.PUBLISHED_GROUPING]
+    assert pub == {"checked": True, "draft": {"layers": 8, "kv_heads": 4, "head_dim": 128}, "groups": 7,
+                   "reusing attention groups": [{"gid": 5, "reuses": 4, "layers": [7, 15, 23, 31, 39]}]}
+    # the same layers kvgroups gives for the published draft (tests/test_models' finding), by the same function
+    assert [x["layers"] for x in pub["reusing attention groups"]] == kvgroups.reusing_layers(
+        kvgroups.hybrid_layers(draft_layers=8, draft_attn=(4, 128)))
+    # check() carries it inside its grouping, beside the 5-layer result it decides by
+    assert upstream.check(upstream.pinned_texts())["grouping"] == g
+
+
+def test_a_failure_with_the_published_drafts_shape_only_is_recorded_under_its_key():
+    """A grouping function that runs on 45 layers (target and 5-layer draft) but raises on 48: the 5-layer result as
+    before (one group a layer: 9 target and 4 draft groups reuse), the published draft's key not checked, with why."""
+    from dflash_lab import kvgroups
+
+    fn = (f"def {kvgroups.GROUPING_FN}(kv_cache_spec):\n"
+          "    if len(kv_cache_spec) > 45:\n        raise ValueError('more layers than 45')\n"
+          "    return [[n] for n in kv_cache_spec]\n")
+    g = upstream._grouping({upstream.KV_UTILS: fn})
+    assert g["checked"] is True and g["groups"] == 45 and len(g["reusing attention groups"]) == 9 + 4
+    assert g[upstream.PUBLISHED_GROUPING]["checked"] is False
+    assert "ValueError: more layers than 45" in g[upstream.PUBLISHED_GROUPING]["why"]
+
+
+def test_every_recorded_release_carries_the_grouping_with_the_published_draft():
+    """data/upstream/releases.jsonl: each release's grouping holds the published draft's result (regenerated with it),
+    an 8-layer run (its own group count and draft shape), beside the unchanged 5-layer fields."""
+    rows = upstream.load(ROOT / "data" / "upstream" / "releases.jsonl")
+    assert len(rows) == 14
+    for r in rows:
+        g = r["grouping"]
+        assert g["checked"] and upstream.PUBLISHED_GROUPING in g, r["version"]
+        pub = g[upstream.PUBLISHED_GROUPING]
+        assert pub["checked"] and pub["draft"] == upstream.PUBLISHED_SHAPE, r["version"]
+        assert isinstance(pub["groups"], int) and isinstance(pub["reusing attention groups"], list), r["version"]
+        assert set(g) == {"checked", "file", "groups", "reusing attention groups", upstream.PUBLISHED_GROUPING}
+
+
 def _index(*files):
     return {"files": [{"filename": n, "url": u, "hashes": {"sha256": h}, "yanked": y} for n, u, h, y in files]}
 
