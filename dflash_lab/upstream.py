@@ -22,6 +22,12 @@ and :mod:`dflash_lab.kvgroups` ask of 0.22.1:
 - **default runner**: which runner this engine gets by default, by the rule of that release's
   ``VllmConfig.use_v2_model_runner``, read, not executed (:func:`_default_runner`); and whether the DFlash input kernel
   the recorded cores name is still defined anywhere in the package.
+- **draft sliding windows** (``vllm/model_executor/models/qwen3_dflash.py``, the file the model registry builds
+  ``DFlashDraftModel`` from, and ``VllmConfig``'s rules): does the DFlash draft read its config's ``layer_types`` into
+  per-layer sliding windows at all, and what does the release do with a draft mixing sliding and full layers, as the
+  published draft may (``models.PUBLISHED_DRAFT["layer_types"]``): build it as full attention, refuse it (the
+  exception and its message), refuse it under the V1 runner only, or build its windows (:func:`draft_windows`, with
+  the quoted lines it rests on). Not a verdict input: the verdict is for the runs' full-attention draft.
 
 What this is not: a run. The grouping is the inner grouping function only (which path ``get_kv_cache_groups`` takes
 for this engine, e.g. a later release's packed groups, is not evaluated); only ``update_block_table`` is that
@@ -57,8 +63,10 @@ KV_UTILS = "vllm/v1/core/kv_cache_utils.py"
 KV_PLANNING = "vllm/v1/core/kv_cache_planning.py"   # where the grouping function lives in later releases
 CONFIG = "vllm/config/vllm.py"                       # VllmConfig.use_v2_model_runner: which runner by default
 SAMPLER = "vllm/v1/sample/rejection_sampler.py"      # the V1 rejection sampler: link 4 (NaN logits -> id vocab_size)
+DFLASH_MODEL = "vllm/model_executor/models/qwen3_dflash.py"   # the DFlash draft model: its layers' attention kinds
+REGISTRY = "vllm/model_executor/models/registry.py"  # which file builds the draft's architecture (DFlashDraftModel)
 TORCH = "torch requirement"                          # the wheel's Requires-Dist for torch (METADATA)
-FILES = (RUNNER_V1, RUNNER_V2, FA, KV_UTILS, KV_PLANNING, CONFIG, SAMPLER)
+FILES = (RUNNER_V1, RUNNER_V2, FA, KV_UTILS, KV_PLANNING, CONFIG, SAMPLER, DFLASH_MODEL, REGISTRY)
 #: the target's architecture (dflash_lab.models' config), what the default-runner rule looks up
 TARGET_ARCH = "Qwen3_5MoeForConditionalGeneration"
 #: the DFlash input kernel the recorded cores name most (0.22.1's vllm/v1/spec_decode/utils.py)
@@ -225,7 +233,8 @@ def _grouping(texts: dict) -> dict:
     attention groups`` (``checked`` False, with why, where only that run fails). The 5-layer fields stay at the top,
     as before (the verdict, :func:`table` and the findings read them). Both draft shapes are built as full attention,
     as 0.22.1 builds the published draft's sliding-window layers (``models.PUBLISHED_DRAFT["layer_types"]``): a
-    release that applies the draft's windows would group it otherwise, which this does not compute."""
+    release that applies the draft's windows would group it otherwise, which this does not compute (which releases
+    apply them, or refuse such a draft: :func:`draft_windows`, the record's :data:`DRAFT_WINDOWS`)."""
     from . import kvgroups
 
     where = [f for f in (KV_UTILS, KV_PLANNING) if texts.get(f) and f"def {kvgroups.GROUPING_FN}(" in texts[f]]
@@ -425,6 +434,377 @@ def _recovered(text: str | None) -> dict:
             "recovered id kept inside the vocabulary": kept}
 
 
+# --- the draft's sliding windows ----------------------------------------------------------------------------------
+
+#: the key of a release's record under which :func:`draft_windows` says what it does with the draft's ``layer_types``
+DRAFT_WINDOWS = "draft sliding windows"
+#: the architecture the dummy DFlash drafts' ``config.json`` names (:func:`models.build`); which one the published
+#: draft's names is not recorded in ``models.PUBLISHED_DRAFT``
+DRAFT_ARCH = "DFlashDraftModel"
+#: what a release does with a DFlash draft whose ``layer_types`` mix sliding_attention and full_attention layers
+WIN_IGNORED = "ignores layer_types: every draft layer is built as full attention"
+WIN_REFUSED = "refuses a draft mixing sliding and full layers"
+WIN_REFUSED_V1 = "refuses a draft mixing sliding and full layers under the V1 runner only; under V2 builds its windows"
+WIN_BUILT = "builds a draft mixing sliding and full layers with its sliding windows"
+WIN_VERDICTS = (WIN_IGNORED, WIN_REFUSED, WIN_REFUSED_V1, WIN_BUILT)
+#: what :func:`_mixed_draft_config` finds in ``VllmConfig`` (config/vllm.py) for such a draft
+CFG_NONE = "no rule for such a draft"
+CFG_FORCES_V2 = "forces the V2 runner for such a draft unless VLLM_USE_V2_MODEL_RUNNER is set"
+CFG_V1_REFUSES = "the V1 runner refuses such a draft when the config is validated"
+_SLIDING = "sliding_attention"
+_V1_ONLY = "not get_current_vllm_config().use_v2_model_runner"   # the one runner condition recognized
+
+
+def _same(node, template: str) -> bool:
+    """``node`` is the statement or expression ``template`` (compared as syntax trees: spacing, line breaks,
+    quotes and redundant parentheses aside)."""
+    import ast
+
+    try:
+        t = ast.parse(template).body[0]
+    except SyntaxError:
+        return False
+    if isinstance(node, ast.expr) and isinstance(t, ast.Expr):
+        t = t.value
+    return ast.dump(node) == ast.dump(t)
+
+
+def _quote(file: str, text: str, first: int, last: int | None = None) -> dict:
+    """Lines ``first``-``last`` of ``text``, each stripped, joined by one space: what a verdict rests on."""
+    last = last or first
+    return {"file": file, "lines": str(first) if last == first else f"{first}-{last}",
+            "text": " ".join(x.strip() for x in text.splitlines()[first - 1:last])}
+
+
+def _callee(call) -> str | None:
+    import ast
+
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def _parents(tree) -> dict:
+    import ast
+
+    return {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+
+
+def _guards(node, top, parents) -> list | None:
+    """The ``if`` tests (as source) that lead from ``top`` down to ``node``, outermost first; None where the path
+    passes an ``else``, a loop, a ``try`` or anything else but the body of an ``if``."""
+    import ast
+
+    out, child = [], node
+    while True:
+        p = parents.get(id(child))
+        if p is None:
+            return None
+        if p is top:
+            return out[::-1]
+        if isinstance(p, ast.If) and any(child is b for b in p.body):
+            out.append(ast.unparse(p.test))
+        elif not isinstance(p, ast.If) or child is not p.test:
+            return None
+        child = p
+
+
+def _conjuncts(test: str) -> list[str]:
+    import ast
+
+    e = ast.parse(test, mode="eval").body
+    if isinstance(e, ast.BoolOp) and isinstance(e.op, ast.And):
+        return [ast.unparse(v) for v in e.values]
+    return [ast.unparse(e)]
+
+
+def _raised(node) -> tuple[str, str] | None:
+    """(exception, message) of ``raise E("a literal message")``, else None."""
+    import ast
+
+    e = node.exc
+    if (isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and len(e.args) == 1 and not e.keywords
+            and isinstance(e.args[0], ast.Constant) and isinstance(e.args[0].value, str)):
+        return e.func.id, e.args[0].value
+    return None
+
+
+def _draft_builder(text: str | None):
+    """(module, class, quote) the model registry maps :data:`DRAFT_ARCH` to; a str (why not) otherwise."""
+    import ast
+
+    if text is None:
+        return f"no {REGISTRY}"
+    found = []
+    for n in ast.walk(ast.parse(text)):
+        if isinstance(n, ast.Dict):
+            for k, v in zip(n.keys, n.values):
+                if isinstance(k, ast.Constant) and k.value == DRAFT_ARCH:
+                    try:
+                        val = ast.literal_eval(v)
+                    except ValueError:
+                        val = None
+                    found.append((val, _quote(REGISTRY, text, k.lineno, v.end_lineno)))
+    vals = {x for x, _ in found}
+    if len(vals) != 1 or not (isinstance(next(iter(vals)), tuple) and len(next(iter(vals))) == 2):
+        return f"{REGISTRY} maps {DRAFT_ARCH} to {len(vals)} literal (module, class) entries, not one"
+    (mod, cls), quote = found[0]
+    return mod, cls, quote
+
+
+def _mixed_draft_config(text: str | None) -> dict:
+    """What ``VllmConfig`` (config/vllm.py) does with a DFlash draft mixing sliding and full layers, read, not run.
+
+    Recognized: a ``VllmConfig._dflash_needs_multi_kv_group`` that counts the draft's ``"sliding_attention"``
+    entries of ``layer_types`` and returns ``0 < num_sliding < len(layer_types)`` (0.26.0-0.33.0), used as
+    (a) ``if self._dflash_needs_multi_kv_group(): return True`` in ``use_v2_model_runner``, after the
+    ``VLLM_USE_V2_MODEL_RUNNER`` override (:data:`CFG_FORCES_V2`), or (b) ``unsupported.append("...")`` in
+    ``_get_v1_model_runner_unsupported_features``, which ``_validate_v1_model_runner`` raises as
+    ``ValueError(f"Model Runner V1 does not support: {', '.join(unsupported)}")`` (:data:`CFG_V1_REFUSES`; the message
+    recorded is the one it gives when that is the only unsupported feature). :data:`CFG_NONE` only where the name is
+    absent and no line of the file names both DFlash and sliding; any other use or shape: ``checked`` False."""
+    import ast
+
+    if text is None:
+        return {"checked": False, "why": f"no {CONFIG}"}
+    pred = "_dflash_needs_multi_kv_group"
+    if pred not in text:
+        stray = [i for i, x in enumerate(text.splitlines(), 1) if "dflash" in x.lower() and "sliding" in x.lower()]
+        if stray:
+            return {"checked": False, "why": f"lines {stray} name DFlash and sliding, without {pred}"}
+        return {"checked": True, "rules": [CFG_NONE], "quotes": []}
+    tree = ast.parse(text)
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "VllmConfig"), None)
+    fns = {n.name: n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef)}
+    fn = fns.get(pred)
+    if fn is None:
+        return {"checked": False, "why": f"{pred} named but not a VllmConfig method"}
+    stmts = list(ast.walk(fn))
+    need = ('layer_types = getattr(draft_config.hf_config, "layer_types", None) or []',
+            f'num_sliding = sum(lt == "{_SLIDING}" for lt in layer_types)',
+            "return 0 < num_sliding < len(layer_types)")
+    missing = [t for t in need if not any(_same(n, t) for n in stmts if isinstance(n, ast.stmt))]
+    if missing or 'spec.method != "dflash"' not in ast.get_source_segment(text, fn):
+        return {"checked": False, "why": f"VllmConfig.{pred} is not the mixed-draft test recognized: lacks "
+                                         f"{missing or ['spec.method != dflash']}"}
+    quotes = [_quote(CONFIG, text, n.lineno, n.end_lineno) for n in stmts
+              if isinstance(n, ast.stmt) and any(_same(n, t) for t in need[1:])]
+    parents = _parents(tree)
+    rules, out = [], {}
+    for call in [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _callee(n) == pred]:
+        if not _same(call, f"self.{pred}()"):
+            return {"checked": False, "why": f"line {call.lineno}: {pred} called otherwise than on self, no arguments"}
+        where = next((f for f in fns.values() if f.lineno <= call.lineno <= f.end_lineno), None)
+        iff = parents.get(id(call))
+        if where is None or not isinstance(iff, ast.If) or iff.test is not call or iff.orelse:
+            return {"checked": False, "why": f"line {call.lineno}: {pred}() is not the test of an if without else"}
+        if where.name == "use_v2_model_runner" and len(iff.body) == 1 and _same(iff.body[0], "return True"):
+            env = next((i for i, s in enumerate(where.body)
+                        if _same(s, "if use_v2_model_runner is not None:\n    return use_v2_model_runner")), None)
+            mine = next((i for i, s in enumerate(where.body) if s is iff), None)
+            if (env is None or mine is None or env > mine or not any(
+                    _same(s, "use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER") for s in where.body[:env])):
+                return {"checked": False, "why": f"line {call.lineno}: forces V2, but not after the environment's "
+                                                 "override at the function's top"}
+            rules.append(CFG_FORCES_V2)
+            quotes.append(_quote(CONFIG, text, iff.lineno, iff.body[0].end_lineno))
+        elif (where.name == "_get_v1_model_runner_unsupported_features" and len(iff.body) == 1
+              and isinstance(iff.body[0], ast.Expr) and isinstance(iff.body[0].value, ast.Call)
+              and _same(iff.body[0].value.func, "unsupported.append") and len(iff.body[0].value.args) == 1
+              and isinstance(iff.body[0].value.args[0], ast.Constant)):
+            feature = iff.body[0].value.args[0].value
+            val = fns.get("_validate_v1_model_runner")
+            tmpl = ("def _validate_v1_model_runner(self) -> None:\n"
+                    "    unsupported = self._get_v1_model_runner_unsupported_features()\n"
+                    "    if unsupported:\n"
+                    "        raise ValueError(f\"Model Runner V1 does not support: {', '.join(unsupported)}\")")
+            if val is None or not _same(val, tmpl):
+                return {"checked": False, "why": "the V1 runner's unsupported features are not raised as recognized"}
+            rules.append(CFG_V1_REFUSES)
+            out["V1 refusal"] = {"exception": "ValueError", "message": f"Model Runner V1 does not support: {feature}"}
+            quotes.append(_quote(CONFIG, text, iff.lineno, iff.body[0].end_lineno))
+            quotes.append(_quote(CONFIG, text, val.body[-1].lineno, val.body[-1].end_lineno))
+        else:
+            return {"checked": False,
+                    "why": f"line {call.lineno}: {pred}() used in {where.name} in a way not recognized"}
+    if not rules:
+        return {"checked": False, "why": f"{pred} defined but never called"}
+    return {"checked": True, "rules": rules, **out, "quotes": quotes}
+
+
+def draft_windows(texts: dict) -> dict:
+    """What a release does with the DFlash draft's per-layer attention kinds (its config's ``layer_types``), read from
+    its own source, not run: the record's :data:`DRAFT_WINDOWS` field.
+
+    It looks, in order, for:
+
+    1. the model registry's (``registry.py``) entry for :data:`DRAFT_ARCH`: it must name the ``qwen3_dflash`` module
+       (the file read next, :data:`DFLASH_MODEL`) and a class defined there;
+    2. :data:`WIN_IGNORED` where no line of that file names ``layer_types``, ``sliding`` or ``window`` (any case) and
+       its ``Attention(`` calls pass no ``**`` arguments: no per-layer window reaches a draft layer (0.22.1-0.24.0).
+       What the draft's layers then get from the engine-wide ``CacheConfig.sliding_window`` (the target's) is not
+       read here (for 0.22.1 tests/test_models.py reads it: None for this target);
+    3. otherwise the chain from the config to the attention layer, every link matched as syntax: each ``Attention(``
+       call passes ``per_layer_sliding_window=<a parameter of its __init__>``; every construction of that attention
+       class passes that parameter the first value of ``<resolver>(config, layer_idx)``; the resolver, a top-level
+       function, reads ``layer_types = getattr(config, "layer_types", None)``, sets
+       ``is_sliding = layer_types[layer_idx] == <"sliding_attention">``, under ``if is_sliding:`` takes
+       ``sliding_window = dflash_config.get("swa_window_size", getattr(config, "sliding_window", None))`` and returns
+       it first. Each ``raise`` of the resolver must then be one of two: under ``if sliding_window is None:`` (a
+       sliding layer without a window size: recorded under "a sliding layer's window"), or the mixed-layer refusal,
+       the test of an ``if`` (inside ``if layer_types is not None:`` at most) whose conjuncts are exactly the mixed
+       test (``any_sliding`` and ``not all_sliding``, both counted from ``layer_types``, as in 0.25.x; or
+       ``0 < num_sliding < len(layer_types)``, as from 0.26.0) plus, optionally,
+       ``not get_current_vllm_config().use_v2_model_runner`` (refused only under the V1 runner). The verdict:
+       :data:`WIN_REFUSED` (with the exception and its literal message), :data:`WIN_REFUSED_V1`, or, with no such
+       raise, :data:`WIN_BUILT`.
+
+    Beside it, under "config rule", :func:`_mixed_draft_config`: what ``VllmConfig`` does with such a draft (forces V2,
+    or has the V1 runner refuse it), which decides which branch of a V1-only refusal a default engine takes.
+    Anything not matching these patterns is recorded ``checked`` False with why, never a guess. ``quotes``: the
+    lines (file, line numbers, text) the verdict rests on. Whether the V2 runner then runs such a draft, and how it
+    groups the KV cache, is not read."""
+    import ast
+
+    def no(why, **kw):
+        return {"checked": False, "why": why, **kw}
+
+    b = _draft_builder(texts.get(REGISTRY))
+    if isinstance(b, str):
+        return no(b)
+    mod, cls, q_reg = b
+    if mod != "qwen3_dflash":
+        return no(f"{DRAFT_ARCH} is built by {mod}.{cls}, not by {DFLASH_MODEL}", quotes=[q_reg])
+    src = texts.get(DFLASH_MODEL)
+    if src is None:
+        return no(f"no {DFLASH_MODEL}", quotes=[q_reg])
+    tree = ast.parse(src)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    if cls not in classes:
+        return no(f"no class {cls} in {DFLASH_MODEL}", quotes=[q_reg])
+    base = {"file": DFLASH_MODEL, "draft architecture": f"{DRAFT_ARCH}: {mod}.{cls}",
+            "config rule": _mixed_draft_config(texts.get(CONFIG))}
+    attn = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _callee(n) == "Attention"]
+    if not attn:
+        return no(f"no Attention( call in {DFLASH_MODEL}", quotes=[q_reg])
+    if any(k.arg is None for c in attn for k in c.keywords):
+        return no("an Attention( call passes ** arguments", quotes=[q_reg])
+    low = src.lower()
+    if "layer_types" not in src and "sliding" not in low and "window" not in low:
+        return {"checked": True, "mixed sliding and full layers": WIN_IGNORED, "reads layer_types": False,
+                "per-layer sliding window": False, "refusal": None, "a sliding layer's window": None, **base,
+                "rests on": f"no line of {DFLASH_MODEL} names layer_types, sliding or window; its Attention( "
+                            "call(s), quoted, pass no per-layer window",
+                "quotes": [q_reg] + [_quote(DFLASH_MODEL, src, c.lineno, c.end_lineno) for c in attn]}
+
+    parents = _parents(tree)
+    quotes = [q_reg]
+
+    def enclosing(node, kind):
+        while node is not None and not isinstance(node, kind):
+            node = parents.get(id(node))
+        return node
+
+    # link 1: Attention(per_layer_sliding_window=<param>) inside <class>.__init__
+    links = set()
+    for c in attn:
+        kw = next((k for k in c.keywords if k.arg == "per_layer_sliding_window"), None)
+        init, klass = enclosing(c, ast.FunctionDef), enclosing(c, ast.ClassDef)
+        params = {a.arg for a in (init.args.args + init.args.kwonlyargs)} if init else set()
+        if (kw is None or not isinstance(kw.value, ast.Name) or init is None or init.name != "__init__"
+                or klass is None or kw.value.id not in params):
+            return no(f"line {c.lineno}: an Attention( call without per_layer_sliding_window=<a parameter of its "
+                      "class's __init__>", **base, quotes=quotes)
+        links.add((klass.name, kw.value.id))
+        quotes.append(_quote(DFLASH_MODEL, src, c.lineno, c.end_lineno))
+    # link 2: every construction of that class passes the parameter the resolver's first value
+    resolvers = set()
+    for klass, param in sorted(links):
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _callee(n) == klass]
+        if not calls:
+            return no(f"{klass} is never constructed in {DFLASH_MODEL}", **base, quotes=quotes)
+        for c in calls:
+            kw = next((k for k in c.keywords if k.arg == param), None)
+            fn = enclosing(c, ast.FunctionDef)
+            src_assign = None
+            if kw is not None and isinstance(kw.value, ast.Name) and fn is not None:
+                src_assign = next((s for s in ast.walk(fn) if isinstance(s, ast.Assign) and len(s.targets) == 1
+                                   and isinstance(s.targets[0], ast.Tuple) and s.targets[0].elts
+                                   and isinstance(s.targets[0].elts[0], ast.Name)
+                                   and s.targets[0].elts[0].id == kw.value.id and isinstance(s.value, ast.Call)
+                                   and isinstance(s.value.func, ast.Name)), None)
+            if src_assign is None:
+                return no(f"line {c.lineno}: {klass}( is not passed {param}= from a resolver's first value",
+                          **base, quotes=quotes)
+            resolvers.add(src_assign.value.func.id)
+            quotes.append(_quote(DFLASH_MODEL, src, src_assign.lineno, src_assign.end_lineno))
+    if len(resolvers) != 1:
+        return no(f"the windows come from {len(resolvers)} resolvers, not one", **base, quotes=quotes)
+    rname = resolvers.pop()
+    rfn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == rname), None)
+    if rfn is None or len(rfn.args.args) < 2:
+        return no(f"no top-level function {rname}(config, layer_idx) in {DFLASH_MODEL}", **base, quotes=quotes)
+    cfg_arg, idx_arg = rfn.args.args[0].arg, rfn.args.args[1].arg
+    consts = {t.id: s.value.value for s in tree.body + rfn.body if isinstance(s, ast.Assign)
+              for t in s.targets if isinstance(t, ast.Name) and isinstance(s.value, ast.Constant)}
+    sliding = [k for k, v in consts.items() if v == _SLIDING]
+    body = [n for n in ast.walk(rfn) if isinstance(n, ast.stmt) and n is not rfn]
+
+    def find(template):
+        return next((n for n in body if _same(n, template)), None)
+
+    read = find(f'layer_types = getattr({cfg_arg}, "layer_types", None)')
+    per_layer = next((n for n in (find(f"is_sliding = layer_types[{idx_arg}] == {s}")
+                                  for s in sliding + [repr(_SLIDING)]) if n is not None), None)
+    window = find(f'sliding_window = dflash_config.get("swa_window_size", getattr({cfg_arg}, "sliding_window", None))')
+    rets = [n for n in body if isinstance(n, ast.Return)]
+    gated = window is not None and _guards(window, rfn, parents) == ["is_sliding"]
+    returned = rets and all(isinstance(r.value, ast.Tuple) and r.value.elts and _same(r.value.elts[0], "sliding_window")
+                            for r in rets)
+    if not (read and per_layer and gated and returned):
+        return no(f"{rname} does not read layer_types into a per-layer window as recognized (layer_types read: "
+                  f"{bool(read)}, per-layer test: {bool(per_layer)}, window under is_sliding: {bool(gated)}, returned "
+                  f"first: {bool(returned)})", **base, quotes=quotes)
+    quotes += [_quote(DFLASH_MODEL, src, n.lineno, n.end_lineno) for n in (read, per_layer, window)]
+
+    count = [f"num_sliding = sum(lt == {s} for lt in layer_types)" for s in sliding + [repr(_SLIDING)]]
+    counted = any(find(t) for t in count)
+    mixed_tests = []
+    if counted and find("any_sliding = num_sliding > 0") and find("all_sliding = num_sliding == len(layer_types)"):
+        mixed_tests.append(["any_sliding", "not all_sliding"])
+    if counted:
+        mixed_tests.append(["0 < num_sliding < len(layer_types)"])
+    refusal, window_error = None, None
+    for r in (n for n in body if isinstance(n, ast.Raise)):
+        g, what = _guards(r, rfn, parents), _raised(r)
+        if g is None or what is None:
+            return no(f"line {r.lineno}: a raise of {rname} not recognized", **base, quotes=quotes)
+        if g == ["is_sliding", "sliding_window is None"]:
+            window_error = {"exception": what[0], "message": what[1]}
+            continue
+        if g[:-1] not in ([], ["layer_types is not None"]):
+            return no(f"line {r.lineno}: a raise of {rname} under {g}", **base, quotes=quotes)
+        conj = _conjuncts(g[-1])
+        rest = [c for c in conj if not any(c in t for t in mixed_tests)]
+        mixed = next((t for t in mixed_tests if all(c in conj for c in t)), None)
+        if mixed is None or rest not in ([], [_V1_ONLY]) or len(conj) != len(mixed) + len(rest) or refusal:
+            return no(f"line {r.lineno}: a raise of {rname} under {g[-1]!r}, not the mixed-layer test recognized",
+                      **base, quotes=quotes)
+        refusal = {"exception": what[0], "message": what[1], "only if": rest[0] if rest else None,
+                   "runner": "V1" if rest else None}
+        iff = parents[id(r)]
+        quotes.append(_quote(DFLASH_MODEL, src, iff.lineno, r.end_lineno))
+    verdict = WIN_BUILT if refusal is None else WIN_REFUSED_V1 if refusal["runner"] else WIN_REFUSED
+    return {"checked": True, "mixed sliding and full layers": verdict, "reads layer_types": True,
+            "per-layer sliding window": True, "refusal": refusal,
+            "a sliding layer's window": {"from": ast.unparse(window.value), "else": window_error}, **base,
+            "rests on": f"{rname}(config, layer_idx) reads layer_types; its sliding window reaches "
+                        "Attention(per_layer_sliding_window=...)" + (f"; it raises {refusal['exception']} for a draft "
+                                                                      "mixing sliding and full layers" +
+                                                                      (f" only if {refusal['only if']}"
+                                                                       if refusal["runner"] else "")
+                                                                      if refusal else "; no raise for a mixed draft"),
+            "quotes": quotes}
+
 def check(texts: dict) -> dict:
     """The facts of one release (``texts``: {file: text or None}) and its verdict (see the module's docstring)."""
     g, v1, fa, v2 = _grouping(texts), _v1(texts.get(RUNNER_V1)), _fa(texts.get(FA)), _v2(texts.get(RUNNER_V2))
@@ -449,7 +829,8 @@ def check(texts: dict) -> dict:
         verdict = UNDECIDED
     return {"verdict": verdict, "grouping": g, "v1 runner": v1, "flash_attn builder": fa, "v2 runner": v2,
             "default runner": dr, "dflash input kernel": texts.get(DFLASH_KERNEL),
-            "recovered token": _recovered(texts.get(SAMPLER)), TORCH: texts.get(TORCH)}
+            "recovered token": _recovered(texts.get(SAMPLER)), TORCH: texts.get(TORCH),
+            DRAFT_WINDOWS: draft_windows(texts)}
 
 
 def pinned_texts() -> dict:

@@ -346,3 +346,239 @@ def test_the_torch_a_release_pins_is_read_from_its_metadata():
     meta = "Name: vllm\nRequires-Dist: torchaudio==2.11.0\nRequires-Dist: torch (>=9); extra == 'x'\nRequires-Dist: torch==2.13.0\n"
     assert upstream.torch_requirement(meta) == "==2.13.0"
     assert upstream.torch_requirement("Name: vllm\nRequires-Dist: torchvision==0.26.0\n") is None
+
+
+# --- the draft's sliding windows (upstream.draft_windows): snippets written for these tests, in the shapes read ------
+
+DW_REGISTRY = """_SPECULATIVE_DECODING_MODELS = {
+    "DFlashDraftModel": ("qwen3_dflash", "DFlashQwen3ForCausalLM"),
+}
+"""
+
+DW_IGNORES = '''
+class DFlashQwen3Attention(nn.Module):
+    def __init__(self, num_heads, head_dim, cache_config=None, prefix=""):
+        self.attn = Attention(num_heads, head_dim, cache_config=cache_config, prefix=f"{prefix}.attn")
+
+
+class DFlashQwen3ForCausalLM(nn.Module):
+    pass
+'''
+
+# {MIXED}: the block inside `if layer_types is not None:` after num_sliding is counted
+DW_READS = '''
+_SLIDING_ATTENTION = "sliding_attention"
+
+
+def _resolve_layer_attention(config, layer_idx):
+    dflash_config = getattr(config, "dflash_config", None) or {}
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        num_sliding = sum(lt == _SLIDING_ATTENTION for lt in layer_types)
+{MIXED}
+    if layer_types is None:
+        is_sliding = False
+    else:
+        is_sliding = layer_types[layer_idx] == _SLIDING_ATTENTION
+    sliding_window = None
+    if is_sliding:
+        sliding_window = dflash_config.get(
+            "swa_window_size", getattr(config, "sliding_window", None)
+        )
+        if sliding_window is None:
+            raise ValueError("a sliding layer needs a window size")
+    return sliding_window, False
+
+
+class DFlashQwen3Attention(nn.Module):
+    def __init__(self, num_heads, head_dim, sliding_window=None, prefix=""):
+        self.attn = Attention(num_heads, head_dim, per_layer_sliding_window=sliding_window, prefix=f"{prefix}.attn")
+
+
+class DFlashQwen3DecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx, prefix=""):
+        sliding_window, causal = _resolve_layer_attention(config, layer_idx)
+        self.self_attn = DFlashQwen3Attention(config.num_attention_heads, config.head_dim,
+                                              sliding_window=sliding_window, prefix=prefix)
+
+
+class DFlashQwen3ForCausalLM(nn.Module):
+    pass
+'''
+DW_REFUSED = '''        any_sliding = num_sliding > 0
+        all_sliding = num_sliding == len(layer_types)
+        if any_sliding and not all_sliding:
+            raise NotImplementedError("mixed layers are " "not supported")'''
+DW_REFUSED_V1 = '''        if (
+            0 < num_sliding < len(layer_types)
+            and not get_current_vllm_config().use_v2_model_runner
+        ):
+            raise NotImplementedError("relaunch with VLLM_USE_V2_MODEL_RUNNER=1.")'''
+DW_BUILT = "        pass"
+
+# {FORCE} and {V1}: the rule's use in use_v2_model_runner and in the V1 runner's unsupported features
+DW_CONFIG = '''
+class VllmConfig:
+    @property
+    def use_v2_model_runner(self) -> bool:
+        use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER
+        if use_v2_model_runner is not None:
+            return use_v2_model_runner
+{FORCE}
+        return False
+
+    def _dflash_needs_multi_kv_group(self) -> bool:
+        spec = self.speculative_config
+        if spec is None or spec.method != "dflash":
+            return False
+        draft_config = spec.draft_model_config
+        layer_types = getattr(draft_config.hf_config, "layer_types", None) or []
+        num_sliding = sum(lt == "sliding_attention" for lt in layer_types)
+        return 0 < num_sliding < len(layer_types)
+
+    def _get_v1_model_runner_unsupported_features(self) -> list[str]:
+        unsupported: list[str] = []
+{V1}
+        return unsupported
+
+    def _validate_v1_model_runner(self) -> None:
+        unsupported = self._get_v1_model_runner_unsupported_features()
+        if unsupported:
+            raise ValueError(
+                f"Model Runner V1 does not support: {', '.join(unsupported)}"
+            )
+'''
+DW_FORCE = "        if self._dflash_needs_multi_kv_group():\n            return True"
+DW_V1 = ('        if self._dflash_needs_multi_kv_group():\n'
+         '            unsupported.append("mixed sliding/full dflash drafts")')
+
+
+def _dw(model, config=None, registry=DW_REGISTRY):
+    from dflash_lab.upstream import DFLASH_MODEL, REGISTRY
+
+    return upstream.draft_windows({REGISTRY: registry, DFLASH_MODEL: model, CONFIG: config})
+
+
+def test_0_22_1s_own_dflash_draft_ignores_layer_types(pinned):
+    """0.22.1's qwen3_dflash.py, read as tests/test_models.py reads it (vllm_sources.read_source, RECORD-checked): no
+    line names layer_types or a window, so every draft layer is built as full attention; its VllmConfig has no rule for
+    a mixed draft. The same file with a per-layer window passed to its Attention is no longer read as ignoring them."""
+    from dflash_lab.upstream import DFLASH_MODEL, DRAFT_WINDOWS, REGISTRY, WIN_IGNORED
+    from dflash_lab.vllm_sources import read_source
+
+    src = read_source("vllm/model_executor/models/qwen3_dflash.py")
+    assert pinned[DFLASH_MODEL] == src and "per_layer_sliding_window" not in src and "layer_types" not in src
+    r = upstream.check(pinned)[DRAFT_WINDOWS]
+    assert r["checked"] is True and r["mixed sliding and full layers"] == WIN_IGNORED
+    assert (r["reads layer_types"], r["per-layer sliding window"], r["refusal"]) == (False, False, None)
+    assert r["draft architecture"] == "DFlashDraftModel: qwen3_dflash.DFlashQwen3ForCausalLM"
+    assert r["config rule"] == {"checked": True, "rules": [upstream.CFG_NONE], "quotes": []}
+    files = [q["file"] for q in r["quotes"]]
+    assert files == [REGISTRY, DFLASH_MODEL] and r["quotes"][1]["text"].startswith("self.attn = Attention(")
+    assert src.splitlines()[int(r["quotes"][1]["lines"].split("-")[0]) - 1].strip() == "self.attn = Attention("
+    at = '            prefix=f"{prefix}.attn",\n'
+    windowed = src.replace(at, "            per_layer_sliding_window=sliding_window,\n" + at)
+    assert windowed != src
+    assert upstream.draft_windows({**pinned, DFLASH_MODEL: windowed})["checked"] is False
+
+
+def test_each_recognized_draft_window_pattern_gets_its_verdict():
+    from dflash_lab.upstream import WIN_BUILT, WIN_IGNORED, WIN_REFUSED, WIN_REFUSED_V1
+
+    r = _dw(DW_IGNORES)
+    assert r["checked"] and r["mixed sliding and full layers"] == WIN_IGNORED and not r["reads layer_types"]
+    assert r["config rule"] == {"checked": False, "why": f"no {CONFIG}"}   # not read: said so, beside the verdict
+
+    r = _dw(DW_READS.replace("{MIXED}", DW_REFUSED))
+    assert r["checked"] and r["mixed sliding and full layers"] == WIN_REFUSED
+    assert r["refusal"] == {"exception": "NotImplementedError", "message": "mixed layers are not supported",
+                            "only if": None, "runner": None}
+    assert r["a sliding layer's window"]["else"] == {"exception": "ValueError",
+                                                    "message": "a sliding layer needs a window size"}
+    assert any(q["text"].startswith("if any_sliding and not all_sliding: raise NotImplementedError(")
+               for q in r["quotes"])
+
+    r = _dw(DW_READS.replace("{MIXED}", DW_REFUSED_V1))
+    assert r["checked"] and r["mixed sliding and full layers"] == WIN_REFUSED_V1
+    assert r["refusal"] == {"exception": "NotImplementedError", "message": "relaunch with VLLM_USE_V2_MODEL_RUNNER=1.",
+                            "only if": "not get_current_vllm_config().use_v2_model_runner", "runner": "V1"}
+
+    r = _dw(DW_READS.replace("{MIXED}", DW_BUILT))
+    assert r["checked"] and r["mixed sliding and full layers"] == WIN_BUILT and r["refusal"] is None
+    assert r["reads layer_types"] and r["per-layer sliding window"]
+    lines = DW_READS.replace("{MIXED}", DW_BUILT).splitlines()
+    for q in r["quotes"][1:]:      # each quote is the file's own text at its line numbers
+        a, _, b = q["lines"].partition("-")
+        assert q["text"] == " ".join(x.strip() for x in lines[int(a) - 1:int(b or a)])
+
+
+def test_a_draft_window_source_not_recognized_is_not_checked_rather_than_guessed():
+    # the mixed test behind a condition that is not the V1 runner's
+    odd = DW_REFUSED_V1.replace("not get_current_vllm_config().use_v2_model_runner", "envs.SOMETHING")
+    r = _dw(DW_READS.replace("{MIXED}", odd))
+    assert r["checked"] is False and "not the mixed-layer test recognized" in r["why"]
+    # a message that is not a literal
+    r = _dw(DW_READS.replace("{MIXED}", DW_REFUSED.replace('"mixed layers are " "not supported"', "msg")))
+    assert r["checked"] is False and "a raise of _resolve_layer_attention not recognized" in r["why"]
+    # layer_types named, but no window reaches the Attention layer
+    r = _dw(DW_IGNORES.replace("pass", 'layer_types = getattr(config, "layer_types", None)'))
+    assert r["checked"] is False and "without per_layer_sliding_window" in r["why"]
+    # the draft's architecture built by another file; or not in the registry
+    r = _dw(DW_IGNORES, registry=DW_REGISTRY.replace('"qwen3_dflash"', '"other_dflash"'))
+    assert r["checked"] is False and "built by other_dflash" in r["why"]
+    assert _dw(DW_IGNORES, registry="_MODELS = {}\n")["checked"] is False
+    # the window taken from somewhere else than dflash_config / the config's sliding_window
+    r = _dw(DW_READS.replace("{MIXED}", DW_BUILT).replace('"swa_window_size"', '"window"'))
+    assert r["checked"] is False and "window under is_sliding: False" in r["why"]
+
+
+def test_the_config_rules_for_a_mixed_draft_are_read():
+    from dflash_lab.upstream import CFG_FORCES_V2, CFG_NONE, CFG_V1_REFUSES, _mixed_draft_config
+
+    forced = _mixed_draft_config(DW_CONFIG.replace("{FORCE}", DW_FORCE).replace("{V1}", ""))
+    assert forced["checked"] and forced["rules"] == [CFG_FORCES_V2] and "V1 refusal" not in forced
+    assert forced["quotes"][-1]["text"] == "if self._dflash_needs_multi_kv_group(): return True"
+    v1 = _mixed_draft_config(DW_CONFIG.replace("{FORCE}", "").replace("{V1}", DW_V1))
+    assert v1["checked"] and v1["rules"] == [CFG_V1_REFUSES]
+    assert v1["V1 refusal"] == {"exception": "ValueError",
+                                "message": "Model Runner V1 does not support: mixed sliding/full dflash drafts"}
+    assert _mixed_draft_config("class VllmConfig:\n    pass\n") == {"checked": True, "rules": [CFG_NONE], "quotes": []}
+    # the forcing placed before the environment's override: not recognized
+    early = DW_CONFIG.replace("{FORCE}", "").replace("{V1}", "").replace(
+        "        use_v2_model_runner = envs", DW_FORCE + "\n        use_v2_model_runner = envs")
+    assert _mixed_draft_config(early)["checked"] is False
+    # the rule used elsewhere, or DFlash and sliding named without it: not recognized
+    other = DW_CONFIG.replace("{FORCE}", "").replace("{V1}", "").replace(
+        "        return unsupported", "        x = self._dflash_needs_multi_kv_group()\n        return unsupported")
+    assert _mixed_draft_config(other)["checked"] is False
+    # the forcing's shape in another function than use_v2_model_runner forces nothing
+    elsewhere = DW_CONFIG.replace("{FORCE}", "").replace("{V1}", DW_FORCE)
+    assert _mixed_draft_config(elsewhere)["checked"] is False
+    assert _mixed_draft_config("# a DFlash draft with sliding layers\n")["checked"] is False
+    # in draft_windows' record beside the model's verdict
+    r = _dw(DW_READS.replace("{MIXED}", DW_REFUSED_V1), DW_CONFIG.replace("{FORCE}", DW_FORCE).replace("{V1}", ""))
+    assert r["config rule"]["rules"] == [CFG_FORCES_V2]
+
+
+def test_every_recorded_release_says_what_it_does_with_the_drafts_sliding_windows():
+    """data/upstream/releases.jsonl (regenerated with the field): each release's own qwen3_dflash.py and VllmConfig,
+    as read by draft_windows: 0.23.0-0.24.0 ignore layer_types; 0.25.x refuse a mixed draft outright; 0.26.0-0.33.0
+    refuse it under the V1 runner only, their config forcing V2 for it (0.26.0-0.28.0) or having V1 refuse it
+    (0.29.0-0.33.0); 0.34.0 builds its windows."""
+    from dflash_lab.upstream import (CFG_FORCES_V2, CFG_NONE, CFG_V1_REFUSES, DRAFT_WINDOWS, WIN_BUILT, WIN_IGNORED,
+                                     WIN_REFUSED, WIN_REFUSED_V1)
+
+    rows = upstream.load(ROOT / "data" / "upstream" / "releases.jsonl")
+    got = {r["version"]: (r[DRAFT_WINDOWS]["mixed sliding and full layers"], r[DRAFT_WINDOWS]["config rule"]["rules"])
+           for r in rows if DRAFT_WINDOWS in r and r[DRAFT_WINDOWS]["checked"]}
+    want = {**{v: (WIN_IGNORED, [CFG_NONE]) for v in ("0.23.0", "0.24.0")},
+            **{v: (WIN_REFUSED, [CFG_NONE]) for v in ("0.25.0", "0.25.1")},
+            **{v: (WIN_REFUSED_V1, [CFG_FORCES_V2]) for v in ("0.26.0", "0.27.0", "0.27.1", "0.28.0")},
+            **{v: (WIN_REFUSED_V1, [CFG_V1_REFUSES]) for v in ("0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")},
+            "0.34.0": (WIN_BUILT, [CFG_NONE])}
+    assert got == want
+    for r in rows:
+        assert r["files"][upstream.DFLASH_MODEL] and r["files"][upstream.REGISTRY], r["version"]
+        ref = r[DRAFT_WINDOWS]["refusal"]
+        if ref:
+            assert ref["exception"] == "NotImplementedError" and "mixed sliding/full attention" in ref["message"]
