@@ -80,7 +80,9 @@ PUBLISHED_DRAFT = {
                    "per-layer sliding window to its Attention layers, and CacheConfig.sliding_window comes from the "
                    "target (set only for a target that is all sliding window; None for this one), so 0.22.1 builds "
                    "all 8 as full attention, as the dummy draft declares them. A release that applies the draft's "
-                   "windows would group its layers otherwise (not computed here)",
+                   "windows would group its layers otherwise (not computed here); which later releases ignore, refuse "
+                   "or build a draft mixing sliding and full layers, read from each one's own source: the 'draft "
+                   "sliding windows' field of data/upstream/releases.jsonl (upstream.draft_windows)",
     "not_copied": "its sliding windows (above), its RoPE (yarn, factor 64 over 4096 original positions, theta 1e7) and "
                   "262144 positions: the dummy draft declares full attention, default RoPE at theta 1e7 and 65536 "
                   "positions, as the 5-layer one did",
