@@ -928,6 +928,7 @@ def table(rows: list[dict]):
             "target attention split (reusing groups)": (", ".join(f"{x['gid']} reuses {x['reuses']}"
                                                                   for x in g["reusing attention groups"]) or "none")
             if g.get("checked") else "not checked",
+            f"with the published draft's {PUBLISHED_SHAPE['layers']} layers": _split_8(g.get(PUBLISHED_GROUPING)),
             "V1 runner": ("reuses same-spec metadata" if v1.get("run time reuses a same-spec group's metadata")
                           and not v1.get("reuse limited to Mamba") else "other reuse rule") if v1.get("checked")
             else ("absent" if not v1["present"] else "not checked"),
@@ -940,9 +941,34 @@ def table(rows: list[dict]):
             "DFlash input kernel": "absent" if r.get("dflash input kernel") is None else "present",
             "V1 sampler: NaN row can get an id >= vocabulary (link 4)": _link4(r.get("recovered token")),
             "torch": r.get(TORCH) or "not read",
+            "a draft mixing sliding and full layers": _windows_cell(r.get(DRAFT_WINDOWS)),
             "verdict": r["verdict"],
         })
     return pd.DataFrame(out)
+
+
+def _split_8(g) -> str:
+    """The table's cell for the grouping with the published draft's shape (``grouping``'s :data:`PUBLISHED_GROUPING`)."""
+    if not g or not g.get("checked"):
+        return "not checked"
+    return ", ".join(f"{x['gid']} reuses {x['reuses']} (layers {', '.join(map(str, x['layers']))})"
+                     for x in g["reusing attention groups"]) or "none"
+
+
+def _windows_cell(d) -> str:
+    """The table's cell for :func:`draft_windows`: what the release does with a draft whose layers mix sliding and
+    full attention (the published draft's may; the GPU runs' dummy drafts declare full attention only)."""
+    if not d or not d.get("checked"):
+        return "not read"
+    short = {WIN_IGNORED: "ignored: all full attention", WIN_REFUSED: "refused",
+             WIN_REFUSED_V1: "refused under V1 only, built under V2", WIN_BUILT: "built with its windows"}
+    cell = short.get(d.get("mixed sliding and full layers"), "not read")
+    rules = (d.get("config rule") or {}).get("rules") or []
+    if CFG_FORCES_V2 in rules:
+        cell += "; the config gives it V2 unless VLLM_USE_V2_MODEL_RUNNER is set"
+    if CFG_V1_REFUSES in rules:
+        cell += "; V1 refuses it at config validation"
+    return cell
 
 
 #: GPU runs of engines on a later release (runner key ``vllm_release``; ``ingest --kind release``)

@@ -272,6 +272,23 @@ def test_the_recorded_releases_load_and_a_bad_line_is_named(tmp_path):
         upstream.load(bad)
 
 
+def test_the_table_shows_the_published_drafts_split_and_what_each_release_does_with_a_mixed_draft():
+    rows = {r["version"]: r for r in upstream.load(ROOT / "data" / "upstream" / "releases.jsonl")}
+    t = upstream.table(list(rows.values())).set_index("vLLM")
+    split, win = "with the published draft's 8 layers", "a draft mixing sliding and full layers"
+    assert set(t[split]) == {"5 reuses 4 (layers 7, 15, 23, 31, 39)"}
+    assert t.loc["0.23.0", win] == "ignored: all full attention" and t.loc["0.25.1", win] == "refused"
+    assert t.loc["0.26.0", win].startswith("refused under V1 only, built under V2; the config gives it V2")
+    assert t.loc["0.29.0", win].endswith("V1 refuses it at config validation")
+    assert t.loc["0.34.0", win] == "built with its windows"
+    # a record without the fields (or not checked) reads as such, never as a verdict
+    r = dict(rows["0.26.0"], grouping={k: v for k, v in rows["0.26.0"]["grouping"].items()
+                                       if k != upstream.PUBLISHED_GROUPING})
+    r[upstream.DRAFT_WINDOWS] = {"checked": False, "why": "x"}
+    t = upstream.table([r])
+    assert t[split].iloc[0] == "not checked" and t[win].iloc[0] == "not read"
+
+
 def test_a_file_without_a_record_line_or_undecodable_is_an_error_not_an_absence(tmp_path, pinned):
     import base64
 
