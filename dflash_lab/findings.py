@@ -367,7 +367,47 @@ def upstream_clause(root) -> str:
     if by[upstream.UNDECIDED]:
         parts.append("not decided from the source: " + names(by[upstream.UNDECIDED]))
     return (PARA + "Later vLLM releases (their own sources, read on the CPU by python -m dflash_lab upstream-check, "
-            "each wheel's sha256 from PyPI's index; not runs): " + "; ".join(parts) + "." + release_runs_clause(root))
+            "each wheel's sha256 from PyPI's index; not runs): " + "; ".join(parts) + "." + _published_draft_clause(rows)
+            + release_runs_clause(root))
+
+
+def _published_draft_clause(rows) -> str:
+    """What the records say of the published draft's shape (8 layers: ``grouping``'s
+    :data:`upstream.PUBLISHED_GROUPING`) and of a draft mixing sliding and full layers (:data:`upstream.DRAFT_WINDOWS`),
+    computed from them; "" for records without those fields (written before s70)."""
+    from . import upstream
+
+    names = lambda rs: _ranges([r["version"] for r in rs], [r["version"] for r in rows])   # noqa: E731
+    pub = [r["grouping"].get(upstream.PUBLISHED_GROUPING) for r in rows]
+    out = ""
+    if rows and all(g and g.get("checked") for g in pub):
+        split = [r for r, g in zip(rows, pub) if [x["layers"] for x in g["reusing attention groups"]] == [[7, 15, 23, 31, 39]]]
+        out += (f" With the published draft's {upstream.PUBLISHED_SHAPE['layers']} layers the grouping of "
+                + (f"every release read ({names(split)})" if len(split) == len(rows) else f"{names(split) or 'none'}")
+                + " still puts the target's attention layers 7, 15, 23, 31, 39 in a group that reuses another's metadata.")
+    win = [r.get(upstream.DRAFT_WINDOWS) for r in rows]
+    if rows and all(w and w.get("checked") for w in win):
+        full = [r for r, w in zip(rows, win) if w["mixed sliding and full layers"] == upstream.WIN_IGNORED]
+        out += (" If the published checkpoint mixes sliding-window and full layers (public sources disagree), "
+                + (f"only {names(full)} of these build" if full else "none of these builds")
+                + " such a draft as full attention (as 0.22.1 does) in the V1 runner, where the precondition is: the "
+                "others refuse it, run it on the V2 runner or build its windows (notebook 04; read, not run).")
+    return out
+
+
+def _ranges(versions: list[str], order: list[str]) -> str:
+    """``versions`` as runs of releases consecutive in ``order`` (every release read, oldest first): "0.26.0-0.33.0",
+    a run of two as "0.23.0 and 0.24.0", runs joined by commas."""
+    idx = sorted(order.index(v) for v in versions)
+    runs, start = [], None
+    for i, k in enumerate(idx):
+        if start is None:
+            start = k
+        if i + 1 == len(idx) or idx[i + 1] != k + 1:
+            a, b = order[start], order[k]
+            runs.append(a if a == b else f"{a} and {b}" if k == start + 1 else f"{a}-{b}")
+            start = None
+    return ", ".join(runs)
 
 
 def release_runs_clause(root) -> str:

@@ -672,6 +672,30 @@ def test_sampled_and_greedy_rows_of_one_engine_merge_and_nothing_else_does():
                                                    c8 + "temperature 0.7", c8 + "greedy"]
 
 
+def test_the_later_release_item_says_what_the_records_give_for_the_published_draft(root):
+    import json
+
+    from dflash_lab import findings, upstream
+
+    rows = sorted(upstream.load(root / "data" / "upstream" / "releases.jsonl"),
+                  key=lambda r: upstream.version_key(r["version"]))
+    text = findings._published_draft_clause(rows)
+    assert ("With the published draft's 8 layers the grouping of every release read (0.23.0-0.34.0) still puts the "
+            "target's attention layers 7, 15, 23, 31, 39 in a group that reuses another's metadata.") in text
+    assert "only 0.23.0 and 0.24.0 of these build such a draft as full attention (as 0.22.1 does)" in text
+    assert text in findings.upstream_clause(root)
+    # computed from the records: another release's verdict changes the sentence; records without the fields say nothing
+    alt = json.loads(json.dumps(rows))
+    alt[2][upstream.DRAFT_WINDOWS]["mixed sliding and full layers"] = upstream.WIN_IGNORED
+    alt[5]["grouping"][upstream.PUBLISHED_GROUPING]["reusing attention groups"] = []
+    t = findings._published_draft_clause(alt)
+    assert "only 0.23.0-0.25.0 of these build" in t and "grouping of 0.23.0-0.26.0, 0.27.1-0.34.0 still puts" in t
+    for r in alt:
+        r.pop(upstream.DRAFT_WINDOWS)
+        r["grouping"].pop(upstream.PUBLISHED_GROUPING)
+    assert findings._published_draft_clause(alt) == ""
+
+
 def test_the_root_cause_item_says_what_later_releases_code_shows(root, tmp_path):
     from dflash_lab import findings
 
