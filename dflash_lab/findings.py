@@ -117,7 +117,8 @@ def _write_findings(root: Path, out: Path) -> Path:
     from .models import PUBLISHED_DRAFT
 
     pub = PUBLISHED_DRAFT["shape"]
-    ran_pub = any(r.get("matrix") == verification.DRAFT8_MATRIX for _, _, r in analysis.recorded_lines("data/runs/*.jsonl"))
+    ran_pub = draft8_gpu_clause([r for _, _, r in analysis.recorded_lines("data/runs/*.jsonl")
+                                 if r.get("matrix") == verification.DRAFT8_MATRIX])
     same_split = (kvgroups.reusing_layers(kvgroups.hybrid_layers(draft_layers=pub["layers"],
                                                                  draft_attn=(pub["kv_heads"], pub["head_dim"])))
                   == kvgroups.reusing_layers(kvgroups.hybrid_layers(draft_layers=5)) != [])
@@ -215,7 +216,7 @@ def _write_findings(root: Path, out: Path) -> Path:
         "layers into two KV-cache groups of the same spec"
         + (f" (so does the published draft's shape, {pub['layers']} layers as public material quotes its config and as "
            "0.22.1 builds them, all full attention, by vLLM's own grouping code on the CPU; "
-           + ("its GPU runs are judged in notebook 03)" if ran_pub else "not yet run on the GPU)") if same_split else
+           + (ran_pub + ")" if ran_pub else "not yet run on the GPU)") if same_split else
            f" (the published draft's shape, {pub['layers']} layers as public material quotes its config, would not: "
            "vLLM's own grouping code on the CPU)")
         + "; at run time the second group "
@@ -338,6 +339,41 @@ def _absent_because(r: dict) -> str:
     else:
         why = "its V1 runner does not hand a later group the first group's metadata at run time only"
     return why + ("; the DFlash input kernel is gone too" if r.get("dflash input kernel", "") is None else "")
+
+
+def draft8_gpu_clause(lines: list[dict]) -> str:
+    """What the GPU runs with the published draft's shape (``matrices/draft8-c32-tp1.yaml``'s run lines) measured, per
+    engine, for the root-cause sentence (inside its parentheses); "" while none is recorded. Runs that measured nothing
+    (a start-up error, a deadline cut) are not counted."""
+    from . import verification
+
+    if not lines:
+        return ""
+    measured = [r for r in lines if r.get("outcome") != "startup_error" and not analysis.is_deadline_cut(r)]
+    by = {e: [r for r in measured if r.get("engine_id") == e] for e in verification.DRAFT8_PLANNED}
+    stock, fix, pw = by["d8-stock-snap-c32"], by["d8-fix-c32"], by["d8-piecewise-c32"]
+    runs = lambda n: f"{n} run" + ("" if n == 1 else "s")   # noqa: E731
+    out = []
+    if stock:
+        kernels = sorted({verification.fault_kernel(r) for r in stock if verification.fault_kernel(r)})
+        out.append(f"its stock engine crashed {sum(_crashed(r) for r in stock)} of {runs(len(stock))} at 32"
+                   + (f", the core naming {', '.join(kernels)}" if kernels else ""))
+    for name, rs in (("the fix", fix), ("PIECEWISE", pw)):
+        if rs:
+            ok = sum(r.get("outcome") == "ok" and int(r.get("requests_completed") or 0) == 32 for r in rs)
+            out.append(f"{name} completed {ok} of {runs(len(rs))}")
+    if not out:
+        return "its GPU runs measured nothing yet; notebook 03"
+    sessions = ", ".join(sorted({analysis.short_session(r.get("gpu_session")) for r in measured}))
+    missing = [name for name, rs in (("the fix", fix), ("PIECEWISE", pw)) if not rs]
+    return (f"on the GPU, in session {sessions}, " + "; ".join(out)
+            + (f"; {' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} not run with it" if missing else "")
+            + "; notebook 03")
+
+
+def _crashed(r: dict) -> bool:
+    """A raw run line's crash, as :func:`analysis.load_runs` counts one (a canary's stop is not)."""
+    return r.get("outcome") == "crash" and not analysis.is_canary_stop(r)
 
 
 def upstream_clause(root) -> str:

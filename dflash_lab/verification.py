@@ -1297,6 +1297,24 @@ def _d8_kernel(kernel) -> bool:
     return kernel == "copy_and_expand_dflash_inputs_kernel" or bool(re.fullmatch(r"triton_poi_fused_\d+", kernel or ""))
 
 
+def _one_request_reading(v) -> str:
+    """A schedule snapshot's buffer ``v`` (trailing zeros dropped) as a 1-request FA3 schedule: its written entries 0, 4
+    and 8 beside s39's (:data:`fa3sched.STALE_S39`) and its padding (:func:`fa3sched.padding_1`), or why it is not one.
+    Added after draft8-c32-tp1's first run (s70), whose snapshot held s39's written entries with another padding: a
+    reading, not one of the matrix's predictions."""
+    from . import fa3sched
+    from .errors import LabError
+
+    try:
+        pad = fa3sched.padding_1(v)
+    except LabError as e:
+        return f"not a 1-request schedule ({e})"
+    full = (list(v) + [0] * 13)[:13]
+    written, s39 = (full[0], full[4], full[8]), tuple(fa3sched.STALE_S39[i] for i in (0, 4, 8))
+    return (f"written {fmt_schedule(written)} ({'as' if written == s39 else 'not as'} s39's {fmt_schedule(s39)}); "
+            f"padding {fmt_schedule(pad)} ({'as' if pad == fa3sched.padding_1(fa3sched.STALE_S39) else 'not as'} s39's)")
+
+
 def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
     """``matrices/draft8-c32-tp1.yaml``'s predictions, written in its header before any run (s69), per run line:
     (0) the line names the published draft's shape (:data:`models.PUBLISHED_DRAFT`: 8 layers, 4 KV heads of 128): what
@@ -1350,6 +1368,10 @@ def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
                 "; ".join(f"group {gid} holding {fmt_schedule(v)}" for gid, v in sorted(seen))
                 or "no group of those layers in the snapshot",
                 seen == {(DRAFT8_GROUP, fa3sched.STALE_S39)})
+            for gid, v in sorted(seen):
+                add("(b, after the run)", f"group {gid}'s buffer read as a 1-request schedule: the entries FA3 writes "
+                    "(query rows, splits, heads in L2) and the padding it leaves (allocator leftovers)",
+                    "not predicted", _one_request_reading(v), None)
             kernel = fault_kernel(r)
             add("(c)", "the core's faulting kernel", "copy_and_expand_dflash_inputs_kernel or triton_poi_fused_N",
                 kernel or ("no core dump" if r["crashed"] else "no crash"), _d8_kernel(kernel))

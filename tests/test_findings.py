@@ -672,6 +672,26 @@ def test_sampled_and_greedy_rows_of_one_engine_merge_and_nothing_else_does():
                                                    c8 + "temperature 0.7", c8 + "greedy"]
 
 
+def test_the_root_cause_sentence_says_what_the_published_drafts_gpu_runs_measured(root):
+    import copy
+
+    from dflash_lab import analysis, findings
+
+    lines = [r for _, _, r in analysis.recorded_lines(str(root / "data" / "runs" / "*.jsonl"))
+             if r.get("matrix") == "draft8-c32-tp1"]
+    assert findings.draft8_gpu_clause(lines) == (
+        "on the GPU, in session s70, its stock engine crashed 1 of 1 run at 32, the core naming "
+        "copy_and_expand_dflash_inputs_kernel; the fix and PIECEWISE have not run with it; notebook 03")
+    fix = dict(copy.deepcopy(lines[0]), engine_id="d8-fix-c32", outcome="ok", requests_completed=32, fault=None)
+    short = dict(copy.deepcopy(fix), requests_completed=30)
+    cut = dict(copy.deepcopy(lines[0]), outcome="startup_error")
+    assert findings.draft8_gpu_clause(lines + [fix, short, cut]) == (
+        "on the GPU, in session s70, its stock engine crashed 1 of 1 run at 32, the core naming "
+        "copy_and_expand_dflash_inputs_kernel; the fix completed 1 of 2 runs; PIECEWISE has not run with it; notebook 03")
+    assert findings.draft8_gpu_clause([]) == ""
+    assert findings.draft8_gpu_clause([cut]) == "its GPU runs measured nothing yet; notebook 03"
+
+
 def test_the_later_release_item_says_what_the_records_give_for_the_published_draft(root):
     import json
 

@@ -95,9 +95,15 @@ def test_draft8_predictions_hold_on_the_predicted_runs_and_each_can_fail(tmp_pat
 
     df, data = _draft8_lines(tmp_path)
     t = V.draft8_predictions(df, data_dir=data)
-    assert t["held"].all() and len(t) == 3 * 4 + 3 * 2 + 2 * 2 + 3
-    assert sorted(set(t["prediction"].str.slice(0, 3))) == ["(0)", "(a)", "(b)", "(c)", "(d)", "(e)"]
+    judged = t[t["held"].notna()]
+    assert judged["held"].all() and len(judged) == 3 * 4 + 3 * 2 + 2 * 2 + 3
+    assert sorted(set(judged["prediction"].str.slice(0, 3))) == ["(0)", "(a)", "(b)", "(c)", "(d)", "(e)"]
     assert "group 5 holding [128, 0, 31, 0, 1, 0, 0, 0, 2]" in set(t["measured"])
+    # one reading per stock run, after (b), never judged: s39's own schedule reads as s39's on both counts
+    after = t[t["held"].isna()]
+    assert list(after["prediction"].str.slice(0, 18)) == ["(b, after the run)"] * 3
+    assert set(after["measured"]) == {"written [128, 1, 2] (as s39's [128, 1, 2]); padding [0, 31, 0, 0, 0, 0, 0, 0, 0] "
+                                      "(as s39's)"}
     # the 5-layer grouping's number, another schedule, a cuBLAS kernel, a fix without a crashed control in its session,
     # a PIECEWISE crash, a 5-layer draft: each fails on its own
     for kw, tag in [(dict(gid=7), "(b)"), (dict(buffer=[128, 0, 31, 0, 2, 0, 0, 0, 3]), "(b)"),
@@ -106,7 +112,7 @@ def test_draft8_predictions_hold_on_the_predicted_runs_and_each_can_fail(tmp_pat
                     (dict(pw=("ok",)), "(e)"), (dict(fault="triton_poi_fused_7"), "")]:
         d, dd = _draft8_lines(tmp_path / f"x{len(list(tmp_path.iterdir()))}", **kw)
         bad = V.draft8_predictions(d, data_dir=dd)
-        failed = set(bad.loc[~bad["held"].astype(bool), "prediction"].str.slice(0, 3))
+        failed = set(bad.loc[bad["held"].notna() & ~bad["held"].astype(bool), "prediction"].str.slice(0, 3))
         assert failed == {tag[i:i + 3] for i in range(0, len(tag), 3)}, (kw, failed)   # a completed run names no core
     # a start-up error or a deadline cut measures nothing: not judged, no snapshot needed, and the count falls short
     d, dd = _draft8_lines(tmp_path / "cut", stock=("crash", "crash", "startup_error"))
@@ -115,6 +121,33 @@ def test_draft8_predictions_hold_on_the_predicted_runs_and_each_can_fail(tmp_pat
     assert list(row["measured"]) == ["(8, 4, 128)", "start-up error"] and row["held"].iloc[1] is None
     assert not cut.loc[cut["prediction"] == "(a) runs measured of those planned", "held"].iloc[0]
     assert V.draft8_predictions(df.iloc[:0], data_dir=data).empty   # not run yet: nothing to judge
+
+
+def test_draft8_reading_after_the_run_tells_written_entries_from_padding():
+    from dflash_lab import verification as V
+
+    s70 = [128, 0, 31, 0, 1, 961132910, -1172882937, 981350886, 2, 959494760, 980073037, 976140736]
+    assert V._one_request_reading(s70) == ("written [128, 1, 2] (as s39's [128, 1, 2]); padding [0, 31, 0, 0x3949b96e, "
+                                           "-0x45e8c5f9, 0x3a7e39e6, 0x3930ba68, 0x3a6aba4d, 0x3a2eb9c0] (not as s39's)")
+    assert V._one_request_reading([128, 0, 31, 0, 2, 0, 0, 0, 2]).startswith("written [128, 2, 2] (not as s39's")
+    # a schedule of more than one request (entries past the 13th) is said to be none
+    assert V._one_request_reading([128] * 20).startswith("not a 1-request schedule")
+
+
+def test_draft8_recorded_runs_are_judged_as_notebook_03_says(root):
+    """The s70 run (the only one recorded): (0), (a), (c) held, (b) not as written (s39's written entries, another
+    padding), and the planned counts fall short (one stock run; no fix or PIECEWISE run)."""
+    from dflash_lab import analysis
+    from dflash_lab import verification as V
+
+    t = V.draft8_predictions(analysis.load_runs(str(root / "data" / "runs" / "*.jsonl"), published_draft=True),
+                             data_dir=str(root / "data"))
+    runs = t[t["run"].str.count("/") > 1]
+    held = dict(zip(runs["prediction"].str.slice(0, 3), runs["held"]))
+    assert held == {"(0)": True, "(a)": True, "(b)": False, "(b,": None, "(c)": True}
+    assert runs[runs["prediction"].str.startswith("(c)")]["measured"].iloc[0] == "copy_and_expand_dflash_inputs_kernel"
+    counts = t[t["prediction"].str.contains("runs measured")]
+    assert list(counts["measured"]) == ["1", "0", "0"] and not counts["held"].any()
 
 
 def test_draft8_predictions_read_the_draft_where_the_runner_writes_it(root, tmp_path):
