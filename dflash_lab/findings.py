@@ -356,11 +356,13 @@ def draft8_gpu_clause(lines: list[dict]) -> str:
     out = []
     if stock:
         kernels = sorted({verification.fault_kernel(r) for r in stock if verification.fault_kernel(r)})
-        out.append(f"its stock engine crashed {sum(_crashed(r) for r in stock)} of {runs(len(stock))} at 32"
+        out.append(f"its stock engine crashed {sum(_crashed(r) for r in stock)} of {runs(len(stock))} at "
+                   + " and ".join(str(c) for c in sorted({int(r["concurrency"]) for r in stock}))
                    + (f", the core naming {', '.join(kernels)}" if kernels else ""))
     for name, rs in (("the fix", fix), ("PIECEWISE", pw)):
         if rs:
-            ok = sum(r.get("outcome") == "ok" and int(r.get("requests_completed") or 0) == 32 for r in rs)
+            ok = sum(r.get("outcome") == "ok" and int(r.get("requests_completed") or 0) == int(r["concurrency"])
+                     for r in rs)
             out.append(f"{name} completed {ok} of {runs(len(rs))}")
     if not out:
         return "its GPU runs measured nothing yet; notebook 03"
@@ -418,9 +420,16 @@ def _published_draft_clause(rows) -> str:
     out = ""
     if rows and all(g and g.get("checked") for g in pub):
         split = [r for r, g in zip(rows, pub) if [x["layers"] for x in g["reusing attention groups"]] == [[7, 15, 23, 31, 39]]]
-        out += (f" With the published draft's {upstream.PUBLISHED_SHAPE['layers']} layers the grouping of "
-                + (f"every release read ({names(split)})" if len(split) == len(rows) else f"{names(split) or 'none'}")
-                + " still puts the target's attention layers 7, 15, 23, 31, 39 in a group that reuses another's metadata.")
+        rest = [r for r in rows if r not in split]
+        lead = f" With the published draft's {upstream.PUBLISHED_SHAPE['layers']} layers "
+        if not split:
+            out += lead + ("no release's grouping puts the target's attention layers 7, 15, 23, 31, 39 in a group that "
+                           "reuses another's metadata.")
+        else:
+            out += (lead + "the grouping of "
+                    + (f"every release read ({names(split)})" if not rest else names(split))
+                    + " still puts the target's attention layers 7, 15, 23, 31, 39 in a group that reuses another's "
+                    "metadata" + (f" (not so in {names(rest)})" if rest else "") + ".")
     win = [r.get(upstream.DRAFT_WINDOWS) for r in rows]
     if rows and all(w and w.get("checked") for w in win):
         full = [r for r, w in zip(rows, win) if w["mixed sliding and full layers"] == upstream.WIN_IGNORED]

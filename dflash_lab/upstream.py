@@ -9,7 +9,7 @@ and :mod:`dflash_lab.kvgroups` ask of 0.22.1:
   the 5-layer DFlash draft: are the target's attention layers split into groups of one spec, so that a later group
   reuses the first one's metadata? The same again with the published draft's shape (8 layers,
   :data:`PUBLISHED_GROUPING`), since the 5 layers are the GPU runs' assumption (:mod:`dflash_lab.models`); the
-  verdict reads the 5-layer result, the draft the GPU runs had.
+  verdict reads the 5-layer result, the draft every GPU run up to s69 had (s70 ran one with 8).
 - **V1 runner** (``vllm/v1/worker/gpu_model_runner.py``, ``_build_attention_metadata``): FULL-graph capture builds
   every group with its own builder, and at run time a later group of the same (spec, builder type) gets the first
   group's metadata through ``update_block_table``, for any builder that supports it;
@@ -226,7 +226,7 @@ def _reusing(gs: list[dict]) -> list[dict]:
 def _grouping(texts: dict) -> dict:
     """That release's grouping function on the target with the 5-layer DFlash draft: the reusing attention groups.
 
-    The 5 layers are the draft every GPU run had (an assumed shape); the published draft has 8 layers of the same
+    The 5 layers are the draft every GPU run up to s69 had (an assumed shape); the published draft has 8 layers of the same
     attention, and the draft's layer count decides how vLLM cuts the target's attention layers into groups (0.22.1
     would not split them with 10 draft layers). So each release's function also runs with the published draft's shape
     (:data:`PUBLISHED_SHAPE`), recorded under :data:`PUBLISHED_GROUPING` with its own ``groups`` and ``reusing
@@ -962,7 +962,7 @@ def _windows_cell(d) -> str:
         return "not read"
     short = {WIN_IGNORED: "ignored: all full attention", WIN_REFUSED: "refused",
              WIN_REFUSED_V1: "refused under V1 only, built under V2", WIN_BUILT: "built with its windows"}
-    cell = short.get(d.get("mixed sliding and full layers"), "not read")
+    cell = short.get(d.get("mixed sliding and full layers"), "unrecognised verdict")
     rules = (d.get("config rule") or {}).get("rules") or []
     if CFG_FORCES_V2 in rules:
         cell += "; the config gives it V2 unless VLLM_USE_V2_MODEL_RUNNER is set"

@@ -1325,8 +1325,10 @@ def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
     request, in a session where this matrix's stock engine crashed; (e) PIECEWISE (``d8-piecewise-c32``) completes with
     every request. A start-up error or a run the runner's deadline cut measured nothing: its row says so (held None)
     and it needs no snapshot. Per engine, one more row: how many runs it measured of those the header plans
-    (:data:`DRAFT8_PLANNED`), held when all. An empty table while the matrix has not run; a measured stock run without
-    its stored snapshot is an error naming it."""
+    (:data:`DRAFT8_PLANNED`), held when all. After (b), per stock run, a row "(b, after the run)" added after s70's run
+    (:func:`_one_request_reading`): a reading, not a prediction, so its ``held`` is None (as is a row that measured
+    nothing). An empty table while the matrix has not run; a measured stock run without its stored snapshot is an error
+    naming it."""
     import pandas as pd
 
     from . import fa3sched, kvgroups, models, schedsnap

@@ -710,6 +710,12 @@ def test_the_later_release_item_says_what_the_records_give_for_the_published_dra
     alt[5]["grouping"][upstream.PUBLISHED_GROUPING]["reusing attention groups"] = []
     t = findings._published_draft_clause(alt)
     assert "only 0.23.0-0.25.0 of these build" in t and "grouping of 0.23.0-0.26.0, 0.27.1-0.34.0 still puts" in t
+    assert "reuses another's metadata (not so in 0.27.0)." in t
+    for r in alt:
+        r["grouping"][upstream.PUBLISHED_GROUPING]["reusing attention groups"] = []
+    assert ("With the published draft's 8 layers no release's grouping puts the target's attention layers 7, 15, 23, 31, "
+            "39 in a group") in findings._published_draft_clause(alt)
+    assert findings._ranges(["0.25.0"], [r["version"] for r in rows]) == "0.25.0"
     for r in alt:
         r.pop(upstream.DRAFT_WINDOWS)
         r["grouping"].pop(upstream.PUBLISHED_GROUPING)

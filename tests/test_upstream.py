@@ -287,6 +287,8 @@ def test_the_table_shows_the_published_drafts_split_and_what_each_release_does_w
     r[upstream.DRAFT_WINDOWS] = {"checked": False, "why": "x"}
     t = upstream.table([r])
     assert t[split].iloc[0] == "not checked" and t[win].iloc[0] == "not read"
+    r[upstream.DRAFT_WINDOWS] = {"checked": True, "mixed sliding and full layers": "something new", "config rule": {}}
+    assert upstream.table([r])[win].iloc[0] == "unrecognised verdict"
 
 
 def test_a_file_without_a_record_line_or_undecodable_is_an_error_not_an_absence(tmp_path, pinned):
