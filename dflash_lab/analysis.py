@@ -310,6 +310,11 @@ def is_canary_stop(r) -> bool:
     return str(r.get("error") or "").startswith("CanaryError")
 
 
+def is_crash(r) -> bool:
+    """A run line's crash as every count here takes it: outcome "crash", not a canary's stop."""
+    return r.get("outcome") == "crash" and not is_canary_stop(r)
+
+
 def _meta(runs_file: str) -> dict:
     """What ``ingest`` wrote next to a runs file (empty when nothing was)."""
     meta = runs_file[: -len(".jsonl")] + ".meta.json" if runs_file.endswith(".jsonl") else None
@@ -396,7 +401,7 @@ def load_runs(pattern: str = "data/runs/*.jsonl", published_draft: bool = False)
     df = pd.DataFrame(rows)
     df["position"] = engine_positions(df)
     df["stopped_by_canary"] = df.apply(is_canary_stop, axis=1)
-    df["crashed"] = (df["outcome"] == "crash") & ~df["stopped_by_canary"]
+    df["crashed"] = df.apply(is_crash, axis=1).astype(bool)
     df["instruments"] = df.apply(lambda r: ", ".join(instruments(r)) or "none", axis=1)
     return df
 

@@ -356,7 +356,7 @@ def draft8_gpu_clause(lines: list[dict]) -> str:
     out = []
     if stock:
         kernels = sorted({verification.fault_kernel(r) for r in stock if verification.fault_kernel(r)})
-        out.append(f"its stock engine crashed {sum(_crashed(r) for r in stock)} of {runs(len(stock))} at "
+        out.append(f"its stock engine crashed {sum(analysis.is_crash(r) for r in stock)} of {runs(len(stock))} at "
                    + " and ".join(str(c) for c in sorted({int(r["concurrency"]) for r in stock}))
                    + (f", the core naming {', '.join(kernels)}" if kernels else ""))
     for name, rs in (("the fix", fix), ("PIECEWISE", pw)):
@@ -371,11 +371,6 @@ def draft8_gpu_clause(lines: list[dict]) -> str:
     return (f"on the GPU, in session {sessions}, " + "; ".join(out)
             + (f"; {' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} not run with it" if missing else "")
             + "; notebook 03")
-
-
-def _crashed(r: dict) -> bool:
-    """A raw run line's crash, as :func:`analysis.load_runs` counts one (a canary's stop is not)."""
-    return r.get("outcome") == "crash" and not analysis.is_canary_stop(r)
 
 
 def upstream_clause(root) -> str:
@@ -413,22 +408,25 @@ def _published_draft_clause(rows) -> str:
     """What the records say of the published draft's shape (8 layers: ``grouping``'s
     :data:`upstream.PUBLISHED_GROUPING`) and of a draft mixing sliding and full layers (:data:`upstream.DRAFT_WINDOWS`),
     computed from them; "" for records without those fields (written before s70)."""
-    from . import upstream
+    from . import upstream, verification
+
+    layers = verification.DRAFT8_REUSING_LAYERS
+    said = ", ".join(str(x) for x in layers)
 
     names = lambda rs: _ranges([r["version"] for r in rs], [r["version"] for r in rows])   # noqa: E731
     pub = [r["grouping"].get(upstream.PUBLISHED_GROUPING) for r in rows]
     out = ""
     if rows and all(g and g.get("checked") for g in pub):
-        split = [r for r, g in zip(rows, pub) if [x["layers"] for x in g["reusing attention groups"]] == [[7, 15, 23, 31, 39]]]
+        split = [r for r, g in zip(rows, pub) if [x["layers"] for x in g["reusing attention groups"]] == [layers]]
         rest = [r for r in rows if r not in split]
         lead = f" With the published draft's {upstream.PUBLISHED_SHAPE['layers']} layers "
         if not split:
-            out += lead + ("no release's grouping puts the target's attention layers 7, 15, 23, 31, 39 in a group that "
+            out += lead + (f"no release's grouping puts the target's attention layers {said} in a group that "
                            "reuses another's metadata.")
         else:
             out += (lead + "the grouping of "
                     + (f"every release read ({names(split)})" if not rest else names(split))
-                    + " still puts the target's attention layers 7, 15, 23, 31, 39 in a group that reuses another's "
+                    + f" still puts the target's attention layers {said} in a group that reuses another's "
                     "metadata" + (f" (not so in {names(rest)})" if rest else "") + ".")
     win = [r.get(upstream.DRAFT_WINDOWS) for r in rows]
     if rows and all(w and w.get("checked") for w in win):
