@@ -344,7 +344,8 @@ def _absent_because(r: dict) -> str:
 def draft8_gpu_clause(lines: list[dict]) -> str:
     """What the GPU runs with the published draft's shape (``matrices/draft8-c32-tp1.yaml``'s run lines) measured, per
     engine, for the root-cause sentence (inside its parentheses); "" while none is recorded. Runs that measured nothing
-    (a start-up error, a deadline cut) are not counted."""
+    (a start-up error, a deadline cut) are not counted. Stock's crashes are split by session where there are several,
+    and the fix's runs name the session's stock crashes they ran beside (the fix-claim standard's control)."""
     from . import verification
 
     if not lines:
@@ -353,22 +354,36 @@ def draft8_gpu_clause(lines: list[dict]) -> str:
     by = {e: [r for r in measured if r.get("engine_id") == e] for e in verification.DRAFT8_PLANNED}
     stock, fix, pw = by["d8-stock-snap-c32"], by["d8-fix-c32"], by["d8-piecewise-c32"]
     runs = lambda n: f"{n} run" + ("" if n == 1 else "s")   # noqa: E731
+    short = lambda rs: sorted({analysis.short_session(r.get("gpu_session")) for r in rs},   # noqa: E731
+                              key=lambda x: analysis.session_key(str(x)))
+    crashed = lambda rs: sum(analysis.is_crash(r) for r in rs)   # noqa: E731
+    in_session = lambda rs, s: [r for r in rs if analysis.short_session(r.get("gpu_session")) == s]   # noqa: E731
     out = []
     if stock:
         kernels = sorted({verification.fault_kernel(r) for r in stock if verification.fault_kernel(r)})
-        out.append(f"its stock engine crashed {sum(analysis.is_crash(r) for r in stock)} of {runs(len(stock))} at "
+        each = short(stock)
+        out.append(f"its stock engine crashed {crashed(stock)} of {runs(len(stock))} at "
                    + " and ".join(str(c) for c in sorted({int(r["concurrency"]) for r in stock}))
+                   + (" (" + ", ".join(f"{crashed(in_session(stock, x))} of {len(in_session(stock, x))} in {x}"
+                                       for x in each) + ")" if len(each) > 1 else "")
                    + (f", the core naming {', '.join(kernels)}" if kernels else ""))
     for name, rs in (("the fix", fix), ("PIECEWISE", pw)):
         if rs:
             ok = sum(r.get("outcome") == "ok" and int(r.get("requests_completed") or 0) == int(r["concurrency"])
                      for r in rs)
-            out.append(f"{name} completed {ok} of {runs(len(rs))}")
+            said = f"{name} completed {ok} of {runs(len(rs))}"
+            if rs is fix:
+                beside = [x for x in short(fix) if crashed(in_session(stock, x))]
+                said += (f" in {' and '.join(beside)}, beside that session's stock crashes" if beside
+                         else ", in no session where stock crashed")
+                if any(float(r.get("temperature") or 0) > 0 for r in fix):
+                    said += " (sampled: its tokens not compared with a reference path)"
+            out.append(said)
     if not out:
         return "its GPU runs measured nothing yet; notebook 03"
-    sessions = ", ".join(sorted({analysis.short_session(r.get("gpu_session")) for r in measured}))
+    sessions = short(measured)
     missing = [name for name, rs in (("the fix", fix), ("PIECEWISE", pw)) if not rs]
-    return (f"on the GPU, in session {sessions}, " + "; ".join(out)
+    return (f"on the GPU, in session{'s' if len(sessions) > 1 else ''} {' and '.join(sessions)}, " + "; ".join(out)
             + (f"; {' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} not run with it" if missing else "")
             + "; notebook 03")
 

@@ -1395,6 +1395,60 @@ def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
                                        "measured", "held"])
 
 
+def draft8_snapshots(df, matrix: str = DRAFT8_MATRIX, data_dir: str = "data"):
+    """Every FlashAttention group's persistent FA3 schedule in each measured stock engine's snapshot of ``matrix``
+    (first served step), one row per (run, group): its target layers and the buffer as :func:`fmt_schedule` writes it.
+    Tells whether the padding s70 met is one engine's leftovers or the same in every engine and group. A measured
+    stock run without its stored snapshot is an error naming it."""
+    import pandas as pd
+
+    from . import fa3sched, kvgroups, schedsnap
+    from .errors import LabError
+
+    runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
+    rows = []
+    for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
+        r = dict(r)
+        if r["engine_id"] != "d8-stock-snap-c32" or r["outcome"] == "startup_error" or analysis.is_deadline_cut(r):
+            continue
+        label = f"{r['file'][: -len('.jsonl')]}/{r['run_id']}"
+        snaps = schedsnap.files_of_run(r, data_dir)
+        if not snaps:
+            raise LabError(f"{label}: no schedule snapshot stored for this run's engine")
+        for gid, layers, v in fa3sched.snapshot_groups(snaps):
+            # the target's layers are named under language_model., the drafter's (numbered on from 40) are not
+            whose = "target" if all(x.startswith("language_model.") for x in layers) else "draft"
+            rows.append({"run": label, "gpu_session": r["gpu_session"], "group": gid,
+                         "layers": f"{whose} " + ", ".join(str(kvgroups.layer_index(x)) for x in layers),
+                         "buffer": fmt_schedule(v)})
+    return pd.DataFrame(rows, columns=["run", "gpu_session", "group", "layers", "buffer"])
+
+
+def draft8_work(df, matrix: str = DRAFT8_MATRIX):
+    """Did each completed run of ``matrix`` do a spec-decode run's work? One row per measured run: requests completed,
+    output tokens, drafts, mean acceptance length and wall time, from the run line (vLLM's own counters); crashed runs
+    with what they have (their counters never came back)."""
+    import pandas as pd
+
+    runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
+    rows = []
+    for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
+        r = dict(r)
+        if r["outcome"] == "startup_error" or analysis.is_deadline_cut(r):
+            continue
+        m = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
+        acc = m.get("acceptance_length")
+        rows.append({"run": f"{r['file'][: -len('.jsonl')]}/{r['run_id']}", "gpu_session": r["gpu_session"],
+                     "engine": r["engine_id"], "outcome": r["outcome"],
+                     "requests completed": f"{int(r.get('requests_completed') or 0)} of {int(r['concurrency'])}",
+                     "output tokens": int(r["output_tokens"]) if pd.notna(r.get("output_tokens")) else None,
+                     "drafts": int(m["num_drafts"]) if m.get("num_drafts") is not None else None,
+                     "mean acceptance length": round(float(acc), 3) if acc is not None else None,
+                     "wall s": round(float(r["wall_s"]), 1)})
+    return pd.DataFrame(rows, columns=["run", "gpu_session", "engine", "outcome", "requests completed", "output tokens",
+                                       "drafts", "mean acceptance length", "wall s"])
+
+
 def padding_test(df, probes, probe_of, matrix: str = PADDING_MATRIX, b: int = 8, data_dir: str = "data"):
     """``matrices/probe-padding-tp1.yaml``'s predictions, written in its header before the run, checked per run line:
     (a) a stock sentinel probe without the build ledger reads group 7's stale 1-request schedule with the padding

@@ -680,14 +680,27 @@ def test_the_root_cause_sentence_says_what_the_published_drafts_gpu_runs_measure
     lines = [r for _, _, r in analysis.recorded_lines(str(root / "data" / "runs" / "*.jsonl"))
              if r.get("matrix") == "draft8-c32-tp1"]
     assert findings.draft8_gpu_clause(lines) == (
+        "on the GPU, in sessions s70 and s71, its stock engine crashed 4 of 4 runs at 32 (1 of 1 in s70, 3 of 3 in s71), "
+        "the core naming copy_and_expand_dflash_inputs_kernel; the fix completed 3 of 3 runs in s71, beside that "
+        "session's stock crashes (sampled: its tokens not compared with a reference path); PIECEWISE completed 2 of 2 "
+        "runs; notebook 03")
+    s70 = [r for r in lines if r["gpu_session"] == "2026-12-06-s70"]
+    assert findings.draft8_gpu_clause(s70) == (
         "on the GPU, in session s70, its stock engine crashed 1 of 1 run at 32, the core naming "
         "copy_and_expand_dflash_inputs_kernel; the fix and PIECEWISE have not run with it; notebook 03")
-    fix = dict(copy.deepcopy(lines[0]), engine_id="d8-fix-c32", outcome="ok", requests_completed=32, fault=None)
+    fix = dict(copy.deepcopy(s70[0]), engine_id="d8-fix-c32", outcome="ok", requests_completed=32, fault=None)
     short = dict(copy.deepcopy(fix), requests_completed=30)
-    cut = dict(copy.deepcopy(lines[0]), outcome="startup_error")
-    assert findings.draft8_gpu_clause(lines + [fix, short, cut]) == (
+    cut = dict(copy.deepcopy(s70[0]), outcome="startup_error")
+    assert findings.draft8_gpu_clause(s70 + [fix, short, cut]) == (
         "on the GPU, in session s70, its stock engine crashed 1 of 1 run at 32, the core naming "
-        "copy_and_expand_dflash_inputs_kernel; the fix completed 1 of 2 runs; PIECEWISE has not run with it; notebook 03")
+        "copy_and_expand_dflash_inputs_kernel; the fix completed 1 of 2 runs in s70, beside that session's stock "
+        "crashes (sampled: its tokens not compared with a reference path); PIECEWISE has not run with it; notebook 03")
+    # the fix in a session whose stock did not crash, greedy: said so, and no sampling caveat
+    alone = dict(copy.deepcopy(fix), gpu_session="2026-12-07-s72", temperature=0.0)
+    assert findings.draft8_gpu_clause(s70 + [alone]) == (
+        "on the GPU, in sessions s70 and s72, its stock engine crashed 1 of 1 run at 32, the core naming "
+        "copy_and_expand_dflash_inputs_kernel; the fix completed 1 of 1 run, in no session where stock crashed; "
+        "PIECEWISE has not run with it; notebook 03")
     assert findings.draft8_gpu_clause([]) == ""
     assert findings.draft8_gpu_clause([cut]) == "its GPU runs measured nothing yet; notebook 03"
 
