@@ -1395,6 +1395,104 @@ def draft8_predictions(df, data_dir: str = "data", matrix: str = DRAFT8_MATRIX):
                                        "measured", "held"])
 
 
+DRAFT8_FIX_MATRIX = "draft8-fix-c32-tp1"
+DRAFT8_FIX_PLANNED = {"d8f-stock-control-c32": ("(a)", 1), "d8f-fix-c32": ("(b)", 13), "d8f-piecewise-c32": ("(c)", 3)}
+DRAFT8_FIX_PAIRS = 3            # (d): the fix's greedy runs, each paired with PIECEWISE's of the same round
+DRAFT8_FIX_MIN_IDENTICAL = 30   # (d): of 32 requests, token-identical in each pair
+DRAFT8_FIX_ACCEPTANCE = (1.8, 1.9)   # (b): vLLM's mean acceptance length on each fixed run (drafting throughout)
+
+
+def draft8_fix_predictions(df, matrix: str = DRAFT8_FIX_MATRIX):
+    """``matrices/draft8-fix-c32-tp1.yaml``'s predictions, written in its header before any run (s71), judged per run
+    line: (0) the published draft's shape; (a) the stock control crashes, its core naming the DFlash input kernel or a
+    drafter pointwise kernel; (b) every fixed run completes all its requests with a mean acceptance length of 1.8-1.9;
+    (c) PIECEWISE completes; (d) each greedy pair (:func:`output_agreement`, same session, round and temperature) has at
+    least 30 of 32 requests token-identical; then the planned counts, and the fix-claim standard's row (at least 10
+    fixed runs without a crash in a session whose stock control crashed; not a prediction of the header, the
+    standard it serves). Runs that measured nothing (a start-up error, a deadline cut) are listed, not judged. Needs
+    the published draft's lines (``analysis.load_runs(published_draft=True)``)."""
+    import pandas as pd
+
+    from . import models
+    from .errors import LabError
+
+    cols = ["run", "gpu_session", "engine", "prediction", "predicted", "measured", "held"]
+    runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
+    if not len(runs):
+        return pd.DataFrame(columns=cols)
+    pub = models.PUBLISHED_DRAFT["shape"]
+    want = (pub["layers"], pub["kv_heads"], pub["head_dim"])
+    lo, hi = DRAFT8_FIX_ACCEPTANCE
+    stock_crashed = {r["gpu_session"] for _, r in runs.iterrows()
+                     if r["engine_id"] == "d8f-stock-control-c32" and bool(r["crashed"])}
+    rows, measured, fixed_ok = [], {}, {}
+    for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
+        r = dict(r)
+        label = f"{r['file'][: -len('.jsonl')]}/{r['run_id']}"
+        c = int(r["concurrency"])
+        add = lambda tag, what, pred, meas, held: rows.append(  # noqa: E731
+            {"run": label, "gpu_session": r["gpu_session"], "engine": r["engine_id"], "prediction": f"{tag} {what}",
+             "predicted": pred, "measured": meas, "held": held})
+        if r["engine_id"] not in DRAFT8_FIX_PLANNED:
+            raise LabError(f"{label}: engine {r['engine_id']!r} is not one of {matrix}'s")
+        shape = _draft_shape(r)
+        add("(0)", "the draft's shape (layers, KV heads, head_dim)", str(want), str(shape), shape == want)
+        if r["outcome"] == "startup_error" or analysis.is_deadline_cut(r):
+            add(DRAFT8_FIX_PLANNED[r["engine_id"]][0], "not judged: the run measured nothing", "-",
+                "start-up error" if r["outcome"] == "startup_error" else "cut by the runner's deadline", None)
+            continue
+        measured[r["engine_id"]] = measured.get(r["engine_id"], 0) + 1
+        complete = r["outcome"] == "ok" and int(r.get("requests_completed") or 0) == c
+        done = f"{r['outcome']}, {int(r.get('requests_completed') or 0)} of {c} requests"
+        if r["engine_id"] == "d8f-stock-control-c32":
+            kernel = fault_kernel(r)
+            add("(a)", "the stock control crashes, its core naming the DFlash input kernel or triton_poi_fused_N",
+                "crash; copy_and_expand_dflash_inputs_kernel or triton_poi_fused_N",
+                f"{r['outcome']}; " + (kernel or ("no core dump" if r["crashed"] else "no crash")),
+                bool(r["crashed"]) and _d8_kernel(kernel))
+        elif r["engine_id"] == "d8f-fix-c32":
+            m = r.get("spec_decode_metrics") if isinstance(r.get("spec_decode_metrics"), dict) else {}
+            acc = m.get("acceptance_length")
+            drafting = acc is not None and lo <= float(acc) <= hi
+            add("(b)", "the fix completes, drafting throughout",
+                f"ok, {c} of {c} requests; mean acceptance length {lo}-{hi}",
+                done + (f"; mean acceptance length {float(acc):.3f}" if acc is not None else "; no spec-decode counters"),
+                complete and drafting)
+            ok, bad = fixed_ok.get(r["gpu_session"], (0, 0))
+            fixed_ok[r["gpu_session"]] = (ok + complete, bad + bool(r["crashed"]))
+        else:
+            add("(c)", "PIECEWISE completes", f"ok, {c} of {c} requests", done, complete)
+    pairs = 0
+    for session in sorted(set(runs["gpu_session"]), key=analysis.session_key):
+        ag = output_agreement(runs, session)
+        for _, a in ag.iterrows():
+            pairs += 1
+            same, n = (int(v) for v in a["identical requests"].split("/"))
+            rows.append({"run": f"{a['run']} vs {a['reference run']}", "gpu_session": session, "engine": "d8f-fix-c32",
+                         "prediction": "(d) the greedy pair's token-identical requests",
+                         "predicted": f">= {DRAFT8_FIX_MIN_IDENTICAL} of 32", "measured": a["identical requests"],
+                         "held": n == 32 and same >= DRAFT8_FIX_MIN_IDENTICAL})
+    sessions = ", ".join(sorted({str(x) for x in runs["gpu_session"]}, key=analysis.session_key))
+    for eng, (tag, planned) in DRAFT8_FIX_PLANNED.items():
+        n = measured.get(eng, 0)
+        rows.append({"run": f"{matrix}/{eng}", "gpu_session": sessions, "engine": eng,
+                     "prediction": f"{tag} runs measured of those planned", "predicted": str(planned),
+                     "measured": str(n), "held": n >= planned})
+    rows.append({"run": f"{matrix}/greedy pairs", "gpu_session": sessions, "engine": "d8f-fix-c32",
+                 "prediction": "(d) greedy pairs measured of those planned", "predicted": str(DRAFT8_FIX_PAIRS),
+                 "measured": str(pairs), "held": pairs >= DRAFT8_FIX_PAIRS})
+    # the standard: in one session whose stock control crashed, at least 10 fixed runs completed and none crashed
+    met = {x: fixed_ok.get(x, (0, 0)) for x in stock_crashed}
+    best = max(met, key=lambda x: (met[x][1] == 0, met[x][0]), default=None)
+    ok, bad = met[best] if best else (0, 0)
+    rows.append({"run": f"{matrix}/the standard", "gpu_session": best or sessions, "engine": "d8f-fix-c32",
+                 "prediction": "(standard) fixed runs in a session whose stock control crashed",
+                 "predicted": ">= 10 completed, 0 crashed",
+                 "measured": f"{ok} completed, {bad} crashed" if best else "no session with a crashed stock control",
+                 "held": ok >= 10 and bad == 0})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def draft8_snapshots(df, matrix: str = DRAFT8_MATRIX, data_dir: str = "data"):
     """Every FlashAttention group's persistent FA3 schedule in each measured stock engine's snapshot of ``matrix``
     (first served step), one row per (run, group): its target layers and the buffer as :func:`fmt_schedule` writes it.

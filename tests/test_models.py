@@ -159,6 +159,62 @@ def test_draft8_work_reads_each_measured_runs_counters(tmp_path):
     assert crash["outcome"] == "crash" and pd.isna(crash["drafts"]) and crash["requests completed"] == "5 of 32"
 
 
+def _draft8_fix_lines(stock="crash", fix_sampled=("ok",) * 10, fix_greedy=("ok",) * 3, pw=("ok",) * 3, acc=1.86,
+                      differ=(0, 1, 2), fault="copy_and_expand_dflash_inputs_kernel", stock_session="2026-12-07-s72"):
+    """draft8-fix-c32-tp1 in small: a stock control, the fix (sampled, then greedy with digests), greedy PIECEWISE;
+    in greedy pair i, ``differ[i]`` of the 32 requests carry another digest on the fix's side."""
+    import pandas as pd
+
+    draft = dict(models.PUBLISHED_DRAFT["shape"])
+    rows = []
+
+    def add(engine, tag, i, outcome, session="2026-12-07-s72", **kw):
+        rows.append({"matrix": "draft8-fix-c32-tp1", "file": "2026-12-07_h200_draft8-fix-c32-tp1.jsonl",
+                     "gpu_session": session, "run_id": f"{engine}/{tag}c32/r{i}", "engine_id": engine,
+                     "started_at": f"{engine}{tag}{i:02d}", "concurrency": 32, "round": i, "outcome": outcome,
+                     "crashed": outcome == "crash", "requests_completed": 32 if outcome == "ok" else 3,
+                     "target": {"name": "qwen36-35b-a3b-draft8"}, "draft": draft, "cudagraph_mode": "FULL_AND_PIECEWISE",
+                     "fix": False, "temperature": 0.7, "output_digests": None, "spec_decode_metrics": None, **kw})
+
+    add("d8f-stock-control-c32", "", 0, stock, session=stock_session,
+        fault={"kernel": fault} if stock == "crash" else None)
+    metrics = {"num_drafts": 8800, "acceptance_length": acc}
+    for i, o in enumerate(fix_sampled):
+        add("d8f-fix-c32", "", i, o, fix=True, spec_decode_metrics=metrics)
+    for i, o in enumerate(fix_greedy):
+        n = differ[i] if i < len(differ) else 0
+        add("d8f-fix-c32", "greedy-", i, o, fix=True, spec_decode_metrics=metrics, temperature=0.0,
+            output_digests=["x"] * n + ["a"] * (32 - n))
+    for i, o in enumerate(pw):
+        add("d8f-piecewise-c32", "greedy-", i, o, cudagraph_mode="PIECEWISE", temperature=0.0,
+            output_digests=["a"] * 32, spec_decode_metrics=metrics)
+    return pd.DataFrame(rows)
+
+
+def test_draft8_fix_predictions_hold_on_the_predicted_runs_and_each_can_fail():
+    from dflash_lab import verification as V
+
+    t = V.draft8_fix_predictions(_draft8_fix_lines())
+    assert t["held"].all(), t[~t["held"].astype(bool)]
+    tags = t["prediction"].str.split(" ").str[0]
+    assert dict(tags.value_counts()) == {"(0)": 17, "(a)": 2, "(b)": 14, "(c)": 4, "(d)": 4, "(standard)": 1}
+    assert list(t[t["prediction"].str.startswith("(d) the greedy")]["measured"]) == ["32/32", "31/32", "30/32"]
+    assert t.iloc[-1]["measured"] == "13 completed, 0 crashed"
+    for kw, failed in [(dict(stock="ok"), {"(a)", "(standard)"}), (dict(fault="cublasLt_gemm_kernel"), {"(a)"}),
+                       (dict(fix_sampled=("ok",) * 9 + ("crash",)), {"(b)", "(standard)"}),
+                       (dict(acc=1.02), {"(b)"}), (dict(differ=(0, 3, 0)), {"(d)"}),
+                       (dict(pw=("ok", "ok", "crash")), {"(c)", "(d)"}),
+                       (dict(stock_session="2026-12-08-s73"), {"(standard)"}),
+                       (dict(fix_sampled=("ok",) * 6), {"(b)", "(standard)"})]:
+        bad = V.draft8_fix_predictions(_draft8_fix_lines(**kw))
+        got = set(bad.loc[~bad["held"].fillna(True).astype(bool), "prediction"].str.split(" ").str[0])
+        assert got == failed, (kw, got)
+    # a start-up error is listed, not judged, and the count falls short
+    cut = V.draft8_fix_predictions(_draft8_fix_lines(pw=("ok", "ok", "startup_error")))
+    assert cut["held"].isna().sum() == 1 and not cut[cut["run"] == "draft8-fix-c32-tp1/d8f-piecewise-c32"]["held"].iloc[0]
+    assert V.draft8_fix_predictions(_draft8_fix_lines().iloc[:0]).empty   # not run yet: nothing to judge
+
+
 def test_draft8_reading_after_the_run_tells_written_entries_from_padding():
     from dflash_lab import verification as V
 
