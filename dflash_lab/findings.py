@@ -118,7 +118,8 @@ def _write_findings(root: Path, out: Path) -> Path:
 
     pub = PUBLISHED_DRAFT["shape"]
     ran_pub = draft8_gpu_clause([r for _, _, r in analysis.recorded_lines("data/runs/*.jsonl")
-                                 if r.get("matrix") == verification.DRAFT8_MATRIX])
+                                 if r.get("matrix") == verification.DRAFT8_MATRIX],
+                                verification.draft8_fix_predictions(analysis.load_runs(published_draft=True)))
     same_split = (kvgroups.reusing_layers(kvgroups.hybrid_layers(draft_layers=pub["layers"],
                                                                  draft_attn=(pub["kv_heads"], pub["head_dim"])))
                   == kvgroups.reusing_layers(kvgroups.hybrid_layers(draft_layers=5)) != [])
@@ -341,11 +342,13 @@ def _absent_because(r: dict) -> str:
     return why + ("; the DFlash input kernel is gone too" if r.get("dflash input kernel", "") is None else "")
 
 
-def draft8_gpu_clause(lines: list[dict]) -> str:
+def draft8_gpu_clause(lines: list[dict], fix_standard=None) -> str:
     """What the GPU runs with the published draft's shape (``matrices/draft8-c32-tp1.yaml``'s run lines) measured, per
     engine, for the root-cause sentence (inside its parentheses); "" while none is recorded. Runs that measured nothing
     (a start-up error, a deadline cut) are not counted. Stock's crashes are split by session where there are several,
-    and the fix's runs name the session's stock crashes they ran beside (the fix-claim standard's control)."""
+    and the fix's runs are counted per session, naming whether that session's stock crashed (the fix-claim standard's
+    control). ``fix_standard``: :func:`verification.draft8_fix_predictions`'s table (``draft8-fix-c32-tp1``, the
+    standard with this shape), said as not run while empty."""
     from . import verification
 
     if not lines:
@@ -358,6 +361,8 @@ def draft8_gpu_clause(lines: list[dict]) -> str:
                               key=lambda x: analysis.session_key(str(x)))
     crashed = lambda rs: sum(analysis.is_crash(r) for r in rs)   # noqa: E731
     in_session = lambda rs, s: [r for r in rs if analysis.short_session(r.get("gpu_session")) == s]   # noqa: E731
+    complete = lambda rs: sum(r.get("outcome") == "ok"   # noqa: E731
+                              and int(r.get("requests_completed") or 0) == int(r["concurrency"]) for r in rs)
     out = []
     if stock:
         kernels = sorted({verification.fault_kernel(r) for r in stock if verification.fault_kernel(r)})
@@ -367,25 +372,39 @@ def draft8_gpu_clause(lines: list[dict]) -> str:
                    + (" (" + ", ".join(f"{crashed(in_session(stock, x))} of {len(in_session(stock, x))} in {x}"
                                        for x in each) + ")" if len(each) > 1 else "")
                    + (f", the core naming {', '.join(kernels)}" if kernels else ""))
-    for name, rs in (("the fix", fix), ("PIECEWISE", pw)):
-        if rs:
-            ok = sum(r.get("outcome") == "ok" and int(r.get("requests_completed") or 0) == int(r["concurrency"])
-                     for r in rs)
-            said = f"{name} completed {ok} of {runs(len(rs))}"
-            if rs is fix:
-                beside = [x for x in short(fix) if crashed(in_session(stock, x))]
-                said += (f" in {' and '.join(beside)}, beside that session's stock crashes" if beside
-                         else ", in no session where stock crashed")
-                if any(float(r.get("temperature") or 0) > 0 for r in fix):
-                    said += " (sampled: its tokens not compared with a reference path)"
-            out.append(said)
+    if fix:
+        per = [f"{complete(in_session(fix, x))} of {runs(len(in_session(fix, x)))} in {x}"
+               + (", beside that session's stock crashes" if crashed(in_session(stock, x))
+                  else ", where stock did not crash") for x in short(fix)]
+        out.append("the fix completed " + " and ".join(per)
+                   + (" (sampled: its tokens not compared with a reference path)"
+                      if all(float(r.get("temperature") or 0) > 0 for r in fix) else ""))
+    if pw:
+        out.append(f"PIECEWISE completed {complete(pw)} of {runs(len(pw))}")
     if not out:
         return "its GPU runs measured nothing yet; notebook 03"
     sessions = short(measured)
     missing = [name for name, rs in (("the fix", fix), ("PIECEWISE", pw)) if not rs]
     return (f"on the GPU, in session{'s' if len(sessions) > 1 else ''} {' and '.join(sessions)}, " + "; ".join(out)
             + (f"; {' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} not run with it" if missing else "")
-            + "; notebook 03")
+            + _fix_standard_clause(fix_standard) + "; notebook 03")
+
+
+def _fix_standard_clause(t) -> str:
+    """The fix-claim standard with the published draft's shape (``draft8-fix-c32-tp1``), from its judged table."""
+    from . import verification
+
+    name = verification.DRAFT8_FIX_MATRIX
+    if t is None:
+        return ""
+    if not len(t):
+        return f"; the fix-claim standard with it ({name}: 10 runs, outputs compared) has not run"
+    std = t[t["prediction"].str.startswith("(standard)")].iloc[0]
+    pairs = list(t[t["prediction"].str.startswith("(d) the greedy")]["measured"])
+    return (f"; the fix-claim standard with it ({name}, session {analysis.short_session(std['gpu_session'])}): "
+            f"fixed runs beside a crashed stock control {std['measured']}, {'met' if std['held'] else 'not met'}"
+            + (f", greedy pairs with PIECEWISE {', '.join(pairs)} requests token-identical" if pairs
+               else ", no greedy pair compared"))
 
 
 def upstream_clause(root) -> str:

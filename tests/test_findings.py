@@ -699,8 +699,26 @@ def test_the_root_cause_sentence_says_what_the_published_drafts_gpu_runs_measure
     alone = dict(copy.deepcopy(fix), gpu_session="2026-12-07-s72", temperature=0.0)
     assert findings.draft8_gpu_clause(s70 + [alone]) == (
         "on the GPU, in sessions s70 and s72, its stock engine crashed 1 of 1 run at 32, the core naming "
-        "copy_and_expand_dflash_inputs_kernel; the fix completed 1 of 1 run, in no session where stock crashed; "
+        "copy_and_expand_dflash_inputs_kernel; the fix completed 1 of 1 run in s72, where stock did not crash; "
         "PIECEWISE has not run with it; notebook 03")
+    # the fix in two sessions: counted per session, each with its own stock control's outcome
+    assert findings.draft8_gpu_clause(s70 + [fix, short, alone]) == (
+        "on the GPU, in sessions s70 and s72, its stock engine crashed 1 of 1 run at 32, the core naming "
+        "copy_and_expand_dflash_inputs_kernel; the fix completed 1 of 2 runs in s70, beside that session's stock "
+        "crashes and 1 of 1 run in s72, where stock did not crash; PIECEWISE has not run with it; notebook 03")
+    # the fix-claim standard's matrix: not run, then judged (verification.draft8_fix_predictions's rows)
+    import pandas as pd
+    assert findings.draft8_gpu_clause(s70, pd.DataFrame(columns=["prediction"])).endswith(
+        "; the fix-claim standard with it (draft8-fix-c32-tp1: 10 runs, outputs compared) has not run; notebook 03")
+    judged = pd.DataFrame([
+        {"prediction": "(d) the greedy pair's token-identical requests", "measured": "32/32", "gpu_session": "x-s72"},
+        {"prediction": "(d) the greedy pair's token-identical requests", "measured": "31/32", "gpu_session": "x-s72"},
+        {"prediction": "(standard) fixed runs in a session whose stock control crashed",
+         "measured": "13 completed, 0 not completed", "gpu_session": "2026-12-07-s72", "held": True}])
+    assert findings.draft8_gpu_clause(s70, judged).endswith(
+        "; the fix-claim standard with it (draft8-fix-c32-tp1, session s72): fixed runs beside a crashed stock control "
+        "13 completed, 0 not completed, met, greedy pairs with PIECEWISE 32/32, 31/32 requests token-identical; "
+        "notebook 03")
     assert findings.draft8_gpu_clause([]) == ""
     assert findings.draft8_gpu_clause([cut]) == "its GPU runs measured nothing yet; notebook 03"
 

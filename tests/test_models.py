@@ -57,8 +57,10 @@ def test_build_writes_the_eight_layer_draft(tmp_path):
 
 
 def _draft8_lines(tmp_path, stock=("crash",) * 3, fix=("ok",) * 3, pw=("ok",) * 2, gid=5, buffer=None, layers=8,
-                  fault="copy_and_expand_dflash_inputs_kernel", fix_session="2026-12-06-s70"):
-    """draft8-c32-tp1 in small: its stock engine (each run with a stored schedule snapshot), the fix and PIECEWISE."""
+                  fault="copy_and_expand_dflash_inputs_kernel", fix_session="2026-12-06-s70", attempts=False):
+    """draft8-c32-tp1 in small: its stock engine (each run with a stored schedule snapshot), the fix and PIECEWISE.
+    ``attempts``: each stock run its own engine start (a crash restarts it), .aN's snapshot holding query rows 128 + N - 1
+    in the reusing group, as the runner stores one per start."""
     import pandas as pd
 
     from dflash_lab import fa3sched
@@ -75,6 +77,13 @@ def _draft8_lines(tmp_path, stock=("crash",) * 3, fix=("ok",) * 3, pw=("ok",) * 
         {"gid": gid, "layers": reuse, "use_full_cuda_graph": True, "entries": 97,
          "buffer": list(buffer or fa3sched.STALE_S39)}]}
     (snap / "sched-1.jsonl").write_text(json.dumps(line) + "\n")
+    if attempts:
+        for n in range(2, len(stock) + 1):
+            other = snap.parent / f"d8-stock-snap-c32.a{n}.sched"
+            other.mkdir()
+            groups = [dict(g) for g in line["groups"]]
+            groups[1]["buffer"] = [128 + n - 1] + groups[1]["buffer"][1:]
+            (other / f"sched-{n}.jsonl").write_text(json.dumps(dict(line, groups=groups)) + "\n")
     rows = []
 
     def add(engine, i, outcome, session="2026-12-06-s70", **kw):
@@ -85,7 +94,8 @@ def _draft8_lines(tmp_path, stock=("crash",) * 3, fix=("ok",) * 3, pw=("ok",) * 
                      "target": {"name": "qwen36-35b-a3b-draft8"}, "draft": draft, **kw})
 
     for i, o in enumerate(stock):
-        add("d8-stock-snap-c32", i, o, fault={"kernel": fault} if o == "crash" and fault else None)
+        add("d8-stock-snap-c32", i, o, fault={"kernel": fault} if o == "crash" and fault else None,
+            **({"log": f"/tmp/x/d8-stock-snap-c32.a{i + 1}.log"} if attempts else {}))
     for i, o in enumerate(fix):
         add("d8-fix-c32", i, o, session=fix_session)
     for i, o in enumerate(pw):
@@ -136,6 +146,10 @@ def test_draft8_snapshots_list_every_group_of_every_measured_stock_run(tmp_path)
     assert list(t["layers"]) == ["target 3, 11, 19, 27, 35", "target 7, 15, 23, 31, 39"] * 2
     assert list(t["buffer"])[:2] == ["[128, 32, 7]", "[128, 0, 31, 0, 1, 0, 0, 0, 2]"]
     assert V.draft8_snapshots(df.iloc[:0], data_dir=data).empty
+    # one engine start per run: each run reads its own start's snapshot, not the first one's
+    d3, dd3 = _draft8_lines(tmp_path / "starts", attempts=True)
+    each = V.draft8_snapshots(d3, data_dir=dd3)
+    assert list(each[each["group"] == 5]["buffer"].str.slice(0, 5)) == ["[128,", "[129,", "[130,"]
     import shutil
     shutil.rmtree(tmp_path / "data" / "gpu")
     with pytest.raises(LabError, match="no schedule snapshot stored"):
@@ -160,27 +174,32 @@ def test_draft8_work_reads_each_measured_runs_counters(tmp_path):
 
 
 def _draft8_fix_lines(stock="crash", fix_sampled=("ok",) * 10, fix_greedy=("ok",) * 3, pw=("ok",) * 3, acc=1.86,
-                      differ=(0, 1, 2), fault="copy_and_expand_dflash_inputs_kernel", stock_session="2026-12-07-s72"):
-    """draft8-fix-c32-tp1 in small: a stock control, the fix (sampled, then greedy with digests), greedy PIECEWISE;
-    in greedy pair i, ``differ[i]`` of the 32 requests carry another digest on the fix's side."""
+                      drafts=8800, differ=(0, 1, 2), fault="copy_and_expand_dflash_inputs_kernel",
+                      stock_session="2026-12-07-s72", layers=8, sampled_digests=False):
+    """draft8-fix-c32-tp1 in small, run ids as the runner writes them (ENGINE/cC/rR, a tagged entry's ENGINE/cC/TAG-rR,
+    rounds from 0 in each entry): a stock control, the fix (sampled, then greedy with digests), greedy PIECEWISE; in
+    greedy pair i, ``differ[i]`` of the 32 requests carry another digest on the fix's side. ``sampled_digests``: the
+    sampled fixed runs record digests too (all differing), which the temperature must keep out of the pairs."""
     import pandas as pd
 
-    draft = dict(models.PUBLISHED_DRAFT["shape"])
+    draft = dict(models.PUBLISHED_DRAFT["shape"], layers=layers)
     rows = []
 
     def add(engine, tag, i, outcome, session="2026-12-07-s72", **kw):
         rows.append({"matrix": "draft8-fix-c32-tp1", "file": "2026-12-07_h200_draft8-fix-c32-tp1.jsonl",
-                     "gpu_session": session, "run_id": f"{engine}/{tag}c32/r{i}", "engine_id": engine,
+                     "gpu_session": session, "run_id": f"{engine}/c32/{tag}r{i}", "engine_id": engine,
                      "started_at": f"{engine}{tag}{i:02d}", "concurrency": 32, "round": i, "outcome": outcome,
                      "crashed": outcome == "crash", "requests_completed": 32 if outcome == "ok" else 3,
                      "target": {"name": "qwen36-35b-a3b-draft8"}, "draft": draft, "cudagraph_mode": "FULL_AND_PIECEWISE",
-                     "fix": False, "temperature": 0.7, "output_digests": None, "spec_decode_metrics": None, **kw})
+                     "fix": False, "temperature": 0.7, "output_digests": None, "spec_decode_metrics": None,
+                     "output_tokens": 16384 if outcome == "ok" else None, **kw})
 
     add("d8f-stock-control-c32", "", 0, stock, session=stock_session,
         fault={"kernel": fault} if stock == "crash" else None)
-    metrics = {"num_drafts": 8800, "acceptance_length": acc}
+    metrics = {"num_drafts": drafts, "acceptance_length": acc}
     for i, o in enumerate(fix_sampled):
-        add("d8f-fix-c32", "", i, o, fix=True, spec_decode_metrics=metrics)
+        add("d8f-fix-c32", "", i, o, fix=True, spec_decode_metrics=metrics,
+            output_digests=["s"] * 32 if sampled_digests else None)
     for i, o in enumerate(fix_greedy):
         n = differ[i] if i < len(differ) else 0
         add("d8f-fix-c32", "greedy-", i, o, fix=True, spec_decode_metrics=metrics, temperature=0.0,
@@ -198,11 +217,17 @@ def test_draft8_fix_predictions_hold_on_the_predicted_runs_and_each_can_fail():
     assert t["held"].all(), t[~t["held"].astype(bool)]
     tags = t["prediction"].str.split(" ").str[0]
     assert dict(tags.value_counts()) == {"(0)": 17, "(a)": 2, "(b)": 14, "(c)": 4, "(d)": 4, "(standard)": 1}
-    assert list(t[t["prediction"].str.startswith("(d) the greedy")]["measured"]) == ["32/32", "31/32", "30/32"]
-    assert t.iloc[-1]["measured"] == "13 completed, 0 crashed"
+    pairs = t[t["prediction"].str.startswith("(d) the greedy")]
+    assert list(pairs["measured"]) == ["32/32", "31/32", "30/32"]
+    assert list(pairs["run"])[0] == "d8f-fix-c32/c32/greedy-r0 vs d8f-piecewise-c32/c32/greedy-r0"
+    assert t.iloc[-1]["measured"] == "13 completed, 0 not completed"
+    # sampled runs that recorded digests (temperature 0.7) never pair with the greedy PIECEWISE runs of their round
+    assert t.equals(V.draft8_fix_predictions(_draft8_fix_lines(sampled_digests=True)))
     for kw, failed in [(dict(stock="ok"), {"(a)", "(standard)"}), (dict(fault="cublasLt_gemm_kernel"), {"(a)"}),
+                       (dict(layers=5), {"(0)"}),
                        (dict(fix_sampled=("ok",) * 9 + ("crash",)), {"(b)", "(standard)"}),
-                       (dict(acc=1.02), {"(b)"}), (dict(differ=(0, 3, 0)), {"(d)"}),
+                       (dict(fix_sampled=("ok",) * 10 + ("timeout",)), {"(b)", "(standard)"}),
+                       (dict(acc=1.02), {"(b)"}), (dict(drafts=7000), {"(b)"}), (dict(differ=(0, 3, 0)), {"(d)"}),
                        (dict(pw=("ok", "ok", "crash")), {"(c)", "(d)"}),
                        (dict(stock_session="2026-12-08-s73"), {"(standard)"}),
                        (dict(fix_sampled=("ok",) * 6), {"(b)", "(standard)"})]:
