@@ -370,6 +370,96 @@ def output_agreement(df, session: str, reference: str = "PIECEWISE"):
     return pd.DataFrame(rows)
 
 
+def pair_evidence(df, session: str, reference: str = "PIECEWISE", data_dir: str = "data"):
+    """One row per greedy pair of :func:`output_agreement` (a FULL-graph run and the ``reference``-mode run of the
+    same concurrency, round and temperature) with what says whether its differing requests are batch noise or a wrong
+    number: identical requests; the synthetic-acceptance draws each run made (vLLM's draft counts: equal draws give
+    both engines the same batches step by step, s15's pairs were at most 1 draft apart); where the differing requests
+    part (:func:`token_divergence`: output positions and token pairs); and the sampled tokens' largest log-probability
+    difference along common prefixes against each engine's own within-run floor (:func:`logprob_agreement`)."""
+    import pandas as pd
+
+    cols = ["run", "reference run", "identical requests", "drafts (FULL, reference)", "differing requests part at",
+            "tokens there (FULL/reference)", "max |dlogprob| vs reference", "floor within FULL / reference run"]
+    ag = output_agreement(df, session, reference)
+    if not len(ag):
+        return pd.DataFrame(columns=cols)
+    div = token_divergence(df, session, reference, data_dir)
+    lp = logprob_agreement(df, session, reference, data_dir)
+    lp = lp.set_index("run") if len(lp) else lp
+    by_id = df[df["gpu_session"] == session].set_index("run_id")
+    drafts = lambda rid: (by_id.at[rid, "spec_decode_metrics"] or {}).get("num_drafts") \
+        if isinstance(by_id.at[rid, "spec_decode_metrics"], dict) else None   # noqa: E731
+    rows = []
+    for _, a in ag.iterrows():
+        d = div[div["run"] == a["run"]] if len(div) else div
+        pos = sorted({int(x) for x in d["first differing output position"]}) if len(d) else []
+        toks = sorted({f"{x}/{y}" for x, y in zip(d["token (FULL)"], d["token (reference)"])}) if len(d) else []
+        has_lp = len(lp) and a["run"] in lp.index
+        rows.append({"run": a["run"], "reference run": a["reference run"], "identical requests": a["identical requests"],
+                     "drafts (FULL, reference)": f"{drafts(a['run'])}, {drafts(a['reference run'])}",
+                     "differing requests part at": ", ".join(map(str, pos)) or "-",
+                     "tokens there (FULL/reference)": ", ".join(toks) or "-",
+                     "max |dlogprob| vs reference": lp.at[a["run"], "max |dlogprob| vs reference"] if has_lp else None,
+                     "floor within FULL / reference run": (f"{lp.at[a['run'], 'max |dlogprob| within the FULL run']:.6f} / "
+                                                           f"{lp.at[a['run'], 'max |dlogprob| within the reference run']:.6f}")
+                     if has_lp else None})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def output_forms(df, session: str, data_dir: str = "data"):
+    """Every run of ``session`` that recorded its token ids: its distinct outputs, each as runs of one token
+    ("201x2 130155x510") with the batch slots that gave it. Every request of a runner run has the same prompt, so more
+    than one form in a run is the engine's batch-slot noise; a form's tokens are all the run produced (an
+    out-of-vocabulary or NaN-born id would show as a token of its own)."""
+    import itertools
+
+    import pandas as pd
+
+    cols = ["run", "mode", "forms", "output", "slots", "requests"]
+    d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")] if len(df) else df
+    rows = []
+    for _, r in d.sort_values(["engine_id", "round"]).iterrows() if len(d) else []:
+        toks = output_tokens(r, data_dir)
+        if toks is None:
+            continue
+        forms: dict[str, list[int]] = {}
+        for i, t in enumerate(toks):
+            forms.setdefault(" ".join(f"{k}x{len(list(g))}" for k, g in itertools.groupby(t)), []).append(i)
+        for form, slots in sorted(forms.items(), key=lambda kv: -len(kv[1])):
+            rows.append({"run": r["run_id"], "mode": f"{analysis.fix_label(dict(r)) or 'stock'}, {r['cudagraph_mode']}",
+                         "forms": len(forms), "output": form, "slots": ", ".join(map(str, slots)),
+                         "requests": len(slots)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def round_agreement(df, session: str):
+    """The repeatability floor under :func:`output_agreement`: for each engine start of ``session`` with greedy
+    runs that recorded their outputs, every pair of its rounds at one concurrency and temperature, and how many
+    requests gave identical token ids slot by slot. Every request of a runner run has the same prompt, so a request
+    differs between two rounds of one engine only through its batch slot and that round's synthetic-acceptance draws;
+    a cross-engine pair cannot be expected to agree more often than its reference engine agrees with itself."""
+    import itertools
+
+    import pandas as pd
+
+    cols = ["engine", "mode", "concurrency", "runs", "identical requests"]
+    d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")] if len(df) else df
+    if "output_digests" not in d or d.empty:
+        return pd.DataFrame(columns=cols)
+    d = d[d["output_digests"].map(lambda x: isinstance(x, list)).astype(bool)]
+    rows = []
+    for (eng, att, c, t), g in d.groupby(["engine_id", "attempt", "concurrency", "temperature"], sort=True):
+        g = g.sort_values("round")
+        for (_, a), (_, b) in itertools.combinations(g.iterrows(), 2):
+            x, y = a["output_digests"], b["output_digests"]
+            rows.append({"engine": f"{eng}.a{int(att)}", "mode": f"{analysis.fix_label(dict(a)) or 'stock'}, "
+                                                              f"{a['cudagraph_mode']}",
+                         "concurrency": int(c), "runs": f"{a['run_id']} vs {b['run_id']}",
+                         "identical requests": f"{sum(p == q for p, q in zip(x, y))}/{max(len(x), len(y))}"})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def output_record(r, data_dir: str = "data") -> dict | None:
     """What a ``record_outputs`` run wrote (token ids, and log-probabilities where recorded), from its
     ingested folder (``data/gpu/<runs file stem>/<engine>.a*.outputs/``)."""
