@@ -400,11 +400,20 @@ def _fix_standard_clause(t) -> str:
     if not len(t):
         return f"; the fix-claim standard with it ({name}: 10 runs, outputs compared) has not run"
     std = t[t["prediction"].str.startswith("(standard)")].iloc[0]
-    pairs = list(t[t["prediction"].str.startswith("(d) the greedy")]["measured"])
+    d = t[t["prediction"].str.startswith("(d) the greedy")]
+    pairs = list(d["measured"])
+    each = ", ".join(pairs)
+    if not pairs:
+        outputs = "no greedy pair compared, so the output part is not met"
+    elif all(bool(x) for x in d["held"]):
+        outputs = (f"greedy pairs with PIECEWISE {each} requests token-identical, as predicted (>= "
+                   f"{verification.DRAFT8_FIX_MIN_IDENTICAL} of 32)")
+    else:
+        outputs = (f"greedy pairs with PIECEWISE {each} requests token-identical, short of the predicted "
+                   f"{verification.DRAFT8_FIX_MIN_IDENTICAL} of 32, so the output part is not met as pre-registered")
     return (f"; the fix-claim standard with it ({name}, session {analysis.short_session(std['gpu_session'])}): "
-            f"fixed runs beside a crashed stock control {std['measured']}, {'met' if std['held'] else 'not met'}"
-            + (f", greedy pairs with PIECEWISE {', '.join(pairs)} requests token-identical" if pairs
-               else ", no greedy pair compared"))
+            f"fixed runs beside a crashed stock control {std['measured']} (the count "
+            f"{'met' if std['held'] else 'not met'}), {outputs}")
 
 
 def upstream_clause(root) -> str:

@@ -181,8 +181,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # 47 since s56's two probed runs at 24 (the fourth probe-hang-c24 attempt and the ledger run), 50 since s57's three
     # that reached step 275 (its first call's run was cut at step 12 and is one of the 48 others), 54 since s58's four,
     # 55 since s59's probe-admit-c24 run (cut by the runner's deadline after NaN logits from step 275 on), 58 since s62's
-    # three runs of it
-    assert ("From the NaN to the illegal address (s43): in every one of the 58 probed runs whose verify logits held NaN "
+    # three runs of it, 59 since s72's K=2 run of it
+    assert ("From the NaN to the illegal address (s43): in every one of the 59 probed runs whose verify logits held NaN "
             "the rejection sampler returned an id equal to the vocabulary size") in text
     assert "the GDN accepted counts of 0 were exactly those requests, the step after" in text
     assert ("with those ids replaced by token 0 after sampling, 4 of 4 runs at 20, 28 completed with NaN logits to the "
@@ -212,8 +212,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
     # s53, s54 and s56 (twice: the fourth probe-hang-c24 attempt and the ledger run) repeated s51's run: said once; s57's
     # ledger2 runs added two more that passed and one crash at its row-0 step (285)
     # s58: two more such runs (probe-hang-c24's r0 and r2); sessions in number order; s62: the gate's K=3 run, and its
-    # K=4 and K=1 runs two more crashing logs
-    assert ("Not every row-0 step faults: in s51, s53, s54, s56 (2 runs), s57 (2 runs), s58 (2 runs) and s62 10 probed "
+    # K=4 and K=1 runs two more crashing logs; s72: the gate's K=2 run
+    assert ("Not every row-0 step faults: in s51, s53, s54, s56 (2 runs), s57 (2 runs), s58 (2 runs), s62 and s72 11 probed "
             "runs"
             " at 24 (neither crashed nor completed) each had their first row-0 step at 281 (their own "
             "out-of-vocabulary id) and recorded 14 more steps without a fault. 52 of the 53 crashing probe logs ended"
@@ -241,7 +241,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "later step of the same request left its attention length unmoved to that step, and between any other two"
             " steps it moved 1-16 tokens (a runner placing tokens by the leaked count would move it by more than 1 + "
             "k somewhere); 6 of its 6 predictions held.") in text
-    # s58: the runs at 24 by trajectory (read afterwards); s62: the admission test's K=4, K=1 and K=3 runs held
+    # s58: the runs at 24 by trajectory (read afterwards); s62: the admission test's K=4, K=1 and K=3 runs held; s72:
+    # its K=2 run, so every prediction held
     assert ("Read afterwards (s58): the 13 probed runs at 24 that reached NaN logits followed 3 trajectories, each "
             "named by the set of requests and steps whose first sampled id was out of vocabulary, each number of "
             "requests the engine's first step admitted (left to arrival timing offline) went with one trajectory, and"
@@ -250,8 +251,8 @@ def test_findings_page_reads_the_recorded_runs(root, tmp_path, monkeypatch):
             "id in row 0 at step 281 without a fault; a first step of 1 request: trajectory b24b6dcf, a crash at its "
             "first row-0 step, 285, with request 17's own id in row 0 (3 of 3); a first step of 4 requests: "
             "trajectory 18c2a7fd, a crash at its first row-0 step, 281, with request 16's own id in row 0 (1 of 1). "
-            "The admission gate's test (probe-admit-c24-tp1, pre-registered): 3 of 5 predictions held, 0 failed, 2 "
-            "undecided (held: (1) K=1, (2) K=3, (3) K=4; undecided: (0) every run, (2) K=2 (not run)); 1 run(s) cut by "
+            "The admission gate's test (probe-admit-c24-tp1, pre-registered): 5 of 5 predictions held, 0 failed, 0 "
+            "undecided (held: (0) every run, (1) K=1, (2) K=2, (2) K=3, (3) K=4); 1 run(s) cut by "
             "the runner's deadline, not judged: K=4, last recorded step 281 (first step 4 of 24; its out-of-vocabulary "
             "ids up to there were trajectory 18c2a7fd's).") in text
 
@@ -711,14 +712,27 @@ def test_the_root_cause_sentence_says_what_the_published_drafts_gpu_runs_measure
     assert findings.draft8_gpu_clause(s70, pd.DataFrame(columns=["prediction"])).endswith(
         "; the fix-claim standard with it (draft8-fix-c32-tp1: 10 runs, outputs compared) has not run; notebook 03")
     judged = pd.DataFrame([
-        {"prediction": "(d) the greedy pair's token-identical requests", "measured": "32/32", "gpu_session": "x-s72"},
-        {"prediction": "(d) the greedy pair's token-identical requests", "measured": "31/32", "gpu_session": "x-s72"},
+        {"prediction": "(d) the greedy pair's token-identical requests", "measured": "32/32", "gpu_session": "x-s72",
+         "held": True},
+        {"prediction": "(d) the greedy pair's token-identical requests", "measured": "31/32", "gpu_session": "x-s72",
+         "held": True},
         {"prediction": "(standard) fixed runs in a session whose stock control crashed",
          "measured": "13 completed, 0 not completed", "gpu_session": "2026-12-07-s72", "held": True}])
     assert findings.draft8_gpu_clause(s70, judged).endswith(
         "; the fix-claim standard with it (draft8-fix-c32-tp1, session s72): fixed runs beside a crashed stock control "
-        "13 completed, 0 not completed, met, greedy pairs with PIECEWISE 32/32, 31/32 requests token-identical; "
-        "notebook 03")
+        "13 completed, 0 not completed (the count met), greedy pairs with PIECEWISE 32/32, 31/32 requests "
+        "token-identical, as predicted (>= 30 of 32); notebook 03")
+    # a pair short of the prediction: the output part is not met, whatever the count says
+    short_pair = judged.assign(measured=["32/32", "21/32", "13 completed, 0 not completed"], held=[True, False, True])
+    assert findings.draft8_gpu_clause(s70, short_pair).endswith(
+        "(the count met), greedy pairs with PIECEWISE 32/32, 21/32 requests token-identical, short of the predicted "
+        "30 of 32, so the output part is not met as pre-registered; notebook 03")
+    # no pair compared (a greedy engine cut): the count alone is not the standard
+    no_pair = judged[judged["prediction"].str.startswith("(standard)")].assign(
+        measured="9 completed, 0 not completed", held=False)
+    assert findings.draft8_gpu_clause(s70, no_pair).endswith(
+        "fixed runs beside a crashed stock control 9 completed, 0 not completed (the count not met), no greedy pair "
+        "compared, so the output part is not met; notebook 03")
     assert findings.draft8_gpu_clause([]) == ""
     assert findings.draft8_gpu_clause([cut]) == "its GPU runs measured nothing yet; notebook 03"
 
