@@ -212,6 +212,21 @@ def _probe_paths(pattern: str, sessions=None) -> list[str]:
     return [x for x in paths if os.path.basename(os.path.dirname(os.path.dirname(x))) in keep]
 
 
+def _apart_probe(path: str, engine: str) -> bool:
+    """Whether a step-probe log (``data/gpu/<runs file stem>/<engine>.probe/...``) belongs to an engine whose run lines
+    name one of :data:`analysis.APART_TARGETS` (the published draft's shape), read from its runs file beside
+    ``data/gpu``: such logs are read only with those lines (``analysis.load_runs(published_draft=True)``)."""
+    folder = os.path.dirname(os.path.dirname(path))
+    runs_file = os.path.join(os.path.dirname(os.path.dirname(folder)), "runs", os.path.basename(folder) + ".jsonl")
+    if not os.path.isfile(runs_file):
+        return False
+    for _, _, r in analysis.recorded_lines(runs_file):
+        target = r["target"]["name"] if isinstance(r.get("target"), dict) else r.get("target")
+        if f"{r.get('engine_id')}.a{r.get('attempt')}" == engine and target in analysis.APART_TARGETS:
+            return True
+    return False
+
+
 def probe_table(df, pattern: str = divergence.PROBE_GLOB, sessions=None):
     """Every step-probe log, matched to its run lines: fix or stock, configuration, FULL steps, diverging steps,
     largest output difference, first divergence and first NaN (None when there is none). ``concurrencies``: what
@@ -226,6 +241,8 @@ def probe_table(df, pattern: str = divergence.PROBE_GLOB, sessions=None):
     for path in _probe_paths(pattern, sessions):
         p = divergence.load_probe(path)
         runs = probe_runs(df, p["session"], p["engine"])
+        if not len(runs) and _apart_probe(path, p["engine"]):
+            continue   # a published-draft engine's log, its lines left out of df (analysis.load_runs): read apart
         full = [s for s in p["steps"] if s["mode"] == "FULL"]
         diffs = [s.get("diverge", {}).get("outputs", {}).get("hidden", {}).get("max_abs") for s in full]
         diffs = [x for x in diffs if x is not None]
@@ -370,40 +387,72 @@ def output_agreement(df, session: str, reference: str = "PIECEWISE"):
     return pd.DataFrame(rows)
 
 
+def _drafts(r) -> int | None:
+    """vLLM's draft count of one run line (``spec_decode_metrics.num_drafts``), None where not recorded."""
+    m = r.get("spec_decode_metrics") if hasattr(r, "get") else None
+    v = m.get("num_drafts") if isinstance(m, dict) else None
+    return int(v) if isinstance(v, (int, float)) and v == v else None
+
+
+def _chance_identical(a, b) -> float | None:
+    """How many requests of two runs would be token-identical if each batch slot's output were drawn independently
+    from its own run's outputs (every request of a runner run has the same prompt): the sum over the distinct outputs
+    of their shares in the two runs, times the requests. None without both runs' token ids."""
+    if not a or not b:
+        return None
+    from collections import Counter
+
+    ca, cb = Counter(map(tuple, a)), Counter(map(tuple, b))
+    return round(sum(ca[k] / len(a) * cb[k] / len(b) for k in ca) * max(len(a), len(b)), 2)
+
+
 def pair_evidence(df, session: str, reference: str = "PIECEWISE", data_dir: str = "data"):
     """One row per greedy pair of :func:`output_agreement` (a FULL-graph run and the ``reference``-mode run of the
-    same concurrency, round and temperature) with what says whether its differing requests are batch noise or a wrong
-    number: identical requests; the synthetic-acceptance draws each run made (vLLM's draft counts: equal draws give
-    both engines the same batches step by step, s15's pairs were at most 1 draft apart); where the differing requests
-    part (:func:`token_divergence`: output positions and token pairs); and the sampled tokens' largest log-probability
-    difference along common prefixes against each engine's own within-run floor (:func:`logprob_agreement`)."""
+    same concurrency, round and temperature) with what says whether its differing requests come from the synthetic
+    acceptance's draws, batch slots or a wrong number: identical requests, and how many would be if each slot drew its
+    output independently from its run's outputs (:func:`_chance_identical`); how many runs each engine start ran
+    before it (``position``, :func:`analysis.engine_positions`: the synthetic acceptance draws from one generator seeded
+    at engine start, so two engines draw alike only after the same runs); the draft count each run made (vLLM's
+    counter: equal draws give both engines the same batches step by step; s15's pairs were at most 1 apart); where the
+    differing requests part (:func:`token_divergence`: output positions and token pairs); and the sampled tokens'
+    largest log-probability difference along common prefixes beside each engine's own within-run floor
+    (:func:`logprob_agreement`; None where log-probabilities were not recorded)."""
     import pandas as pd
 
-    cols = ["run", "reference run", "identical requests", "drafts (FULL, reference)", "differing requests part at",
-            "tokens there (FULL/reference)", "max |dlogprob| vs reference", "floor within FULL / reference run"]
+    cols = ["run", "reference run", "identical requests", "identical if slots drew independently",
+            "runs before it on its engine (FULL, reference)", "drafts (FULL)", "drafts (reference)",
+            "differing requests part at", "tokens there (FULL/reference)", "max |dlogprob| vs reference",
+            "floor within the FULL run", "floor within the reference run"]
     ag = output_agreement(df, session, reference)
     if not len(ag):
         return pd.DataFrame(columns=cols)
+    drafts, chance, before = {}, {}, {}
+    pos = lambda x: int(x["position"]) if "position" in x and x["position"] == x["position"] else None   # noqa: E731
+    for r, m in _paired_runs(df, session, reference):
+        key = (r["run_id"], m.iloc[0]["run_id"])
+        drafts[key] = (_drafts(r), _drafts(m.iloc[0]))
+        before[key] = (pos(r), pos(m.iloc[0]))
+        chance[key] = _chance_identical(output_tokens(r, data_dir), output_tokens(m.iloc[0], data_dir))
     div = token_divergence(df, session, reference, data_dir)
     lp = logprob_agreement(df, session, reference, data_dir)
-    lp = lp.set_index("run") if len(lp) else lp
-    by_id = df[df["gpu_session"] == session].set_index("run_id")
-    drafts = lambda rid: (by_id.at[rid, "spec_decode_metrics"] or {}).get("num_drafts") \
-        if isinstance(by_id.at[rid, "spec_decode_metrics"], dict) else None   # noqa: E731
+    lp = {x["run"]: x for _, x in lp.iterrows()} if len(lp) else {}
     rows = []
     for _, a in ag.iterrows():
         d = div[div["run"] == a["run"]] if len(div) else div
         pos = sorted({int(x) for x in d["first differing output position"]}) if len(d) else []
         toks = sorted({f"{x}/{y}" for x, y in zip(d["token (FULL)"], d["token (reference)"])}) if len(d) else []
-        has_lp = len(lp) and a["run"] in lp.index
+        fx, ref = drafts.get((a["run"], a["reference run"]), (None, None))
+        bf, br = before.get((a["run"], a["reference run"]), (None, None))
+        l = lp.get(a["run"])
         rows.append({"run": a["run"], "reference run": a["reference run"], "identical requests": a["identical requests"],
-                     "drafts (FULL, reference)": f"{drafts(a['run'])}, {drafts(a['reference run'])}",
+                     "identical if slots drew independently": chance.get((a["run"], a["reference run"])),
+                     "runs before it on its engine (FULL, reference)": f"{bf}, {br}",
+                     "drafts (FULL)": fx, "drafts (reference)": ref,
                      "differing requests part at": ", ".join(map(str, pos)) or "-",
                      "tokens there (FULL/reference)": ", ".join(toks) or "-",
-                     "max |dlogprob| vs reference": lp.at[a["run"], "max |dlogprob| vs reference"] if has_lp else None,
-                     "floor within FULL / reference run": (f"{lp.at[a['run'], 'max |dlogprob| within the FULL run']:.6f} / "
-                                                           f"{lp.at[a['run'], 'max |dlogprob| within the reference run']:.6f}")
-                     if has_lp else None})
+                     "max |dlogprob| vs reference": None if l is None else l["max |dlogprob| vs reference"],
+                     "floor within the FULL run": None if l is None else l["max |dlogprob| within the FULL run"],
+                     "floor within the reference run": None if l is None else l["max |dlogprob| within the reference run"]})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -433,12 +482,38 @@ def output_forms(df, session: str, data_dir: str = "data"):
     return pd.DataFrame(rows, columns=cols)
 
 
+def logprobs_at(df, session: str, position: int = 1, data_dir: str = "data"):
+    """Every distinct (token, log-probability) the greedy runs of ``session`` emitted at output ``position``, with how
+    many requests of which runs did. Every request has the same prompt, so where the tokens before ``position`` agree the
+    target saw the same context: a token with a lower log-probability than another emitted there is not the target's
+    greedy choice (with speculative decoding, a draft token the acceptance rule took). Log-probabilities are rounded to
+    5 decimals (the engines' own noise floor is ~0.002)."""
+    import pandas as pd
+
+    cols = ["output position", "tokens before it", "token", "log-probability", "requests", "runs"]
+    d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")] if len(df) else df
+    seen: dict[tuple, list] = {}
+    for _, r in d.sort_values(["engine_id", "round"]).iterrows() if len(d) else []:
+        if float(r.get("temperature") or 0) != 0:
+            continue
+        rec = output_record(r, data_dir)
+        if not rec or "logprobs" not in rec:
+            continue
+        for toks, lps in zip(rec["token_ids"], rec["logprobs"]):
+            if len(toks) > position and len(lps) > position and lps[position] is not None:
+                key = (" ".join(map(str, toks[:position])), toks[position], round(float(lps[position]), 5))
+                seen.setdefault(key, []).append(r["run_id"])
+    rows = [{"output position": position, "tokens before it": k[0], "token": k[1], "log-probability": k[2],
+             "requests": len(v), "runs": len(set(v))} for k, v in sorted(seen.items(), key=lambda kv: -len(kv[1]))]
+    return pd.DataFrame(rows, columns=cols)
+
+
 def round_agreement(df, session: str):
     """The repeatability floor under :func:`output_agreement`: for each engine start of ``session`` with greedy
-    runs that recorded their outputs, every pair of its rounds at one concurrency and temperature, and how many
-    requests gave identical token ids slot by slot. Every request of a runner run has the same prompt, so a request
-    differs between two rounds of one engine only through its batch slot and that round's synthetic-acceptance draws;
-    a cross-engine pair cannot be expected to agree more often than its reference engine agrees with itself."""
+    runs that recorded their outputs (temperature 0; sampled runs are left out), every pair of its rounds at one
+    concurrency, and how many requests gave identical token ids slot by slot. Every request of a runner run has the
+    same prompt, so a request differs between two rounds of one engine only through its batch slot and that round's
+    synthetic-acceptance draws (one generator, seeded once per engine start, advancing from round to round)."""
     import itertools
 
     import pandas as pd
@@ -447,14 +522,15 @@ def round_agreement(df, session: str):
     d = df[(df["gpu_session"] == session) & (df["outcome"] == "ok")] if len(df) else df
     if "output_digests" not in d or d.empty:
         return pd.DataFrame(columns=cols)
-    d = d[d["output_digests"].map(lambda x: isinstance(x, list)).astype(bool)]
+    d = d[d["output_digests"].map(lambda x: isinstance(x, list)).astype(bool)
+          & (pd.to_numeric(d["temperature"], errors="coerce") == 0)]
     rows = []
-    for (eng, att, c, t), g in d.groupby(["engine_id", "attempt", "concurrency", "temperature"], sort=True):
+    for (_, eng, att, c), g in d.groupby(["file", "engine_id", "attempt", "concurrency"], sort=True, dropna=False):
         g = g.sort_values("round")
         for (_, a), (_, b) in itertools.combinations(g.iterrows(), 2):
             x, y = a["output_digests"], b["output_digests"]
-            rows.append({"engine": f"{eng}.a{int(att)}", "mode": f"{analysis.fix_label(dict(a)) or 'stock'}, "
-                                                              f"{a['cudagraph_mode']}",
+            mode = f"{analysis.fix_label(dict(a)) or 'stock'}, {a['cudagraph_mode']}"
+            rows.append({"engine": f"{eng}.a{int(att)}" if att == att else str(eng), "mode": mode,
                          "concurrency": int(c), "runs": f"{a['run_id']} vs {b['run_id']}",
                          "identical requests": f"{sum(p == q for p, q in zip(x, y))}/{max(len(x), len(y))}"})
     return pd.DataFrame(rows, columns=cols)
@@ -1587,6 +1663,127 @@ def draft8_fix_predictions(df, matrix: str = DRAFT8_FIX_MATRIX):
                  "measured": f"{ok} completed, {other} not completed" if best else "no session with a crashed stock control",
                  "held": ok >= 10 and other == 0})
     return pd.DataFrame(rows, columns=cols)
+
+
+DRAFT8_PROBE_MATRIX = "draft8-probe-c32-tp1"
+DRAFT8_PROBE_PLANNED = {"d8p-stock-probe-c32": ("(a)", 1), "d8p-fix-probe-c32": ("(b)", 1),
+                        "d8p-fix-greedy-c32": ("(c)", 3), "d8p-piecewise-greedy-c32": ("(c)", 3)}
+DRAFT8_PROBE_STOCK_LAYERS = ("L7 attn", "L8 gdn")   # (a): last written identically, first written differently
+DRAFT8_PROBE_MIN_FULL = 200     # (b): FULL steps the fix's probe compared
+DRAFT8_PROBE_MAX_DRAFT_GAP = 1  # (c): vLLM's draft counts of a pair's two runs (the synthetic draws alike)
+
+
+def draft8_probe_predictions(df, probes=None, matrix: str = DRAFT8_PROBE_MATRIX):
+    """``matrices/draft8-probe-c32-tp1.yaml``'s predictions, written in its header before any run (s72), judged from
+    its run lines and their step-probe logs (``probes``: :func:`probe_table` of the published draft's lines; read from
+    data/gpu when None):
+    (0) the published draft's shape on every line;
+    (a) stock, probed: its first diverging step is its first FULL step, the last layer written identically there and
+        the first written differently :data:`DRAFT8_PROBE_STOCK_LAYERS`, and the run did not complete or its probe
+        recorded a first NaN step;
+    (b) the fix, probed: all 32 requests completed, at least :data:`DRAFT8_PROBE_MIN_FULL` FULL steps compared, none
+        diverging, none ended by an error, the largest output difference 0.0;
+    (c) the greedy pair (:func:`output_agreement`, round by round): both engines complete every round, each pair's
+        draft counts at most :data:`DRAFT8_PROBE_MAX_DRAFT_GAP` apart, each pair at least
+        :data:`DRAFT8_FIX_MIN_IDENTICAL` of 32 requests token-identical;
+    then the planned counts. A probed engine without its probe log is judged False (the probe is what it measures).
+    Runs that measured nothing (a start-up error, a deadline cut) are listed, not judged. Needs the published draft's
+    lines (``analysis.load_runs(published_draft=True)``)."""
+    import math
+
+    import pandas as pd
+
+    from .errors import LabError
+
+    cols = ["run", "gpu_session", "engine", "prediction", "predicted", "measured", "held"]
+    runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
+    if not len(runs):
+        return pd.DataFrame(columns=cols)
+    if probes is None:
+        probes = probe_table(runs, sessions=sorted({f[: -len(".jsonl")] for f in runs["file"]}))
+    pub = models_shape()
+    rows, measured = [], {}
+    for _, r in runs.sort_values(["gpu_session", "file", "engine_id", "round"]).iterrows():
+        r = dict(r)
+        label = f"{r['file'][: -len('.jsonl')]}/{r['run_id']}"
+        c = int(r["concurrency"])
+        add = lambda tag, what, pred, meas, held: rows.append(  # noqa: E731
+            {"run": label, "gpu_session": r["gpu_session"], "engine": r["engine_id"], "prediction": f"{tag} {what}",
+             "predicted": pred, "measured": meas, "held": held})
+        if r["engine_id"] not in DRAFT8_PROBE_PLANNED:
+            raise LabError(f"{label}: engine {r['engine_id']!r} is not one of {matrix}'s")
+        shape = _draft_shape(r)
+        add("(0)", "the draft's shape (layers, KV heads, head_dim)", str(pub), str(shape), shape == pub)
+        if r["outcome"] == "startup_error" or analysis.is_deadline_cut(r):
+            add(DRAFT8_PROBE_PLANNED[r["engine_id"]][0], "not judged: the run measured nothing", "-",
+                "start-up error" if r["outcome"] == "startup_error" else "cut by the runner's deadline", None)
+            continue
+        measured[r["engine_id"]] = measured.get(r["engine_id"], 0) + 1
+        complete = r["outcome"] == "ok" and int(r.get("requests_completed") or 0) == c
+        done = f"{r['outcome']}, {int(r.get('requests_completed') or 0)} of {c} requests"
+        if r["engine_id"] in ("d8p-stock-probe-c32", "d8p-fix-probe-c32"):
+            p = probes[(probes["session"] == r["file"][: -len(".jsonl")])
+                       & (probes["engine"] == f"{r['engine_id']}.a{int(r['attempt'])}")] if len(probes) else probes
+            if not len(p):
+                add("(a)" if "stock" in r["engine_id"] else "(b)", "the step probe's log", "recorded",
+                    f"{done}; no probe log", False)
+                continue
+            p = p.iloc[0]
+            num = lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else v   # noqa: E731
+            if r["engine_id"] == "d8p-stock-probe-c32":
+                first, fd = num(p["first FULL step"]), num(p["first diverging step"])
+                layers = (p["last layer written identically"], p["first layer written differently"])
+                nan = num(p["first NaN step"])
+                add("(a)", "stock diverges from its first FULL step at the reusing layer, and crashes or turns NaN",
+                    f"first diverging step = first FULL step; {' / '.join(DRAFT8_PROBE_STOCK_LAYERS)}; not ok or a NaN step",
+                    f"first FULL step {first}, first diverging {fd}; {layers[0]} / {layers[1]}; {done}"
+                    + (f", first NaN step {int(nan)}" if nan is not None else ", no NaN step"),
+                    first is not None and fd == first and tuple(layers) == DRAFT8_PROBE_STOCK_LAYERS
+                    and (r["outcome"] != "ok" or nan is not None))
+            else:
+                full, div, err = int(p["FULL steps"]), int(p["FULL steps diverging"]), int(p["FULL steps ended by an error"])
+                mx = num(p["max |output diff|"])
+                add("(b)", "the fix completes, its FULL steps identical to the no-graph pass",
+                    f"ok, {c} of {c} requests; >= {DRAFT8_PROBE_MIN_FULL} FULL steps, 0 diverging, 0 ended by an "
+                    "error, max |output diff| 0.0",
+                    f"{done}; {full} FULL steps, {div} diverging, {err} ended by an error, max |output diff| {mx}",
+                    complete and full >= DRAFT8_PROBE_MIN_FULL and div == 0 and err == 0 and mx == 0.0)
+        else:
+            add("(c)", "the greedy engine completes", f"ok, {c} of {c} requests", done, complete)
+    pairs = 0
+    for session in sorted(set(runs["gpu_session"]), key=analysis.session_key):
+        ev = pair_evidence(runs, session)
+        for _, a in ev.iterrows():
+            pairs += 1
+            same, n = (int(v) for v in a["identical requests"].split("/"))
+            fx, ref = a["drafts (FULL)"], a["drafts (reference)"]
+            gap = abs(int(fx) - int(ref)) if fx is not None and ref is not None and fx == fx and ref == ref else None
+            base = {"run": f"{a['run']} vs {a['reference run']}", "gpu_session": session, "engine": "d8p-fix-greedy-c32"}
+            rows.append({**base, "prediction": "(c) the pair drew alike (draft counts)",
+                         "predicted": f"at most {DRAFT8_PROBE_MAX_DRAFT_GAP} apart", "measured": f"{fx}, {ref}",
+                         "held": gap is not None and gap <= DRAFT8_PROBE_MAX_DRAFT_GAP})
+            rows.append({**base, "prediction": "(c) the greedy pair's token-identical requests",
+                         "predicted": f">= {DRAFT8_FIX_MIN_IDENTICAL} of 32", "measured": a["identical requests"],
+                         "held": n == 32 and same >= DRAFT8_FIX_MIN_IDENTICAL})
+    sessions = ", ".join(sorted({str(x) for x in runs["gpu_session"]}, key=analysis.session_key))
+    for eng, (tag, planned) in DRAFT8_PROBE_PLANNED.items():
+        n = measured.get(eng, 0)
+        rows.append({"run": f"{matrix}/{eng}", "gpu_session": sessions, "engine": eng,
+                     "prediction": f"{tag} runs measured of those planned", "predicted": str(planned),
+                     "measured": str(n), "held": n >= planned})
+    want = DRAFT8_PROBE_PLANNED["d8p-fix-greedy-c32"][1]
+    rows.append({"run": f"{matrix}/greedy pairs", "gpu_session": sessions, "engine": "d8p-fix-greedy-c32",
+                 "prediction": "(c) greedy pairs measured of those planned", "predicted": str(want),
+                 "measured": str(pairs), "held": pairs >= want})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def models_shape() -> tuple:
+    """(layers, KV heads, head_dim) of the published draft (``models.PUBLISHED_DRAFT``)."""
+    from . import models
+
+    pub = models.PUBLISHED_DRAFT["shape"]
+    return (pub["layers"], pub["kv_heads"], pub["head_dim"])
 
 
 def draft8_snapshots(df, matrix: str = DRAFT8_MATRIX, data_dir: str = "data"):

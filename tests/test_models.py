@@ -338,3 +338,96 @@ def test_load_runs_keeps_the_published_drafts_lines_apart_unless_asked(root, tmp
     pattern = str(tmp_path / "*.jsonl")
     assert list(analysis.load_runs(pattern)["run_id"]) == [line["run_id"]]
     assert list(analysis.load_runs(pattern, published_draft=True)["run_id"]) == [line["run_id"], d8["run_id"]]
+
+
+def _draft8_probe_lines(stock="crash", fix="ok", greedy=("ok",) * 3, pw=("ok",) * 3, drafts=(8800, 8800),
+                        differ=(0, 1, 2), layers=8):
+    """draft8-probe-c32-tp1 in small, run ids as the runner writes them: stock and the fix probed (one run each, 0.7),
+    then the greedy pair's engines (3 rounds each, digests); ``drafts``: the fix's and PIECEWISE's draft counts."""
+    import pandas as pd
+
+    draft = dict(models.PUBLISHED_DRAFT["shape"], layers=layers)
+    rows = []
+
+    def add(engine, tag, i, outcome, **kw):
+        rows.append({"matrix": "draft8-probe-c32-tp1", "file": "2026-12-08_h200_draft8-probe-c32-tp1.jsonl",
+                     "gpu_session": "2026-12-08-s73", "run_id": f"{engine}/c32/{tag}r{i}", "engine_id": engine,
+                     "attempt": 1, "concurrency": 32, "round": i, "outcome": outcome, "crashed": outcome == "crash",
+                     "requests_completed": 32 if outcome == "ok" else 3, "target": {"name": "qwen36-35b-a3b-draft8"},
+                     "draft": draft, "cudagraph_mode": "FULL_AND_PIECEWISE", "fix": False, "temperature": 0.7,
+                     "output_digests": None, "spec_decode_metrics": None, **kw})
+
+    add("d8p-stock-probe-c32", "", 0, stock, probe=True)
+    add("d8p-fix-probe-c32", "", 0, fix, probe=True, fix=True)
+    for i, o in enumerate(greedy):
+        n = differ[i] if i < len(differ) else 0
+        add("d8p-fix-greedy-c32", "greedy-", i, o, fix=True, temperature=0.0, output_digests=["x"] * n + ["a"] * (32 - n),
+            spec_decode_metrics={"num_drafts": drafts[0]})
+    for i, o in enumerate(pw):
+        add("d8p-piecewise-greedy-c32", "greedy-", i, o, cudagraph_mode="PIECEWISE", temperature=0.0,
+            output_digests=["a"] * 32, spec_decode_metrics={"num_drafts": drafts[1]})
+    return pd.DataFrame(rows)
+
+
+def _draft8_probes(stock_layers=("L7 attn", "L8 gdn"), stock_first=3, stock_nan=273.0, fix_div=0, fix_max=0.0,
+                   fix_full=283, fix_err=0, missing=()):
+    """verification.probe_table's rows for the two probed engines (only the columns the judge reads)."""
+    import pandas as pd
+
+    rows = [{"session": "2026-12-08_h200_draft8-probe-c32-tp1", "engine": "d8p-stock-probe-c32.a1", "FULL steps": 274,
+             "FULL steps diverging": 274, "FULL steps ended by an error": 0, "first FULL step": 3,
+             "first diverging step": float(stock_first), "last layer written identically": stock_layers[0],
+             "first layer written differently": stock_layers[1], "first NaN step": stock_nan, "max |output diff|": 5.6},
+            {"session": "2026-12-08_h200_draft8-probe-c32-tp1", "engine": "d8p-fix-probe-c32.a1", "FULL steps": fix_full,
+             "FULL steps diverging": fix_div, "FULL steps ended by an error": fix_err, "first FULL step": 3,
+             "first diverging step": float("nan"), "last layer written identically": None,
+             "first layer written differently": None, "first NaN step": float("nan"), "max |output diff|": fix_max}]
+    return pd.DataFrame([r for r in rows if r["engine"].split(".")[0] not in missing])
+
+
+def test_draft8_probe_predictions_hold_on_the_predicted_runs_and_each_can_fail():
+    from dflash_lab import verification as V
+
+    t = V.draft8_probe_predictions(_draft8_probe_lines(), _draft8_probes())
+    assert t["held"].all(), t[~t["held"].astype(bool)]
+    tags = t["prediction"].str.split(" ").str[0]
+    assert dict(tags.value_counts()) == {"(0)": 8, "(a)": 2, "(b)": 2, "(c)": 6 + 6 + 3}
+    # stock completing but its probe recording NaN still holds (a); completing without NaN does not
+    assert V.draft8_probe_predictions(_draft8_probe_lines(stock="ok"), _draft8_probes())["held"].all()
+    for lines, probes, failed in [
+            (dict(stock="ok"), dict(stock_nan=float("nan")), {"(a)"}),
+            ({}, dict(stock_layers=("L15 attn", "L16 gdn")), {"(a)"}),
+            ({}, dict(stock_first=40), {"(a)"}),
+            ({}, dict(missing=("d8p-stock-probe-c32",)), {"(a)"}),
+            (dict(layers=5), {}, {"(0)"}),
+            (dict(fix="crash"), {}, {"(b)"}), ({}, dict(fix_div=1), {"(b)"}), ({}, dict(fix_max=0.0039), {"(b)"}),
+            ({}, dict(fix_full=150), {"(b)"}), ({}, dict(fix_err=1), {"(b)"}),
+            (dict(drafts=(8800, 8802)), {}, {"(c)"}), (dict(differ=(0, 3, 0)), {}, {"(c)"}),
+            (dict(pw=("ok", "ok", "crash")), {}, {"(c)"}), (dict(greedy=("ok", "ok")), {}, {"(c)"})]:
+        bad = V.draft8_probe_predictions(_draft8_probe_lines(**lines), _draft8_probes(**probes))
+        got = set(bad.loc[~bad["held"].fillna(True).astype(bool), "prediction"].str.split(" ").str[0])
+        assert got == failed, (lines, probes, got)
+    cut = V.draft8_probe_predictions(_draft8_probe_lines(fix="startup_error"), _draft8_probes())
+    assert cut["held"].isna().sum() == 1
+    assert not cut[cut["run"] == "draft8-probe-c32-tp1/d8p-fix-probe-c32"]["held"].iloc[0]
+    assert V.draft8_probe_predictions(_draft8_probe_lines().iloc[:0]).empty   # not run yet: nothing to judge
+
+
+def test_a_published_draft_probe_log_stays_out_of_the_default_probe_table(tmp_path, monkeypatch):
+    import json
+
+    from dflash_lab import analysis, verification as V
+
+    monkeypatch.chdir(tmp_path)
+    stem = "2099-01-01_h200_x-tp1"
+    (tmp_path / "data" / "runs").mkdir(parents=True)
+    line = {"run_id": "e/c32/r0", "engine_id": "e", "attempt": 1, "outcome": "ok", "target": {"name": "qwen36-35b-a3b-draft8"}}
+    (tmp_path / "data" / "runs" / f"{stem}.jsonl").write_text(json.dumps(line) + "\n")
+    log = tmp_path / "data" / "gpu" / stem / "e.a1.probe" / "probe-1.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text("")
+    assert V._apart_probe(str(log.relative_to(tmp_path)), "e.a1")
+    assert not V._apart_probe(str(log.relative_to(tmp_path)), "other.a1")
+    (tmp_path / "data" / "runs" / f"{stem}.jsonl").write_text(json.dumps(dict(line, target={"name": "qwen36-35b-a3b"})) + "\n")
+    assert not V._apart_probe(str(log.relative_to(tmp_path)), "e.a1")
+    assert analysis.APART_TARGETS == ("qwen36-35b-a3b-draft8",)

@@ -234,16 +234,31 @@ def test_greedy_pair_evidence_rounds_and_output_forms(tmp_path):
         ("pw", pw, 1, [b, c, b], [la, la, la], 101)])
     ev = V.pair_evidence(df, "s", data_dir=str(tmp_path)).set_index("run")
     r0 = ev.loc["fx/c3/greedy-r0"]
-    assert r0["identical requests"] == "1/3" and r0["drafts (FULL, reference)"] == "100, 104"
+    assert r0["identical requests"] == "1/3" and (r0["drafts (FULL)"], r0["drafts (reference)"]) == (100, 104)
     assert r0["differing requests part at"] == "1" and r0["tokens there (FULL/reference)"] == "5/9, 9/5"
+    # slots drawing independently: FULL gives a 1/3 and b 2/3, the reference a 1/3 and b 2/3: (1/9 + 4/9) x 3
+    assert r0["identical if slots drew independently"] == pytest.approx(5 / 3, abs=0.01)
     # along the common prefixes (request 1 whole: 0.05 at position 1; request 0 and 2 only position 0: 0.0005)
     assert r0["max |dlogprob| vs reference"] == pytest.approx(0.05)
+    assert r0["floor within the FULL run"] == pytest.approx(0.05) and r0["floor within the reference run"] == pytest.approx(0.0005)
     r1 = ev.loc["fx/c3/greedy-r1"]
     assert r1["identical requests"] == "2/3" and r1["tokens there (FULL/reference)"] == "9/7"
-    # rounds of one engine against each other: the repeatability floor
-    ra = V.round_agreement(df, "s").set_index("engine")
+    # a run line without vLLM's counters: no KeyError, its drafts not recorded
+    df2 = df.copy()
+    df2.loc[df2["run_id"] == "pw/c3/greedy-r0", "spec_decode_metrics"] = None
+    assert pd.isna(V.pair_evidence(df2, "s", data_dir=str(tmp_path)).set_index("run").loc["fx/c3/greedy-r0",
+                                                                                          "drafts (reference)"])
+    assert len(V.pair_evidence(df2.drop(columns="spec_decode_metrics"), "s", data_dir=str(tmp_path))) == 2
+    # rounds of one engine against each other: the repeatability floor (greedy runs only)
+    hot = df[df["run_id"] == "fx/c3/greedy-r1"].assign(run_id="fx/c3/r5", round=5, temperature=0.7)
+    ra = V.round_agreement(pd.concat([df, hot], ignore_index=True), "s").set_index("engine")
     assert ra.loc["fx.a1", "identical requests"] == "2/3" and ra.loc["pw.a1", "identical requests"] == "1/3"
-    assert ra.loc["pw.a1", "mode"] == "stock, PIECEWISE"
+    assert ra.loc["pw.a1", "mode"] == "stock, PIECEWISE" and len(ra) == 2
+    # what each slot emitted at position 1, with the target's log-probability of it
+    lp = V.logprobs_at(df, "s", data_dir=str(tmp_path))
+    assert set(zip(lp["token"], lp["log-probability"], lp["requests"])) == {(9, -0.2, 8), (5, -0.2, 2), (9, -0.25, 1),
+                                                                          (7, -0.2, 1)}
+    assert set(lp["tokens before it"]) == {"5"}
     # each run's distinct outputs as runs of one token, most frequent first, with their slots
     f = V.output_forms(df, "s", data_dir=str(tmp_path))
     f0 = f[f["run"] == "fx/c3/greedy-r0"]
@@ -252,7 +267,8 @@ def test_greedy_pair_evidence_rounds_and_output_forms(tmp_path):
     assert "5x1 7x3" in set(f["output"])
     # nothing recorded: empty tables with their columns
     none = df.assign(gpu_session="t")
-    for t in (V.pair_evidence(none, "s"), V.round_agreement(none, "s"), V.output_forms(none, "s")):
+    for t in (V.pair_evidence(none, "s"), V.round_agreement(none, "s"), V.output_forms(none, "s"),
+              V.logprobs_at(none, "s")):
         assert t.empty and len(t.columns)
 
 
@@ -262,6 +278,14 @@ def test_draft8_fix_outputs_on_the_recorded_session():
     ev = V.pair_evidence(d8, "2026-12-06-s72")
     assert sorted(int(x.split("/")[0]) for x in ev["identical requests"]) == [21, 23, 26]
     assert set(ev["differing requests part at"]) == {"1"}
+    # at chance: what slots drawing independently would give (s15's aligned draws gave 31-32 against ~22-26)
+    assert (abs(ev["identical requests"].str.split("/").str[0].astype(int)
+                - ev["identical if slots drew independently"]) < 1).all()
+    s15 = V.pair_evidence(analysis.load_runs(), "2026-11-30-s15")
+    s15 = s15[s15["identical requests"].str.endswith("/32")]
+    assert (s15["identical if slots drew independently"] < 27).all() and (s15["drafts (FULL)"] - s15["drafts (reference)"]).abs().max() <= 1
+    lp = V.logprobs_at(d8, "2026-12-06-s72")
+    assert list(zip(lp["token"], lp["log-probability"], lp["requests"])) == [(130155, -12.43525, 164), (201, -12.05768, 28)]
     ra = V.round_agreement(d8, "2026-12-06-s72")
     assert len(ra) == 6 and set(ra["concurrency"]) == {32}
     f = V.output_forms(d8, "2026-12-06-s72")
