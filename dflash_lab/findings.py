@@ -117,9 +117,12 @@ def _write_findings(root: Path, out: Path) -> Path:
     from .models import PUBLISHED_DRAFT
 
     pub = PUBLISHED_DRAFT["shape"]
+    d8_runs = analysis.load_runs(published_draft=True)
+    d8_fix = verification.draft8_fix_predictions(d8_runs)
+    d8_std = d8_fix[d8_fix["prediction"].str.startswith("(standard)")] if len(d8_fix) else d8_fix
     ran_pub = draft8_gpu_clause([r for _, _, r in analysis.recorded_lines("data/runs/*.jsonl")
-                                 if r.get("matrix") == verification.DRAFT8_MATRIX],
-                                verification.draft8_fix_predictions(analysis.load_runs(published_draft=True)))
+                                 if r.get("matrix") == verification.DRAFT8_MATRIX], d8_fix,
+                                verification.pair_evidence(d8_runs, d8_std["gpu_session"].iloc[0]) if len(d8_std) else None)
     same_split = (kvgroups.reusing_layers(kvgroups.hybrid_layers(draft_layers=pub["layers"],
                                                                  draft_attn=(pub["kv_heads"], pub["head_dim"])))
                   == kvgroups.reusing_layers(kvgroups.hybrid_layers(draft_layers=5)) != [])
@@ -342,13 +345,14 @@ def _absent_because(r: dict) -> str:
     return why + ("; the DFlash input kernel is gone too" if r.get("dflash input kernel", "") is None else "")
 
 
-def draft8_gpu_clause(lines: list[dict], fix_standard=None) -> str:
+def draft8_gpu_clause(lines: list[dict], fix_standard=None, pairs=None) -> str:
     """What the GPU runs with the published draft's shape (``matrices/draft8-c32-tp1.yaml``'s run lines) measured, per
     engine, for the root-cause sentence (inside its parentheses); "" while none is recorded. Runs that measured nothing
     (a start-up error, a deadline cut) are not counted. Stock's crashes are split by session where there are several,
     and the fix's runs are counted per session, naming whether that session's stock crashed (the fix-claim standard's
     control). ``fix_standard``: :func:`verification.draft8_fix_predictions`'s table (``draft8-fix-c32-tp1``, the
-    standard with this shape), said as not run while empty."""
+    standard with this shape), said as not run while empty; ``pairs``: :func:`verification.pair_evidence` of its
+    session, which says where its greedy pairs' runs came after their engines' starts."""
     from . import verification
 
     if not lines:
@@ -387,11 +391,35 @@ def draft8_gpu_clause(lines: list[dict], fix_standard=None) -> str:
     missing = [name for name, rs in (("the fix", fix), ("PIECEWISE", pw)) if not rs]
     return (f"on the GPU, in session{'s' if len(sessions) > 1 else ''} {' and '.join(sessions)}, " + "; ".join(out)
             + (f"; {' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} not run with it" if missing else "")
-            + _fix_standard_clause(fix_standard) + "; notebook 03")
+            + _fix_standard_clause(fix_standard, pairs) + "; notebook 03")
 
 
-def _fix_standard_clause(t) -> str:
-    """The fix-claim standard with the published draft's shape (``draft8-fix-c32-tp1``), from its judged table."""
+def _pair_places(pairs) -> str:
+    """Where a failed greedy comparison's runs came after their engines' starts, when the two sides differ: the
+    synthetic acceptance draws from one generator seeded at engine start, so such pairs compared different draws."""
+    col = "runs before it on its engine (FULL, reference)"
+    if pairs is None or not len(pairs) or col not in pairs:
+        return ""
+    places = [tuple(int(v) for v in x.split(", ")) for x in pairs[col] if "None" not in x]
+    if not places or all(a == b for a, b in places):
+        return ""
+    span = lambda xs: f"{min(xs)}-{max(xs)}" if min(xs) != max(xs) else str(xs[0])   # noqa: E731
+    return (f" (its paired runs came {span([a for a, _ in places])} runs after the fixed engine's start and "
+            f"{span([b for _, b in places])} after PIECEWISE's, so they compared different synthetic-acceptance draws)")
+
+
+def _verdict(x) -> bool | None:
+    """A prediction table's ``held`` as True, False or None (None, NaN or pd.NA: not judged); numpy's bools too."""
+    import pandas as pd
+
+    if x is None or (not isinstance(x, (bool, int)) and pd.isna(x)):
+        return None
+    return bool(x)
+
+
+def _fix_standard_clause(t, evidence=None) -> str:
+    """The fix-claim standard with the published draft's shape (``draft8-fix-c32-tp1``), from its judged table and
+    (``evidence``) :func:`verification.pair_evidence` of its session."""
     from . import verification
 
     name = verification.DRAFT8_FIX_MATRIX
@@ -401,16 +429,24 @@ def _fix_standard_clause(t) -> str:
         return f"; the fix-claim standard with it ({name}: 10 runs, outputs compared) has not run"
     std = t[t["prediction"].str.startswith("(standard)")].iloc[0]
     d = t[t["prediction"].str.startswith("(d) the greedy")]
+    planned = t[t["prediction"].str.startswith("(d) greedy pairs measured")]
     pairs = list(d["measured"])
     each = ", ".join(pairs)
+    judged = [_verdict(x) for x in d["held"]]
+    all_planned = not len(planned) or _verdict(planned["held"].iloc[0]) is True   # the row draft8_fix_predictions adds
     if not pairs:
         outputs = "no greedy pair compared, so the output part is not met"
-    elif all(bool(x) for x in d["held"]):
+    elif None in judged:   # None or NaN: not judged
+        outputs = (f"greedy pairs with PIECEWISE {each} requests token-identical, not all judged, so the output part "
+                   "is undecided")
+    elif all(judged):
         outputs = (f"greedy pairs with PIECEWISE {each} requests token-identical, as predicted (>= "
-                   f"{verification.DRAFT8_FIX_MIN_IDENTICAL} of 32)")
+                   f"{verification.DRAFT8_FIX_MIN_IDENTICAL} of 32)"
+                   + ("" if all_planned else f", but only {len(pairs)} of the planned pairs measured"))
     else:
         outputs = (f"greedy pairs with PIECEWISE {each} requests token-identical, short of the predicted "
-                   f"{verification.DRAFT8_FIX_MIN_IDENTICAL} of 32, so the output part is not met as pre-registered")
+                   f"{verification.DRAFT8_FIX_MIN_IDENTICAL} of 32, so the output part is not met as pre-registered"
+                   + _pair_places(evidence))
     return (f"; the fix-claim standard with it ({name}, session {analysis.short_session(std['gpu_session'])}): "
             f"fixed runs beside a crashed stock control {std['measured']} (the count "
             f"{'met' if std['held'] else 'not met'}), {outputs}")

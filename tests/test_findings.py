@@ -727,6 +727,20 @@ def test_the_root_cause_sentence_says_what_the_published_drafts_gpu_runs_measure
     assert findings.draft8_gpu_clause(s70, short_pair).endswith(
         "(the count met), greedy pairs with PIECEWISE 32/32, 21/32 requests token-identical, short of the predicted "
         "30 of 32, so the output part is not met as pre-registered; notebook 03")
+    # where the failed pairs' runs came after their engines' starts, when the two sides differ (different draws)
+    places = pd.DataFrame({"runs before it on its engine (FULL, reference)": ["10, 0", "11, 1", "12, 2"]})
+    assert findings.draft8_gpu_clause(s70, short_pair, places).endswith(
+        "not met as pre-registered (its paired runs came 10-12 runs after the fixed engine's start and 0-2 after "
+        "PIECEWISE's, so they compared different synthetic-acceptance draws); notebook 03")
+    same = pd.DataFrame({"runs before it on its engine (FULL, reference)": ["0, 0", "1, 1"]})
+    assert findings.draft8_gpu_clause(s70, short_pair, same) == findings.draft8_gpu_clause(s70, short_pair)
+    # a pair not judged (None): undecided, never "as predicted"; pairs short of those planned are said
+    undecided = judged.assign(held=[True, None, True])
+    assert "not all judged, so the output part is undecided; notebook 03" in findings.draft8_gpu_clause(s70, undecided)
+    planned = pd.DataFrame([{"prediction": "(d) greedy pairs measured of those planned", "measured": "2",
+                             "gpu_session": "x-s72", "held": False}])
+    assert findings.draft8_gpu_clause(s70, pd.concat([judged, planned], ignore_index=True)).endswith(
+        "as predicted (>= 30 of 32), but only 2 of the planned pairs measured; notebook 03")
     # no pair compared (a greedy engine cut): the count alone is not the standard
     no_pair = judged[judged["prediction"].str.startswith("(standard)")].assign(
         measured="9 completed, 0 not completed", held=False)
