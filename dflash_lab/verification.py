@@ -1569,6 +1569,53 @@ DRAFT8_FIX_ACCEPTANCE = (1.8, 1.9)   # (b): vLLM's mean acceptance length on eac
 DRAFT8_FIX_MIN_SHARE = 0.95          # (b): drafts x mean acceptance length / output tokens (drafting throughout)
 
 
+def _judged_lines(runs, planned: dict, matrix: str, rows: list, measured: dict, order: list):
+    """The per-line part every published-draft judge shares: for each run line of ``runs`` (in ``order``) add its (0)
+    row (the published draft's shape), list a line that measured nothing (a start-up error, a deadline cut) as not
+    judged, count the others per engine in ``measured``, and yield (line, add, concurrency, complete, done) for them:
+    ``add(tag, what, predicted, measured, held)`` appends a row of that line. An engine ``planned`` does not name is an
+    error."""
+    from .errors import LabError
+
+    pub = models_shape()
+    for _, r in runs.sort_values(order).iterrows():
+        r = dict(r)
+        label = f"{r['file'][: -len('.jsonl')]}/{r['run_id']}"
+        c = int(r["concurrency"])
+
+        def add(tag, what, pred, meas, held, r=r, label=label):
+            rows.append({"run": label, "gpu_session": r["gpu_session"], "engine": r["engine_id"],
+                         "prediction": f"{tag} {what}", "predicted": pred, "measured": meas, "held": held})
+
+        if r["engine_id"] not in planned:
+            raise LabError(f"{label}: engine {r['engine_id']!r} is not one of {matrix}'s")
+        shape = _draft_shape(r)
+        add("(0)", "the draft's shape (layers, KV heads, head_dim)", str(pub), str(shape), shape == pub)
+        if r["outcome"] == "startup_error" or analysis.is_deadline_cut(r):
+            add(planned[r["engine_id"]][0], "not judged: the run measured nothing", "-",
+                "start-up error" if r["outcome"] == "startup_error" else "cut by the runner's deadline", None)
+            continue
+        measured[r["engine_id"]] = measured.get(r["engine_id"], 0) + 1
+        done = f"{r['outcome']}, {int(r.get('requests_completed') or 0)} of {c} requests"
+        yield r, add, c, r["outcome"] == "ok" and int(r.get("requests_completed") or 0) == c, done
+
+
+def _planned_rows(runs, planned: dict, matrix: str, rows: list, measured: dict, pairs: tuple) -> str:
+    """The judges' closing rows: per engine, runs measured of those planned, then greedy pairs measured of those
+    planned (``pairs``: tag, engine, planned, measured). Returns the sessions' label they carry."""
+    sessions = ", ".join(sorted({str(x) for x in runs["gpu_session"]}, key=analysis.session_key))
+    for eng, (tag, want) in planned.items():
+        n = measured.get(eng, 0)
+        rows.append({"run": f"{matrix}/{eng}", "gpu_session": sessions, "engine": eng,
+                     "prediction": f"{tag} runs measured of those planned", "predicted": str(want),
+                     "measured": str(n), "held": n >= want})
+    tag, eng, want, n = pairs
+    rows.append({"run": f"{matrix}/greedy pairs", "gpu_session": sessions, "engine": eng,
+                 "prediction": f"{tag} greedy pairs measured of those planned", "predicted": str(want),
+                 "measured": str(n), "held": n >= want})
+    return sessions
+
+
 def draft8_fix_predictions(df, matrix: str = DRAFT8_FIX_MATRIX):
     """``matrices/draft8-fix-c32-tp1.yaml``'s predictions, written in its header before any run (s71), judged per run
     line: (0) the published draft's shape; (a) the stock control crashes, its core naming the DFlash input kernel or a
@@ -1581,37 +1628,18 @@ def draft8_fix_predictions(df, matrix: str = DRAFT8_FIX_MATRIX):
     the published draft's lines (``analysis.load_runs(published_draft=True)``)."""
     import pandas as pd
 
-    from . import discriminate, models
-    from .errors import LabError
+    from . import discriminate
 
     cols = ["run", "gpu_session", "engine", "prediction", "predicted", "measured", "held"]
     runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
     if not len(runs):
         return pd.DataFrame(columns=cols)
-    pub = models.PUBLISHED_DRAFT["shape"]
-    want = (pub["layers"], pub["kv_heads"], pub["head_dim"])
     lo, hi = DRAFT8_FIX_ACCEPTANCE
     stock_crashed = {r["gpu_session"] for _, r in runs.iterrows()
                      if r["engine_id"] == "d8f-stock-control-c32" and bool(r["crashed"])}
     rows, measured, fixed_ok = [], {}, {}
-    for _, r in runs.sort_values(["gpu_session", "file", "started_at"]).iterrows():
-        r = dict(r)
-        label = f"{r['file'][: -len('.jsonl')]}/{r['run_id']}"
-        c = int(r["concurrency"])
-        add = lambda tag, what, pred, meas, held: rows.append(  # noqa: E731
-            {"run": label, "gpu_session": r["gpu_session"], "engine": r["engine_id"], "prediction": f"{tag} {what}",
-             "predicted": pred, "measured": meas, "held": held})
-        if r["engine_id"] not in DRAFT8_FIX_PLANNED:
-            raise LabError(f"{label}: engine {r['engine_id']!r} is not one of {matrix}'s")
-        shape = _draft_shape(r)
-        add("(0)", "the draft's shape (layers, KV heads, head_dim)", str(want), str(shape), shape == want)
-        if r["outcome"] == "startup_error" or analysis.is_deadline_cut(r):
-            add(DRAFT8_FIX_PLANNED[r["engine_id"]][0], "not judged: the run measured nothing", "-",
-                "start-up error" if r["outcome"] == "startup_error" else "cut by the runner's deadline", None)
-            continue
-        measured[r["engine_id"]] = measured.get(r["engine_id"], 0) + 1
-        complete = r["outcome"] == "ok" and int(r.get("requests_completed") or 0) == c
-        done = f"{r['outcome']}, {int(r.get('requests_completed') or 0)} of {c} requests"
+    for r, add, c, complete, done in _judged_lines(runs, DRAFT8_FIX_PLANNED, matrix, rows, measured,
+                                                   ["gpu_session", "file", "started_at"]):
         if r["engine_id"] == "d8f-stock-control-c32":
             kernel = fault_kernel(r)
             add("(a)", "the stock control crashes, its core naming the DFlash input kernel or triton_poi_fused_N",
@@ -1643,15 +1671,8 @@ def draft8_fix_predictions(df, matrix: str = DRAFT8_FIX_MATRIX):
                          "prediction": "(d) the greedy pair's token-identical requests",
                          "predicted": f">= {DRAFT8_FIX_MIN_IDENTICAL} of 32", "measured": a["identical requests"],
                          "held": n == 32 and same >= DRAFT8_FIX_MIN_IDENTICAL})
-    sessions = ", ".join(sorted({str(x) for x in runs["gpu_session"]}, key=analysis.session_key))
-    for eng, (tag, planned) in DRAFT8_FIX_PLANNED.items():
-        n = measured.get(eng, 0)
-        rows.append({"run": f"{matrix}/{eng}", "gpu_session": sessions, "engine": eng,
-                     "prediction": f"{tag} runs measured of those planned", "predicted": str(planned),
-                     "measured": str(n), "held": n >= planned})
-    rows.append({"run": f"{matrix}/greedy pairs", "gpu_session": sessions, "engine": "d8f-fix-c32",
-                 "prediction": "(d) greedy pairs measured of those planned", "predicted": str(DRAFT8_FIX_PAIRS),
-                 "measured": str(pairs), "held": pairs >= DRAFT8_FIX_PAIRS})
+    sessions = _planned_rows(runs, DRAFT8_FIX_PLANNED, matrix, rows, measured,
+                             ("(d)", "d8f-fix-c32", DRAFT8_FIX_PAIRS, pairs))
     # the standard: in one session whose stock control crashed, at least 10 fixed runs, every one complete (a crash,
     # a hang or a request short counts against it; a start-up error or a deadline cut measured nothing)
     met = {x: fixed_ok.get(x, (0, 0)) for x in stock_crashed}
@@ -1693,34 +1714,15 @@ def draft8_probe_predictions(df, probes=None, matrix: str = DRAFT8_PROBE_MATRIX)
 
     import pandas as pd
 
-    from .errors import LabError
-
     cols = ["run", "gpu_session", "engine", "prediction", "predicted", "measured", "held"]
     runs = df[df["matrix"] == matrix] if len(df) and "matrix" in df else df.iloc[:0]
     if not len(runs):
         return pd.DataFrame(columns=cols)
     if probes is None:
         probes = probe_table(runs, sessions=sorted({f[: -len(".jsonl")] for f in runs["file"]}))
-    pub = models_shape()
     rows, measured = [], {}
-    for _, r in runs.sort_values(["gpu_session", "file", "engine_id", "round"]).iterrows():
-        r = dict(r)
-        label = f"{r['file'][: -len('.jsonl')]}/{r['run_id']}"
-        c = int(r["concurrency"])
-        add = lambda tag, what, pred, meas, held: rows.append(  # noqa: E731
-            {"run": label, "gpu_session": r["gpu_session"], "engine": r["engine_id"], "prediction": f"{tag} {what}",
-             "predicted": pred, "measured": meas, "held": held})
-        if r["engine_id"] not in DRAFT8_PROBE_PLANNED:
-            raise LabError(f"{label}: engine {r['engine_id']!r} is not one of {matrix}'s")
-        shape = _draft_shape(r)
-        add("(0)", "the draft's shape (layers, KV heads, head_dim)", str(pub), str(shape), shape == pub)
-        if r["outcome"] == "startup_error" or analysis.is_deadline_cut(r):
-            add(DRAFT8_PROBE_PLANNED[r["engine_id"]][0], "not judged: the run measured nothing", "-",
-                "start-up error" if r["outcome"] == "startup_error" else "cut by the runner's deadline", None)
-            continue
-        measured[r["engine_id"]] = measured.get(r["engine_id"], 0) + 1
-        complete = r["outcome"] == "ok" and int(r.get("requests_completed") or 0) == c
-        done = f"{r['outcome']}, {int(r.get('requests_completed') or 0)} of {c} requests"
+    for r, add, c, complete, done in _judged_lines(runs, DRAFT8_PROBE_PLANNED, matrix, rows, measured,
+                                                   ["gpu_session", "file", "engine_id", "round"]):
         if r["engine_id"] in ("d8p-stock-probe-c32", "d8p-fix-probe-c32"):
             p = probes[(probes["session"] == r["file"][: -len(".jsonl")])
                        & (probes["engine"] == f"{r['engine_id']}.a{int(r['attempt'])}")] if len(probes) else probes
@@ -1765,16 +1767,8 @@ def draft8_probe_predictions(df, probes=None, matrix: str = DRAFT8_PROBE_MATRIX)
             rows.append({**base, "prediction": "(c) the greedy pair's token-identical requests",
                          "predicted": f">= {DRAFT8_FIX_MIN_IDENTICAL} of 32", "measured": a["identical requests"],
                          "held": n == 32 and same >= DRAFT8_FIX_MIN_IDENTICAL})
-    sessions = ", ".join(sorted({str(x) for x in runs["gpu_session"]}, key=analysis.session_key))
-    for eng, (tag, planned) in DRAFT8_PROBE_PLANNED.items():
-        n = measured.get(eng, 0)
-        rows.append({"run": f"{matrix}/{eng}", "gpu_session": sessions, "engine": eng,
-                     "prediction": f"{tag} runs measured of those planned", "predicted": str(planned),
-                     "measured": str(n), "held": n >= planned})
-    want = DRAFT8_PROBE_PLANNED["d8p-fix-greedy-c32"][1]
-    rows.append({"run": f"{matrix}/greedy pairs", "gpu_session": sessions, "engine": "d8p-fix-greedy-c32",
-                 "prediction": "(c) greedy pairs measured of those planned", "predicted": str(want),
-                 "measured": str(pairs), "held": pairs >= want})
+    _planned_rows(runs, DRAFT8_PROBE_PLANNED, matrix, rows, measured,
+                  ("(c)", "d8p-fix-greedy-c32", DRAFT8_PROBE_PLANNED["d8p-fix-greedy-c32"][1], pairs))
     return pd.DataFrame(rows, columns=cols)
 
 
