@@ -382,7 +382,7 @@ def output_agreement(df, session: str, reference: str = "PIECEWISE"):
                      "concurrency": int(r["concurrency"]), "temperature": r["temperature"],
                      "identical requests": f"{same}/{n}", "all identical": same == n,
                      # every request of a run has the same prompt: more than one distinct output inside one run
-                     # is the engine's own batch-position noise, the floor for any cross-engine comparison
+                     # comes from each slot's own synthetic-acceptance draws (s72, logprobs_at) and any batch noise
                      "distinct outputs in the run": len(set(a)), "distinct outputs in the reference run": len(set(b))})
     return pd.DataFrame(rows)
 
@@ -637,8 +637,8 @@ def logprob_agreement(df, session: str, reference: str = "PIECEWISE", data_dir: 
 def token_divergence(df, session: str, reference: str = "PIECEWISE", data_dir: str = "data"):
     """Where the outputs of :func:`output_agreement`'s differing requests part: request, the first output
     position whose token differs, the tokens there, and how many distinct token ids the request produced
-    (dummy weights give near-flat logits: greedy decoding repeats one or two tokens, and a near-tie flips
-    with batch numerics)."""
+    (dummy weights give near-flat logits: greedy decoding repeats one or two tokens, and a synthetic acceptance that
+    takes a draft token where the target's argmax would differ changes the output: :func:`logprobs_at`)."""
     import pandas as pd
 
     rows = []
