@@ -769,14 +769,14 @@ def test_oor_table_reads_the_recorded_probes():
     # runner's deadline cut it; s54's second repeat (call B) again, cut 23 s after step 295; s56's fourth attempt and its
     # ledger run again, and s57's two runs of the second ledger matrix that stopped (its crash came at its row-0 step),
     # and s58's r0 and r2 of probe-hang-c24-tp1 (its r1 crashed at its row-0 step, 281), and s62's K=3 run of the
-    # admission gate's test (its K=4 and K=1 runs crashed at their row-0 steps, 281 and 285)
+    # admission gate's test (its K=4 and K=1 runs crashed at their row-0 steps, 281 and 285), and s72's K=2 run of it
     conf = V.confirmed_cuts(V.oor_core_predictions(t, D.load_probe))
     assert V.row0_rule(t, up_to_session=V.ROW0_HELD_UNTIL, confirmed=conf)["holds"]
     r51 = V.row0_rule(t, confirmed=conf)
-    assert not r51["holds"] and len(r51["passed"]) == 10 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
+    assert not r51["holds"] and len(r51["passed"]) == 11 and r51["at row-0 step"] + len(r51["confirmed cut"]) == r51["crashes"]
     assert sorted(r51["passed"]["matrix"]) == sorted([V.PROBE_C24_MATRIX] + [V.PROBE_HANG_MATRIX] * 5 + [
-        V.PROBE_HANG_LEDGER_MATRICES[0]] + [V.PROBE_HANG_LEDGER_MATRICES[1]] * 2 + [V.ADMIT_C24_MATRIX])
-    for i in range(10):
+        V.PROBE_HANG_LEDGER_MATRICES[0]] + [V.PROBE_HANG_LEDGER_MATRICES[1]] * 2 + [V.ADMIT_C24_MATRIX] * 2)
+    for i in range(11):
         assert (r51["passed"][["concurrency", "outcome", "row-0 step", "row-0 how", "last step"]].iloc[i].tolist()
                 == ["24", "timeout", 281, "sampled", 295])
     # s44: the pre-registered row-0 test, 4 runs, every prediction held; each row0 run's request in row 0 changed
