@@ -427,11 +427,11 @@ def pair_evidence(df, session: str, reference: str = "PIECEWISE", data_dir: str 
     if not len(ag):
         return pd.DataFrame(columns=cols)
     drafts, chance, before = {}, {}, {}
-    pos = lambda x: int(x["position"]) if "position" in x and x["position"] == x["position"] else None   # noqa: E731
+    place = lambda x: int(x["position"]) if "position" in x and x["position"] == x["position"] else None   # noqa: E731
     for r, m in _paired_runs(df, session, reference):
         key = (r["run_id"], m.iloc[0]["run_id"])
         drafts[key] = (_drafts(r), _drafts(m.iloc[0]))
-        before[key] = (pos(r), pos(m.iloc[0]))
+        before[key] = (place(r), place(m.iloc[0]))
         chance[key] = _chance_identical(output_tokens(r, data_dir), output_tokens(m.iloc[0], data_dir))
     div = token_divergence(df, session, reference, data_dir)
     lp = logprob_agreement(df, session, reference, data_dir)
@@ -459,8 +459,9 @@ def pair_evidence(df, session: str, reference: str = "PIECEWISE", data_dir: str 
 def output_forms(df, session: str, data_dir: str = "data"):
     """Every run of ``session`` that recorded its token ids: its distinct outputs, each as runs of one token
     ("201x2 130155x510") with the batch slots that gave it. Every request of a runner run has the same prompt, so more
-    than one form in a run is the engine's batch-slot noise; a form's tokens are all the run produced (an
-    out-of-vocabulary or NaN-born id would show as a token of its own)."""
+    than one form in a run comes from each slot's own synthetic-acceptance draws (s72, :func:`logprobs_at`) and any
+    batch noise; a form's tokens are all the run produced (an out-of-vocabulary or NaN-born id would show as a token of
+    its own)."""
     import itertools
 
     import pandas as pd
