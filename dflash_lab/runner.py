@@ -81,6 +81,12 @@ ENGINE_DEFAULTS = {
     "hook_sync": False,
     "coredump": False,
     "control": False,  # a session's control: --skip-done leaves it out only for lines of the same GPU session
+    # a name shared by engines whose runs measure something only side by side in one GPU session (a greedy pair of
+    # fresh engines): the group's first engine starts only if all of the group's pending runs fit before the deadline
+    # (each engine's start-up, warm-ups and every pending run at its run_estimate_s), and --skip-done leaves the
+    # group's runs out only when every one of them is done. s73: a call with ~1100 s left would have started the fixed
+    # engine of draft8-probe's greedy pair and cut its PIECEWISE partner, ~250 s that measured no pair.
+    "together": None,
     "probe": False,
     "probe_taps": None,  # with probe: "1" attention-output taps; "sentinel" / "nan" / "zero": taps + that pre-fill
     "probe_fill_layers": None,  # with a pre-fill: only these layer numbers (probe.py DFLASH_LAB_PROBE_FILL_LAYERS)
@@ -241,6 +247,8 @@ def validate_matrix(m, where="matrix") -> dict:
         for key in ("enforce_eager", "drafter_enforce_eager", "fix", "hook", "hook_sync", "control", "probe", "canary",
                     "sched_snapshot", "sched_ledger", "hang_snapshot"):
             _check(isinstance(eng[key], bool), f"{where}: engine {e['id']}: {key} must be true or false")
+        _check(eng["together"] is None or (isinstance(eng["together"], str) and eng["together"]),
+               f"{where}: engine {e['id']}: together must be a group name (or left out)")
         for key in ("async_scheduling", "prefix_caching"):
             _check(eng[key] is None or isinstance(eng[key], bool),
                    f"{where}: engine {e['id']}: {key} must be true or false (or left out: vLLM's default)")
@@ -537,9 +545,18 @@ class Runner:
                     done.add(r["run_id"])
                     if r.get("gpu_session") == session:
                         done_here.add(r["run_id"])
+        # a group (together) is left out whole or not at all: its runs measure only side by side in one session
+        groups: dict[str, bool] = {}
+        for eng in self.m["engines"]:
+            g = eng["engine"]["together"]
+            if g:
+                skip = done_here if eng["engine"]["control"] else done
+                groups[g] = groups.get(g, True) and all(r.warmup or r.id in skip for r in eng["runs"])
         n = 0
         for eng in self.m["engines"]:
             skip = done_here if eng["engine"]["control"] else done
+            if groups.get(eng["engine"]["together"]) is False:
+                skip = set()
             keep = [r for r in eng["runs"] if r.warmup or r.id not in skip]
             n += len(eng["runs"]) - len(keep)
             eng["runs"] = keep
@@ -549,7 +566,19 @@ class Runner:
         return n
 
     def run(self) -> int:
-        for eng in self.m["engines"]:
+        started, refused = set(), set()   # groups (together) begun in this call, and groups that did not fit
+        for i, eng in enumerate(self.m["engines"]):
+            g = eng["engine"]["together"]
+            if g and g not in started:
+                need = sum(self._engine_need(e) for e in self.m["engines"][i:] if e["engine"]["together"] == g)
+                if g in refused or self.time_left() < need:
+                    if g not in refused:
+                        self.log(f"group {g!r}: its runs need ~{need:.0f} s, {max(self.time_left(), 0):.0f} s left "
+                                 "before the deadline: none of its engines is started")
+                    refused.add(g)
+                    self._not_reached(eng["runs"])
+                    continue
+                started.add(g)
             self.run_engine(eng)
         if self.not_run:
             self.log(f"not run before the deadline: {len(self.not_run)} run(s): {', '.join(self.not_run)}")
@@ -560,6 +589,14 @@ class Runner:
         """List ``runs`` as not run, save those that already have a line in this call (warm-ups an engine restart
         would have run again)."""
         self.not_run += [r.id for r in runs if r.id not in self.outcomes]
+
+    def _engine_need(self, eng: dict) -> float:
+        """Seconds an engine not yet started needs for all its runs: start-up, warm-ups, each measured run at its
+        run_estimate_s, and the 30 s margin run_engine keeps."""
+        runs = eng["runs"]
+        return (self.startup_s.get(eng["id"], self.m["startup_estimate_s"]) + 30
+                + sum(r.warmup for r in runs) * self.m["warmup_estimate_s"]
+                + sum(not r.warmup for r in runs) * eng["engine"]["run_estimate_s"])
 
     def run_engine(self, eng: dict) -> None:
         warmups = [r for r in eng["runs"] if r.warmup]

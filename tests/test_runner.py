@@ -70,6 +70,41 @@ def test_an_engine_whose_run_cannot_finish_is_not_started(tmp_path):
         validate_matrix({"engines": [{"id": "e", "run_estimate_s": -1, "runs": [{"concurrency": 1}]}]})
 
 
+def test_a_group_starts_only_when_all_of_it_fits(tmp_path):
+    """together: each engine of the pair fits the deadline alone (60 + 30 s of 120), both do not; neither starts, and
+    the engine after them runs. The same pair with room for both runs both."""
+    pair = [{"id": "fa", "together": "pair", "run_estimate_s": 60, "runs": [{"concurrency": 1}]},
+            {"id": "fb", "together": "pair", "run_estimate_s": 60, "runs": [{"concurrency": 1}]},
+            {"id": "after", "runs": [{"concurrency": 1}]}]
+    lines, r = run(tmp_path, pair, extra=("--deadline-s", "120"), startup_estimate_s=1)
+    assert [l["run_id"] for l in lines] == ["after/c1/r0"]
+    assert "group 'pair'" in r.stdout and "fa/c1/r0, fb/c1/r0" in r.stdout.split("not run before the deadline")[1]
+    (tmp_path / "runs.jsonl").unlink()
+    lines, r = run(tmp_path, pair, extra=("--deadline-s", "400"), startup_estimate_s=1)
+    assert [l["run_id"] for l in lines] == ["fa/c1/r0", "fb/c1/r0", "after/c1/r0"]
+    for bad in ("", 3, True):
+        with pytest.raises(LabError, match="together must be a group name"):
+            validate_matrix({"engines": [{"id": "e", "together": bad, "runs": [{"concurrency": 1}]}]})
+
+
+def test_skip_done_leaves_a_group_out_only_whole(tmp_path):
+    """A pair half measured earlier runs again whole (its runs compare only side by side); one fully measured is
+    left out."""
+    engines = [{"id": "fa", "together": "pair", "runs": [{"concurrency": 2}]},
+               {"id": "fb", "together": "pair", "runs": [{"concurrency": 2}]},
+               {"id": "solo", "runs": [{"concurrency": 2}]}]
+    prev = tmp_path / "prev.jsonl"
+    prev.write_text("".join(json.dumps(l) + "\n" for l in [
+        {"run_id": "fa/c2/r0", "outcome": "ok", "matrix": "t"}, {"run_id": "solo/c2/r0", "outcome": "ok", "matrix": "t"}]))
+    lines, _ = run(tmp_path, engines, extra=("--skip-done", str(prev)))
+    assert [l["run_id"] for l in lines] == ["fa/c2/r0", "fb/c2/r0"]
+    with prev.open("a") as f:
+        f.write(json.dumps({"run_id": "fb/c2/r0", "outcome": "ok", "matrix": "t"}) + "\n")
+    (tmp_path / "runs.jsonl").unlink()
+    lines, r = run(tmp_path, engines + [{"id": "more", "runs": [{"concurrency": 2}]}], extra=("--skip-done", str(prev)))
+    assert [l["run_id"] for l in lines] == ["more/c2/r0"] and "3 run(s) already measured" in r.stdout
+
+
 def test_an_engine_whose_warm_ups_cannot_fit_is_not_started(tmp_path):
     """warmup_estimate_s: an engine's start is budgeted with its warm-up sweep (s28: an eager engine started with
     ~220 s left, spent them on its start and six warm-ups, and measured one run). 6 warm-ups at 20 s do not fit 120 s;
