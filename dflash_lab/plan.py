@@ -7,7 +7,9 @@ mode, concurrency and max_tokens: at the same acceptance their mean wall time; a
 mode, that wall time scaled by the recorded acceptance length over the planned one (a request needs 1/L as many
 steps and a step's time does not depend on L: notebook 06's assumption, which TTFT and queueing bend); without
 speculation the acceptance is a label, so any recorded acceptance serves. A run nothing recorded is named, not
-guessed. A mode that crashed at a concurrency adds, per planned run there, its recorded crash rate (at the run's
+guessed; so is every measured run of a probed engine (``probe: true``): bench lines are never probed, and the
+probe runs each FULL step again without graphs (probed runs at 32 took 50-80 s offline where plain ones took 8-17 s),
+so a plain run's time would understate it several times over. A mode that crashed at a concurrency adds, per planned run there, its recorded crash rate (at the run's
 acceptance where measured runs were recorded at the concurrency, else at any acceptance) times a restart (its shortest start-up) and the core-dump wait; where those crashes were recorded at other
 acceptances only, the summary says so (stock FULL's crashes are all at 1.86, and vLLM's synthetic schedule never
 rejects every draft at 3.6 or 6.0, the precondition of the crash states notebook 05 names: there the restarts are
@@ -59,7 +61,10 @@ def estimate(matrix_path: str, runs_df, budget_s: float = 1800.0, staging_s: flo
                 warm_s += float(same["wall_s"].mean()) if len(same) else m["warmup_estimate_s"]
                 continue
             at = same[same["acceptance"] == r.acceptance]
-            if len(at):
+            if e["probe"]:
+                n_unknown += 1
+                unknown.append(r.id)
+            elif len(at):
                 runs_s += float(at["wall_s"].mean())
             elif len(same) and e["spec_method"] == "none":
                 runs_s += float(same["wall_s"].mean())

@@ -64,6 +64,18 @@ def test_runs_are_taken_at_their_acceptance_scaled_from_another_or_named_when_no
     assert "fits cold" in line and "1 run(s) with no record to estimate from: full-fixed/c16/r0" in line
 
 
+def test_a_probed_engines_runs_are_named_not_estimated_from_plain_runs(tmp_path):
+    """Bench lines are never probed; a probed run replays every FULL step without graphs and takes several times a
+    plain run's time, so the plain runs recorded at its cell do not estimate it."""
+    lines = [_line("f", "fixed", 32, 10.0, 3.6, L=3.6, startup=100)]
+    m = _matrix(tmp_path, [{"id": "probed", "fix": True, "probe": True, "runs": [{"concurrency": 32}]},
+                           {"id": "plain", "fix": True, "runs": [{"concurrency": 32}]}])
+    est = plan.estimate(m, _runs(tmp_path, lines), budget_s=1000, staging_s=0)
+    probed, plain = est["engines"]
+    assert probed["runs s"] == 0 and probed["runs with no record"] == 1 and plain["runs s"] == 10
+    assert est["unknown"] == ["probed/c32/r0"] and "1 run(s) with no record" in plan.summary_line(est, m)
+
+
 def test_a_crash_prone_mode_adds_restarts_and_a_mode_never_started_is_one_clear_error(tmp_path):
     lines = [_line("s", "stock", 8, 3.0, 1.86, L=1.8, startup=80), _line("s", "stock", 8, 1.0, 1.86, outcome="crash", startup=200)]
     m = _matrix(tmp_path, [{"id": "full-stock", "coredump": "keep-running", "runs": [{"concurrency": 8, "rounds": 2}]}])
