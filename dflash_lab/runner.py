@@ -546,17 +546,15 @@ class Runner:
                     if r.get("gpu_session") == session:
                         done_here.add(r["run_id"])
         # a group (together) is left out whole or not at all: its runs measure only side by side in one session
+        skips = {eng["id"]: done_here if eng["engine"]["control"] else done for eng in self.m["engines"]}
         groups: dict[str, bool] = {}
         for eng in self.m["engines"]:
             g = eng["engine"]["together"]
             if g:
-                skip = done_here if eng["engine"]["control"] else done
-                groups[g] = groups.get(g, True) and all(r.warmup or r.id in skip for r in eng["runs"])
+                groups[g] = groups.get(g, True) and all(r.warmup or r.id in skips[eng["id"]] for r in eng["runs"])
         n = 0
         for eng in self.m["engines"]:
-            skip = done_here if eng["engine"]["control"] else done
-            if groups.get(eng["engine"]["together"]) is False:
-                skip = set()
+            skip = set() if groups.get(eng["engine"]["together"]) is False else skips[eng["id"]]
             keep = [r for r in eng["runs"] if r.warmup or r.id not in skip]
             n += len(eng["runs"]) - len(keep)
             eng["runs"] = keep
@@ -570,7 +568,8 @@ class Runner:
         for i, eng in enumerate(self.m["engines"]):
             g = eng["engine"]["together"]
             if g and g not in started:
-                need = sum(self._engine_need(e) for e in self.m["engines"][i:] if e["engine"]["together"] == g)
+                need = sum(self._engine_need(e, sum(r.warmup for r in e["runs"]), sum(not r.warmup for r in e["runs"]))
+                           for e in self.m["engines"][i:] if e["engine"]["together"] == g)
                 if g in refused or self.time_left() < need:
                     if g not in refused:
                         self.log(f"group {g!r}: its runs need ~{need:.0f} s, {max(self.time_left(), 0):.0f} s left "
@@ -590,13 +589,11 @@ class Runner:
         would have run again)."""
         self.not_run += [r.id for r in runs if r.id not in self.outcomes]
 
-    def _engine_need(self, eng: dict) -> float:
-        """Seconds an engine not yet started needs for all its runs: start-up, warm-ups, each measured run at its
-        run_estimate_s, and the 30 s margin run_engine keeps."""
-        runs = eng["runs"]
+    def _engine_need(self, eng: dict, n_warm: int, n_runs: int) -> float:
+        """Seconds an engine start needs for ``n_warm`` warm-ups and ``n_runs`` measured runs: its start-up (as
+        measured in this call, else the matrix's estimate), the warm-ups and runs at their estimates, and a 30 s margin."""
         return (self.startup_s.get(eng["id"], self.m["startup_estimate_s"]) + 30
-                + sum(r.warmup for r in runs) * self.m["warmup_estimate_s"]
-                + sum(not r.warmup for r in runs) * eng["engine"]["run_estimate_s"])
+                + n_warm * self.m["warmup_estimate_s"] + n_runs * eng["engine"]["run_estimate_s"])
 
     def run_engine(self, eng: dict) -> None:
         warmups = [r for r in eng["runs"] if r.warmup]
@@ -610,9 +607,7 @@ class Runner:
             again = [w for w in warmups if w.id not in ids and self.outcomes.get(w.id) == "ok"]
             # an engine starts only if its start, its warm-ups and one measured run fit what is left of the call
             # (s28: an eager engine started with ~220 s left, spent them on its start and sweep, and measured one run)
-            est = self.startup_s.get(eng["id"], self.m["startup_estimate_s"])
-            n_warm = len(again) + sum(r.warmup for r in pending)
-            if self.time_left() < est + n_warm * self.m["warmup_estimate_s"] + eng["engine"]["run_estimate_s"] + 30:
+            if self.time_left() < self._engine_need(eng, len(again) + sum(r.warmup for r in pending), 1):
                 self._not_reached(pending)
                 return
             if attempt > self.m["max_restarts"]:
