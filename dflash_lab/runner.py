@@ -568,8 +568,7 @@ class Runner:
         for i, eng in enumerate(self.m["engines"]):
             g = eng["engine"]["together"]
             if g and g not in started:
-                need = sum(self._engine_need(e, sum(r.warmup for r in e["runs"]), sum(not r.warmup for r in e["runs"]))
-                           for e in self.m["engines"][i:] if e["engine"]["together"] == g)
+                need = sum(self._engine_need(e) for e in self.m["engines"][i:] if e["engine"]["together"] == g)
                 if g in refused or self.time_left() < need:
                     if g not in refused:
                         self.log(f"group {g!r}: its runs need ~{need:.0f} s, {max(self.time_left(), 0):.0f} s left "
@@ -589,9 +588,14 @@ class Runner:
         would have run again)."""
         self.not_run += [r.id for r in runs if r.id not in self.outcomes]
 
-    def _engine_need(self, eng: dict, n_warm: int, n_runs: int) -> float:
-        """Seconds an engine start needs for ``n_warm`` warm-ups and ``n_runs`` measured runs: its start-up (as
-        measured in this call, else the matrix's estimate), the warm-ups and runs at their estimates, and a 30 s margin."""
+    def _engine_need(self, eng: dict, n_warm: int | None = None, n_runs: int | None = None) -> float:
+        """Seconds an engine start needs for ``n_warm`` warm-ups and ``n_runs`` measured runs (by default all of the
+        engine's own): its start-up (as measured in this call, else the matrix's estimate), the warm-ups and runs at
+        their estimates, and a 30 s margin."""
+        if n_warm is None:
+            n_warm = sum(r.warmup for r in eng["runs"])
+        if n_runs is None:
+            n_runs = sum(not r.warmup for r in eng["runs"])
         return (self.startup_s.get(eng["id"], self.m["startup_estimate_s"]) + 30
                 + n_warm * self.m["warmup_estimate_s"] + n_runs * eng["engine"]["run_estimate_s"])
 
